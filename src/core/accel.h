@@ -1,0 +1,24 @@
+#pragma once
+// Accelerator probing, implemented by src/core/cuda (SYMPRUNE_WITH_CUDA=ON) or src/core/no_accel.
+// Never throws: any driver/runtime error (no driver, no device) reads as zero devices, so the
+// binaries start on machines without a GPU.
+#include <string>
+#include <vector>
+
+namespace symprune::accel {
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  size_t total_memory_bytes = 0;
+  int compute_capability_major = 0;
+  int compute_capability_minor = 0;
+};
+
+bool compiled_with_cuda();
+int device_count();
+std::vector<DeviceInfo> devices();
+// Why there are no devices (driver missing, ...) or empty; for `symprune info`.
+std::string unavailable_reason();
+
+}  // namespace symprune::accel

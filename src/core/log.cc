@@ -1,0 +1,34 @@
+#include "core/log.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+
+namespace symprune::log {
+namespace {
+int g_rank = 0;
+}
+
+void init(int rank, std::string_view level) {
+  g_rank = rank;
+  std::string chosen(level);
+  if (chosen.empty()) {
+    const char* env = std::getenv("SYMPRUNE_LOG_LEVEL");
+    chosen = env ? env : "info";
+  }
+  const auto parsed = spdlog::level::from_str(chosen);
+  SYMPRUNE_CHECK(parsed != spdlog::level::off || chosen == "off",
+                 "unknown log level '{}' (use trace, debug, info, warn, error or off)", chosen);
+  // Logs go to stderr so stdout carries only results (tables, JSON).
+  auto logger = spdlog::stderr_color_mt("symprune");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern(rank == 0 ? "[%H:%M:%S] %^%l%$ %v" : fmt::format("[%H:%M:%S] [rank {}] %^%l%$ %v", rank));
+  spdlog::set_level(parsed);
+}
+
+bool is_root() { return g_rank == 0; }
+
+}  // namespace symprune::log

@@ -1,0 +1,30 @@
+#pragma once
+// One logging entry point (DESIGN.md §7.4): rank 0 talks at info, other ranks only warn and above.
+// Level from --log-level or SYMPRUNE_LOG_LEVEL (trace, debug, info, warn, error, off).
+#include <spdlog/spdlog.h>
+
+#include <string_view>
+
+namespace symprune::log {
+
+void init(int rank = 0, std::string_view level = {});
+bool is_root();
+
+template <typename... Args>
+void info(spdlog::format_string_t<Args...> format, Args&&... args) {
+  if (is_root()) spdlog::info(format, std::forward<Args>(args)...);
+}
+template <typename... Args>
+void debug(spdlog::format_string_t<Args...> format, Args&&... args) {
+  if (is_root()) spdlog::debug(format, std::forward<Args>(args)...);
+}
+template <typename... Args>
+void warn(spdlog::format_string_t<Args...> format, Args&&... args) {
+  spdlog::warn(format, std::forward<Args>(args)...);
+}
+template <typename... Args>
+void error(spdlog::format_string_t<Args...> format, Args&&... args) {
+  spdlog::error(format, std::forward<Args>(args)...);
+}
+
+}  // namespace symprune::log

@@ -1,0 +1,75 @@
+#include "core/tensor.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.h"
+
+namespace symprune {
+
+int64_t shape_numel(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t extent : shape) {
+    SYMPRUNE_CHECK(extent >= 0, "negative tensor extent in shape {}", shape_to_string(shape));
+    SYMPRUNE_CHECK(extent == 0 || count <= std::numeric_limits<int64_t>::max() / extent,
+                   "tensor shape {} overflows", shape_to_string(shape));
+    count *= extent;
+  }
+  return count;
+}
+
+std::string shape_to_string(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) text += ", ";
+    text += std::to_string(shape[i]);
+  }
+  return text + "]";
+}
+
+Tensor::Tensor(std::vector<int64_t> shape) : shape_(std::move(shape)) {
+  data_.assign(static_cast<size_t>(shape_numel(shape_)), 0.0f);
+}
+
+Tensor::Tensor(std::vector<int64_t> shape, std::vector<float> values)
+    : shape_(std::move(shape)), data_(std::move(values)) {
+  SYMPRUNE_ASSERT(shape_numel(shape_) == static_cast<int64_t>(data_.size()), "shape {} vs {} values",
+                  shape_to_string(shape_), data_.size());
+}
+
+int64_t Tensor::dim(int axis) const {
+  const int r = rank();
+  if (axis < 0) axis += r;
+  SYMPRUNE_ASSERT(axis >= 0 && axis < r, "axis {} of a rank-{} tensor", axis, r);
+  return shape_[static_cast<size_t>(axis)];
+}
+
+std::span<float> Tensor::row(int64_t r) {
+  const int64_t width = dim(-1);
+  SYMPRUNE_ASSERT(r >= 0 && (r + 1) * width <= numel());
+  return {data_.data() + r * width, static_cast<size_t>(width)};
+}
+
+std::span<const float> Tensor::row(int64_t r) const {
+  const int64_t width = dim(-1);
+  SYMPRUNE_ASSERT(r >= 0 && (r + 1) * width <= numel());
+  return {data_.data() + r * width, static_cast<size_t>(width)};
+}
+
+void Tensor::reshape(std::vector<int64_t> shape) {
+  SYMPRUNE_ASSERT(shape_numel(shape) == numel(), "reshape {} -> {}", shape_string(), shape_to_string(shape));
+  shape_ = std::move(shape);
+}
+
+void Tensor::resize(std::vector<int64_t> shape) {
+  if (shape == shape_) return;
+  const int64_t count = shape_numel(shape);
+  shape_ = std::move(shape);
+  data_.assign(static_cast<size_t>(count), 0.0f);
+}
+
+void Tensor::fill(float value) { std::fill(data_.begin(), data_.end(), value); }
+
+std::string Tensor::shape_string() const { return shape_to_string(shape_); }
+
+}  // namespace symprune

@@ -1,0 +1,66 @@
+#pragma once
+// Hugging Face config.json for the supported families: LLaMA-2/3 ("llama") and OPT ("opt").
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace symprune::io {
+
+enum class ModelFamily { kLlama, kOpt };
+
+// rope_scaling {"rope_type"/"type": "llama3", factor, low_freq_factor, high_freq_factor,
+// original_max_position_embeddings}. Other types are refused with a clear error.
+struct RopeScaling {
+  std::string type;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  ModelFamily family = ModelFamily::kLlama;
+  std::string model_type;  // "llama" or "opt"
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;  // OPT: ffn_dim
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;  // == num_heads for MHA and for OPT
+  int64_t head_dim = 0;      // hidden_size / num_heads unless config gives head_dim
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  std::optional<int64_t> bos_token_id;
+  std::optional<int64_t> eos_token_id;
+  std::string torch_dtype;  // as written ("float16", "bfloat16", "float32" or empty)
+
+  // LLaMA
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  std::optional<RopeScaling> rope_scaling;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  std::string hidden_act = "silu";
+
+  // OPT
+  bool do_layer_norm_before = true;
+  int64_t word_embed_proj_dim = 0;  // == hidden_size unless project_in/out exist
+  bool enable_bias = true;
+  bool layer_norm_elementwise_affine = true;
+  bool remove_final_layer_norm = false;  // OPT-350m style _remove_final_layer_norm
+  std::string activation_function = "relu";
+
+  nlohmann::json raw;  // the file as read, written back unchanged by the pruner
+
+  bool has_project_in_out() const { return family == ModelFamily::kOpt && word_embed_proj_dim != hidden_size; }
+};
+
+// Parses and validates (positive sizes, heads divide hidden, kv heads divide heads, supported
+// activation). Unknown model_type: error naming it and the supported ones.
+ModelConfig parse_config(const nlohmann::json& json, const std::string& source_name);
+ModelConfig load_config(const std::filesystem::path& config_json);
+
+}  // namespace symprune::io

@@ -1,0 +1,107 @@
+#pragma once
+// safetensors reading (mmap, single file or sharded with model.safetensors.index.json) and
+// atomic writing. Format: u64 little-endian header length N, N bytes of JSON header
+// {"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}, data.
+// Every header is validated before use: size cap, offsets inside the data section, no overlap,
+// shape x dtype size == byte length, supported dtype, shard names confined to the model directory.
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace symprune::io {
+
+// Largest JSON header accepted (the reference implementation uses 100 MB as well).
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t data_begin = 0;  // offsets within the data section (after the header)
+  uint64_t data_end = 0;
+  int64_t numel() const;
+};
+
+// One mmapped safetensors file. Move-only; unmaps on destruction.
+class SafetensorsFile {
+ public:
+  static SafetensorsFile open(const std::filesystem::path& path);
+  SafetensorsFile(SafetensorsFile&&) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&&) noexcept;
+  ~SafetensorsFile();
+
+  const std::filesystem::path& path() const { return path_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in file (offset) order
+  const TensorInfo* find(std::string_view name) const;                 // nullptr when absent
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  std::span<const std::byte> bytes(const TensorInfo& info) const;
+
+ private:
+  SafetensorsFile() = default;
+  std::filesystem::path path_;
+  const std::byte* map_ = nullptr;
+  size_t map_size_ = 0;
+  uint64_t data_start_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// All weights of a model directory: model.safetensors, or the shards listed by
+// model.safetensors.index.json. Pickle files (pytorch_model.bin, *.pt) are refused with a hint.
+class SafetensorsModel {
+ public:
+  static SafetensorsModel open_dir(const std::filesystem::path& dir);
+
+  const std::filesystem::path& dir() const { return dir_; }
+  bool sharded() const { return sharded_; }
+  bool contains(std::string_view name) const;
+  std::vector<std::string> names() const;  // sorted
+  // Throws "missing tensor 'X' in DIR" when absent.
+  const TensorInfo& info(std::string_view name) const;
+  const SafetensorsFile& file_of(std::string_view name) const;
+  std::span<const std::byte> bytes(std::string_view name) const;
+  // Reads and converts to fp32; when `expected_shape` is given, a mismatch throws naming the tensor,
+  // the file and both shapes.
+  Tensor load_f32(std::string_view name, const std::vector<int64_t>* expected_shape = nullptr) const;
+  // Metadata of the first file (all shards written by symprune carry the same).
+  const std::map<std::string, std::string>& metadata() const;
+  // The shard file each tensor lives in, as written in the index (file name relative to dir).
+  std::map<std::string, std::string> weight_map() const;
+
+ private:
+  std::filesystem::path dir_;
+  bool sharded_ = false;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, size_t, std::less<>> location_;  // tensor name -> index into files_
+};
+
+struct TensorToWrite {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::span<const std::byte> bytes;  // must be numel * dtype_size bytes
+};
+
+// Writes one safetensors file atomically (temp name in the same dir, fsync, rename). Tensors are
+// written in the given order, 8-byte-aligned header as the reference writer does.
+void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata);
+
+// Writes `tensors` into `dir` as model.safetensors, or, when they exceed `max_shard_bytes`,
+// as model-0000i-of-0000n.safetensors plus model.safetensors.index.json (Hugging Face naming).
+// Returns the written file names (relative to dir).
+std::vector<std::string> write_safetensors_sharded(const std::filesystem::path& dir,
+                                                   const std::vector<TensorToWrite>& tensors,
+                                                   const std::map<std::string, std::string>& metadata,
+                                                   uint64_t max_shard_bytes);
+
+}  // namespace symprune::io

@@ -1,0 +1,42 @@
+#pragma once
+// Tokenizers of the supported model families, behind one interface:
+//   SentencePiece .model (LLaMA-2), Hugging Face tokenizer.json byte-level BPE (GPT-2/OPT, LLaMA-3),
+//   GPT-2 vocab.json + merges.txt, llama2.c tokenizer.bin (including tok512).
+// Ids must equal those of the Python `sentencepiece` / `tokenizers` packages.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace symprune::io {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Encodes `text`; when add_bos, the tokenizer's BOS id is prepended (as HF/sentencepiece
+  // encoders do by default for LLaMA, and as the pruning papers' loaders rely on).
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_bos) const = 0;
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  virtual std::optional<int32_t> bos_id() const = 0;
+  virtual std::optional<int32_t> eos_id() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual std::string kind() const = 0;  // "sentencepiece", "bpe-tokenizer.json", "bpe-gpt2", "llama2c"
+};
+
+// Loads a tokenizer from a file (by its name/contents) or a model directory, looking in order
+// for tokenizer.json, tokenizer.model, vocab.json + merges.txt, tokenizer.bin. A directory with
+// none of them: error listing what was looked for.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& path);
+
+std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::filesystem::path& model_file);
+std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::filesystem::path& tokenizer_json);
+std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::filesystem::path& vocab_json,
+                                               const std::filesystem::path& merges_txt);
+// llama2.c tokenizer.bin; bos/eos ids are 1/2 as in llama2.c.
+std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::filesystem::path& tokenizer_bin,
+                                                  int64_t vocab_size);
+
+}  // namespace symprune::io

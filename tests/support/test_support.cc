@@ -1,0 +1,20 @@
+#include "support/test_support.h"
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+namespace symprune::testing {
+
+std::filesystem::path data_dir() {
+  if (const char* env = std::getenv("SYMPRUNE_DATA")) return env;
+  throw std::runtime_error("SYMPRUNE_DATA is not set (ctest sets it; export it to run tests by hand)");
+}
+
+std::filesystem::path make_temp_dir(const char* prefix) {
+  std::string pattern = (std::filesystem::temp_directory_path() / (std::string(prefix) + "XXXXXX")).string();
+  if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
+  return pattern;
+}
+
+}  // namespace symprune::testing

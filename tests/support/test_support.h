@@ -1,0 +1,11 @@
+#pragma once
+#include <filesystem>
+
+namespace symprune::testing {
+
+// The shared test data folder: $SYMPRUNE_DATA, else ../shared/data beside the source tree.
+std::filesystem::path data_dir();
+// A fresh empty directory under the system temp dir, removed by the caller or left for inspection.
+std::filesystem::path make_temp_dir(const char* prefix);
+
+}  // namespace symprune::testing
