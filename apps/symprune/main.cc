@@ -1,0 +1,43 @@
+// symprune: prune large language models after training. Subcommands live in cmd_*.cc.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+
+#include "command.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace symprune::app {
+
+std::vector<CommandRegistration>& command_registry() {
+  static std::vector<CommandRegistration> registry;
+  return registry;
+}
+
+}  // namespace symprune::app
+
+int main(int argc, char** argv) {
+  using namespace symprune;
+  CLI::App app{"symprune: post-training pruning of large language models (LLaMA, OPT)", "symprune"};
+  app.require_subcommand(1);
+  std::string log_level;
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off (env SYMPRUNE_LOG_LEVEL)");
+  auto& registry = app::command_registry();
+  std::sort(registry.begin(), registry.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (const auto& command : registry) command.add(app);
+  app.parse_complete_callback([&] { log::init(0, log_level); });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "symprune: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "symprune: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
