@@ -1,0 +1,337 @@
+#include "io/convert_llama2c.h"
+
+#include <fcntl.h>
+#include <sentencepiece_processor.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/llama2c_checkpoint.h"
+#include "io/safetensors.h"
+
+namespace symprune::io {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Tokenizer files are small (LLaMA-2's is 0.5 MB); the cap only bounds hostile input.
+constexpr uint64_t kMaxTokenizerBytes = 256ull << 20;
+
+enum class TokenizerKind { kLlama2c, kSentencePiece };
+
+struct TokenizerFile {
+  TokenizerKind kind = TokenizerKind::kLlama2c;
+  std::string bytes;  // written out as read, so what was validated is what lands in the directory
+};
+
+// Removes the temp directory unless the conversion committed it.
+class TempDirGuard {
+ public:
+  explicit TempDirGuard(fs::path path) : path_(std::move(path)) {}
+  ~TempDirGuard() {
+    if (!committed_) {
+      std::error_code ec;
+      fs::remove_all(path_, ec);
+    }
+  }
+  TempDirGuard(const TempDirGuard&) = delete;
+  TempDirGuard& operator=(const TempDirGuard&) = delete;
+  const fs::path& path() const { return path_; }
+  void commit() { committed_ = true; }
+
+ private:
+  fs::path path_;
+  bool committed_ = false;
+};
+
+fs::path make_temp_dir_beside(const fs::path& target, const char* tag) {
+  std::string pattern = (target.parent_path() / ("." + target.filename().string() + tag + "XXXXXX")).string();
+  SYMPRUNE_CHECK(mkdtemp(pattern.data()) != nullptr, "cannot create a temporary directory beside '{}': {}",
+                 target.string(), std::strerror(errno));
+  return pattern;
+}
+
+std::string read_small_file(const fs::path& path, const char* what) {
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  SYMPRUNE_CHECK(fs::exists(status), "cannot open {} '{}': no such file", what, path.string());
+  SYMPRUNE_CHECK(!ec, "cannot open {} '{}': {}", what, path.string(), ec.message());
+  SYMPRUNE_CHECK(fs::is_regular_file(status), "{} '{}' is not a regular file", what, path.string());
+  const uint64_t size = fs::file_size(path, ec);
+  SYMPRUNE_CHECK(!ec, "cannot read the size of {} '{}': {}", what, path.string(), ec.message());
+  SYMPRUNE_CHECK(size <= kMaxTokenizerBytes, "{} '{}' is {} bytes, larger than the {}-byte limit", what,
+                 path.string(), size, kMaxTokenizerBytes);
+  std::ifstream in(path, std::ios::binary);
+  SYMPRUNE_CHECK(in.good(), "cannot open {} '{}': {}", what, path.string(), std::strerror(errno));
+  std::string bytes(static_cast<size_t>(size), '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(size));
+  SYMPRUNE_CHECK(static_cast<uint64_t>(in.gcount()) == size, "short read from {} '{}'", what, path.string());
+  return bytes;
+}
+
+// Checks a llama2.c tokenizer.bin: int32 max_token_length, then vocab_size records of
+// {f32 score, int32 length, bytes}, ending exactly at the end of the file. Returns "" when valid,
+// else why not.
+std::string llama2c_tokenizer_problem(const std::string& bytes, int64_t vocab_size) {
+  auto read_i32 = [&](size_t at, int32_t& out) {
+    if (at + 4 > bytes.size()) return false;
+    std::memcpy(&out, bytes.data() + at, 4);
+    return true;
+  };
+  int32_t max_length = 0;
+  if (!read_i32(0, max_length))
+    return fmt::format("{} bytes, too short for the max_token_length field", bytes.size());
+  if (max_length <= 0) return fmt::format("max_token_length is {}, expected > 0", max_length);
+  size_t at = 4;
+  for (int64_t token = 0; token < vocab_size; ++token) {
+    int32_t length = 0;
+    if (!read_i32(at + 4, length)) {
+      return fmt::format("it ends at token {} of the checkpoint's vocab_size {}", token, vocab_size);
+    }
+    if (length < 0 || length > max_length) {
+      return fmt::format("token {} has length {}, outside [0, max_token_length {}]", token, length,
+                         max_length);
+    }
+    at += 8;
+    if (bytes.size() - at < static_cast<size_t>(length)) {
+      return fmt::format("token {} of length {} runs past the end of the file", token, length);
+    }
+    at += static_cast<size_t>(length);
+  }
+  if (at != bytes.size()) {
+    return fmt::format("{} bytes remain after the checkpoint's vocab_size {} tokens (vocabulary mismatch?)",
+                       bytes.size() - at, vocab_size);
+  }
+  return "";
+}
+
+TokenizerFile load_tokenizer_file(const fs::path& path, int64_t vocab_size) {
+  TokenizerFile file;
+  file.bytes = read_small_file(path, "tokenizer");
+  const bool named_model = path.extension() == ".model";
+  std::string llama2c_problem;
+  if (!named_model) {
+    llama2c_problem = llama2c_tokenizer_problem(file.bytes, vocab_size);
+    if (llama2c_problem.empty()) {
+      file.kind = TokenizerKind::kLlama2c;
+      return file;
+    }
+  }
+  sentencepiece::SentencePieceProcessor processor;
+  const auto status = processor.LoadFromSerializedProto(file.bytes);
+  if (!status.ok()) {
+    if (named_model)
+      fail("tokenizer '{}' is not a valid SentencePiece model: {}", path.string(), status.ToString());
+    fail(
+        "tokenizer '{}' is neither a llama2.c tokenizer.bin for vocab_size {} ({}) nor a SentencePiece model",
+        path.string(), vocab_size, llama2c_problem);
+  }
+  SYMPRUNE_CHECK(processor.GetPieceSize() == vocab_size,
+                 "SentencePiece tokenizer '{}' has {} pieces but the checkpoint's vocab_size is {}",
+                 path.string(), processor.GetPieceSize(), vocab_size);
+  file.kind = TokenizerKind::kSentencePiece;
+  return file;
+}
+
+void write_file(const fs::path& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  SYMPRUNE_CHECK(fd >= 0, "cannot create '{}': {}", path.string(), std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      fail("cannot write '{}': {}", path.string(), std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  SYMPRUNE_CHECK(synced, "cannot flush '{}': {}", path.string(), std::strerror(err));
+}
+
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  std::error_code ec;
+  const fs::path a = fs::weakly_canonical(inner, ec);
+  const fs::path b = fs::weakly_canonical(outer, ec);
+  auto ai = a.begin();
+  for (auto bi = b.begin(); bi != b.end(); ++bi, ++ai) {
+    if (bi->empty()) continue;  // trailing separator
+    if (ai == a.end() || *ai != *bi) return false;
+  }
+  return true;
+}
+
+nlohmann::ordered_json make_config(const Llama2cHeader& h) {
+  nlohmann::ordered_json config;
+  config["architectures"] = {"LlamaForCausalLM"};
+  config["model_type"] = "llama";
+  config["hidden_size"] = h.dim;
+  config["intermediate_size"] = h.hidden_dim;
+  config["num_hidden_layers"] = h.n_layers;
+  config["num_attention_heads"] = h.n_heads;
+  config["num_key_value_heads"] = h.n_kv_heads;
+  config["vocab_size"] = h.vocab_size;
+  config["max_position_embeddings"] = h.seq_len;
+  config["rms_norm_eps"] = 1e-5;  // llama2.c's RMSNorm epsilon
+  config["rope_theta"] = kLlama2cRopeTheta;
+  config["hidden_act"] = "silu";
+  config["tie_word_embeddings"] = h.shared_classifier;
+  config["bos_token_id"] = 1;
+  config["eos_token_id"] = 2;
+  config["torch_dtype"] = "float32";
+  config["attention_bias"] = false;
+  config["mlp_bias"] = false;
+  return config;
+}
+
+nlohmann::ordered_json make_tokenizer_config(TokenizerKind kind, const Llama2cHeader& h) {
+  nlohmann::ordered_json config;
+  if (kind == TokenizerKind::kSentencePiece) {
+    config["tokenizer_class"] = "LlamaTokenizer";
+    config["unk_token"] = "<unk>";
+    config["legacy"] = true;  // plain SentencePiece behaviour, as llama2.c tokenizes
+  } else {
+    // No Hugging Face class reads tokenizer.bin; symprune's llama2.c tokenizer loader does.
+    config["tokenizer_format"] = "llama2c";
+    config["tokenizer_file"] = "tokenizer.bin";
+  }
+  config["bos_token"] = "<s>";
+  config["eos_token"] = "</s>";
+  config["add_bos_token"] = true;
+  config["add_eos_token"] = false;
+  config["model_max_length"] = h.seq_len;
+  return config;
+}
+
+void add_tensor(std::vector<TensorToWrite>& out, std::string name, const Tensor& tensor) {
+  out.push_back({std::move(name), DType::kF32, tensor.shape(),
+                 std::as_bytes(std::span<const float>(tensor.data(), static_cast<size_t>(tensor.numel())))});
+}
+
+// Moves `tmp` to `out`. An empty `out` is replaced by rename(2) itself; a non-empty one (--force)
+// is first moved aside so it can be restored if the final rename fails.
+void install_dir(const fs::path& tmp, const fs::path& out, bool replace_non_empty) {
+  std::error_code ec;
+  if (!replace_non_empty) {
+    fs::rename(tmp, out, ec);
+    SYMPRUNE_CHECK(!ec, "cannot move the converted model into '{}': {}", out.string(), ec.message());
+    return;
+  }
+  const fs::path old = make_temp_dir_beside(out, ".old-");
+  fs::rename(out, old, ec);  // replaces the empty placeholder made by mkdtemp
+  if (ec) {
+    fs::remove(old);
+    fail("cannot move the existing '{}' aside: {}", out.string(), ec.message());
+  }
+  fs::rename(tmp, out, ec);
+  if (ec) {
+    std::error_code restore;
+    fs::rename(old, out, restore);
+    fail("cannot move the converted model into '{}': {}", out.string(), ec.message());
+  }
+  fs::remove_all(old, ec);
+  if (ec) log::warn("could not remove the replaced model directory '{}': {}", old.string(), ec.message());
+}
+
+}  // namespace
+
+ConvertLlama2cSummary convert_llama2c(const fs::path& checkpoint, const fs::path& tokenizer,
+                                      const fs::path& out_dir, bool force) {
+  SYMPRUNE_CHECK(!out_dir.empty(), "convert-llama2c: the output directory is empty");
+  fs::path out = fs::absolute(out_dir).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "dir/" -> "dir"
+  SYMPRUNE_CHECK(out.has_filename() && out != out.root_path(), "output directory '{}' is not usable",
+                 out_dir.string());
+  const fs::path parent = out.parent_path();
+  std::error_code ec;
+  SYMPRUNE_CHECK(fs::is_directory(parent, ec), "parent directory '{}' of the output '{}' does not exist",
+                 parent.string(), out_dir.string());
+  bool replace_non_empty = false;
+  const auto out_status = fs::symlink_status(out, ec);
+  if (fs::exists(out_status)) {
+    SYMPRUNE_CHECK(fs::is_directory(out_status), "output '{}' exists and is not a directory",
+                   out_dir.string());
+    const bool empty = fs::is_empty(out, ec);
+    SYMPRUNE_CHECK(!ec, "cannot list output directory '{}': {}", out_dir.string(), ec.message());
+    if (!empty) {
+      SYMPRUNE_CHECK(force, "output directory '{}' exists and is not empty (pass --force to replace it)",
+                     out_dir.string());
+      SYMPRUNE_CHECK(!is_within(checkpoint, out) && !is_within(tokenizer, out),
+                     "output directory '{}' contains the input files; refusing to replace it",
+                     out_dir.string());
+      replace_non_empty = true;
+    }
+  }
+
+  Llama2cCheckpoint ck = load_llama2c_checkpoint(checkpoint);
+  check_llama2c_rope_tables(ck, checkpoint);
+  const Llama2cHeader& h = ck.header;
+  const TokenizerFile tok = load_tokenizer_file(tokenizer, h.vocab_size);
+
+  // q/k rows go from llama2.c's interleaved RoPE pairs to Hugging Face's rotate-half layout.
+  std::vector<Tensor> q_hf, k_hf;
+  for (int64_t l = 0; l < h.n_layers; ++l) {
+    q_hf.push_back(permute_rope_rows_to_hf(ck.wq[static_cast<size_t>(l)], h.n_heads));
+    k_hf.push_back(permute_rope_rows_to_hf(ck.wk[static_cast<size_t>(l)], h.n_kv_heads));
+  }
+  std::vector<TensorToWrite> tensors;
+  add_tensor(tensors, "model.embed_tokens.weight", ck.token_embedding);
+  for (int64_t l = 0; l < h.n_layers; ++l) {
+    const auto i = static_cast<size_t>(l);
+    const std::string prefix = fmt::format("model.layers.{}.", l);
+    add_tensor(tensors, prefix + "input_layernorm.weight", ck.rms_att[i]);
+    add_tensor(tensors, prefix + "self_attn.q_proj.weight", q_hf[i]);
+    add_tensor(tensors, prefix + "self_attn.k_proj.weight", k_hf[i]);
+    add_tensor(tensors, prefix + "self_attn.v_proj.weight", ck.wv[i]);
+    add_tensor(tensors, prefix + "self_attn.o_proj.weight", ck.wo[i]);
+    add_tensor(tensors, prefix + "post_attention_layernorm.weight", ck.rms_ffn[i]);
+    add_tensor(tensors, prefix + "mlp.gate_proj.weight", ck.w1[i]);
+    add_tensor(tensors, prefix + "mlp.up_proj.weight", ck.w3[i]);
+    add_tensor(tensors, prefix + "mlp.down_proj.weight", ck.w2[i]);
+  }
+  add_tensor(tensors, "model.norm.weight", ck.rms_final);
+  if (!h.shared_classifier) add_tensor(tensors, "lm_head.weight", ck.wcls);
+
+  TempDirGuard tmp(make_temp_dir_beside(out, ".tmp-"));
+  write_safetensors(tmp.path() / "model.safetensors", tensors, {{"format", "pt"}});
+  write_file(tmp.path() / "config.json", make_config(h).dump(2) + "\n");
+  const std::string tokenizer_name =
+      tok.kind == TokenizerKind::kLlama2c ? "tokenizer.bin" : "tokenizer.model";
+  write_file(tmp.path() / tokenizer_name, tok.bytes);
+  write_file(tmp.path() / "tokenizer_config.json", make_tokenizer_config(tok.kind, h).dump(2) + "\n");
+  ::chmod(tmp.path().c_str(), 0755);  // mkdtemp makes 0700; a model directory is normally shared
+  install_dir(tmp.path(), out, replace_non_empty);
+  tmp.commit();
+
+  ConvertLlama2cSummary summary;
+  summary.version = h.version;
+  summary.dim = h.dim;
+  summary.hidden_dim = h.hidden_dim;
+  summary.n_layers = h.n_layers;
+  summary.n_heads = h.n_heads;
+  summary.n_kv_heads = h.n_kv_heads;
+  summary.vocab_size = h.vocab_size;
+  summary.seq_len = h.seq_len;
+  summary.tied = h.shared_classifier;
+  summary.tokenizer_file = tokenizer_name;
+  return summary;
+}
+
+}  // namespace symprune::io

@@ -1,0 +1,25 @@
+#pragma once
+// llama2.c checkpoint (+ tokenizer) -> Hugging Face LLaMA directory: config.json, model.safetensors
+// (fp32, q/k rows permuted to rotate-half RoPE), the tokenizer file and tokenizer_config.json.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace symprune::io {
+
+struct ConvertLlama2cSummary {
+  int version = 0;
+  int64_t dim = 0, hidden_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, vocab_size = 0, seq_len = 0;
+  bool tied = true;
+  std::string tokenizer_file;  // "tokenizer.bin" or "tokenizer.model"
+};
+
+// Writes `out_dir` atomically (a temp directory beside it, renamed at the end); nothing is left
+// behind on error. Refuses an existing non-empty `out_dir` unless `force`, and never replaces a
+// directory holding the inputs. The tokenizer is either a llama2.c tokenizer.bin (validated to hold
+// exactly vocab_size tokens) or a SentencePiece .model with vocab_size pieces.
+ConvertLlama2cSummary convert_llama2c(const std::filesystem::path& checkpoint,
+                                      const std::filesystem::path& tokenizer,
+                                      const std::filesystem::path& out_dir, bool force);
+
+}  // namespace symprune::io
