@@ -26,16 +26,25 @@ class Tokenizer {
   virtual std::string kind() const = 0;  // "sentencepiece", "bpe-tokenizer.json", "bpe-gpt2", "llama2c"
 };
 
-// Loads a tokenizer from a file (by its name/contents) or a model directory, looking in order
-// for tokenizer.json, tokenizer.model, vocab.json + merges.txt, tokenizer.bin. A directory with
-// none of them: error listing what was looked for.
+// Loads a tokenizer from a file (by its name: *.model, *.json, vocab.json/merges.txt, *.bin) or a
+// model directory, looking in order for tokenizer.model (exact SentencePiece; LLaMA-2 directories
+// also ship a non-byte-level tokenizer.json), tokenizer.json, vocab.json + merges.txt, tokenizer.bin
+// (vocab size from config.json's vocab_size when present). A directory with none of them: error
+// listing what was looked for.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& path);
 
+// BOS: the model's bos_id (LLaMA-2: 1).
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::filesystem::path& model_file);
+// Byte-level BPE only. BOS = the token the HF tokenizer prepends: a leading special token of a
+// TemplateProcessing post-processor, else tokenizer_config.json's bos_token beside the file (unless
+// add_bos_token is false), else none (GPT-2). See bpe_tokenizer.cc.
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::filesystem::path& tokenizer_json);
+// As transformers' GPT2TokenizerFast: <|endoftext|> (or tokenizer_config.json's special tokens) split
+// off first; BOS only from a tokenizer_config.json beside (OPT: </s>), none for plain GPT-2.
 std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::filesystem::path& vocab_json,
                                                const std::filesystem::path& merges_txt);
-// llama2.c tokenizer.bin; bos/eos ids are 1/2 as in llama2.c.
+// llama2.c tokenizer.bin; bos/eos ids are 1/2 as in llama2.c. vocab_size 0 reads tokens to the end
+// of the file (tok512.bin has no count); otherwise the file must hold exactly that many tokens.
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::filesystem::path& tokenizer_bin,
                                                   int64_t vocab_size);
 

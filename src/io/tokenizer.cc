@@ -1,0 +1,72 @@
+// load_tokenizer: picks the tokenizer format from a file name or a model directory's contents.
+#include "io/tokenizer.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "io/json_util.h"
+
+namespace symprune::io {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::unique_ptr<Tokenizer> load_llama2c_in_dir(const fs::path& bin, const fs::path& dir) {
+  int64_t vocab_size = 0;  // 0: read tokens to the end of the file
+  const fs::path config_path = dir / "config.json";
+  if (fs::is_regular_file(config_path)) {
+    const auto config = read_json_file(config_path);
+    if (config.is_object() && config.contains("vocab_size")) {
+      const auto& v = config["vocab_size"];
+      SYMPRUNE_CHECK(v.is_number_integer() && v.get<int64_t>() > 0,
+                     "{}: vocab_size {} is not a positive integer", config_path.string(), v.dump());
+      vocab_size = v.get<int64_t>();
+    }
+  }
+  return load_llama2c_tokenizer(bin, vocab_size);
+}
+
+bool has_extension(const fs::path& p, const char* ext) {
+  return p.extension() == ext;
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    // tokenizer.model first: LLaMA-2 directories also ship a SentencePiece-style tokenizer.json that this
+    // project does not implement, and the .model is the exact reference.
+    if (fs::is_regular_file(path / "tokenizer.model"))
+      return load_sentencepiece_tokenizer(path / "tokenizer.model");
+    if (fs::is_regular_file(path / "tokenizer.json")) return load_hf_tokenizer_json(path / "tokenizer.json");
+    if (fs::is_regular_file(path / "vocab.json") && fs::is_regular_file(path / "merges.txt"))
+      return load_gpt2_tokenizer(path / "vocab.json", path / "merges.txt");
+    if (fs::is_regular_file(path / "tokenizer.bin")) return load_llama2c_in_dir(path / "tokenizer.bin", path);
+    fail(
+        "no tokenizer found in directory {}: looked for tokenizer.model, tokenizer.json, vocab.json + "
+        "merges.txt, "
+        "tokenizer.bin",
+        path.string());
+  }
+  SYMPRUNE_CHECK(fs::is_regular_file(path, ec), "tokenizer path {} does not exist", path.string());
+  const fs::path dir = path.parent_path();
+  const std::string name = path.filename().string();
+  if (name == "vocab.json" || name == "merges.txt") {
+    const fs::path vocab = dir / "vocab.json", merges = dir / "merges.txt";
+    SYMPRUNE_CHECK(fs::is_regular_file(vocab) && fs::is_regular_file(merges),
+                   "GPT-2 tokenizer {} needs both vocab.json and merges.txt in {}", path.string(),
+                   dir.string());
+    return load_gpt2_tokenizer(vocab, merges);
+  }
+  if (has_extension(path, ".model")) return load_sentencepiece_tokenizer(path);
+  if (has_extension(path, ".json")) return load_hf_tokenizer_json(path);
+  if (has_extension(path, ".bin")) return load_llama2c_tokenizer(path, 0);
+  fail(
+      "cannot tell the tokenizer format of {}: expected a SentencePiece *.model, a Hugging Face "
+      "tokenizer.json, "
+      "a GPT-2 vocab.json (with merges.txt beside it), a llama2.c *.bin, or a model directory",
+      path.string());
+}
+
+}  // namespace symprune::io
