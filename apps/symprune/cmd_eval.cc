@@ -1,0 +1,164 @@
+// symprune eval: perplexity of a model on a text file with the pruning papers' protocol
+// (one BOS at the start of the text, non-overlapping chunks of --seqlen tokens, tail dropped,
+// PPL = exp(mean chunk loss); reference-implementations.md §1.3).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "command.h"
+#include "core/backend.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "io/model_resolver.h"
+#include "io/tokenizer.h"
+#include "model/decoder_model.h"
+#include "model/fingerprint.h"
+#include "model/perplexity.h"
+
+namespace symprune::app {
+namespace {
+
+struct EvalOptions {
+  std::string model;
+  std::string text;
+  std::string tokenizer;
+  std::string report;
+  int64_t seqlen = 2048;
+  int64_t max_chunks = 0;
+  int64_t batch = 0;
+  int threads = 0;
+};
+
+std::string read_text_file(const std::filesystem::path& path) {
+  SYMPRUNE_CHECK(std::filesystem::is_regular_file(path), "{}: no such text file", path.string());
+  std::ifstream in(path, std::ios::binary);
+  SYMPRUNE_CHECK(in.good(), "{}: cannot open", path.string());
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  SYMPRUNE_CHECK(!in.bad(), "{}: read error", path.string());
+  return buffer.str();
+}
+
+// Temp file in the destination directory, then rename: readers never see a partial report.
+void write_file_atomically(const std::filesystem::path& path, const std::string& contents) {
+  const auto parent = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  SYMPRUNE_CHECK(std::filesystem::is_directory(parent), "{}: directory {} does not exist", path.string(),
+                 parent.string());
+  const auto tmp = parent / (path.filename().string() + ".tmp." + std::to_string(::getpid()));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    SYMPRUNE_CHECK(out.good(), "{}: cannot create", tmp.string());
+    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+    out.flush();
+    if (!out.good()) {
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);
+      fail("{}: write failed", path.string());
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    fail("{}: cannot rename the temporary report into place", path.string());
+  }
+}
+
+void run_eval(const EvalOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  set_cpu_threads(o.threads);
+  const io::ResolvedModel resolved = io::resolve_model(o.model);
+  SYMPRUNE_CHECK(o.seqlen >= 2, "--seqlen must be at least 2, got {}", o.seqlen);
+  // Cheap checks before loading weights: tokenizer, text, sequence length.
+  const auto tokenizer =
+      io::load_tokenizer(o.tokenizer.empty() ? resolved.dir : std::filesystem::path(o.tokenizer));
+  model::DecoderModel model = model::DecoderModel::open(resolved.dir);
+  SYMPRUNE_CHECK(o.seqlen <= model.max_seq_len(), "--seqlen {} exceeds max_position_embeddings {} of {}",
+                 o.seqlen, model.max_seq_len(), (resolved.dir / "config.json").string());
+  const std::string text = read_text_file(o.text);
+  if (!tokenizer->bos_id())
+    log::warn("tokenizer ({}) has no BOS token; the text is evaluated without one", tokenizer->kind());
+  const std::vector<int32_t> tokens = tokenizer->encode(text, /*add_bos=*/true);
+  SYMPRUNE_CHECK(static_cast<int64_t>(tokens.size()) >= o.seqlen, "{}: {} tokens, fewer than one chunk of {}",
+                 o.text, tokens.size(), o.seqlen);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    SYMPRUNE_CHECK(
+        tokens[i] >= 0 && tokens[i] < model.vocab_size(),
+        "{}: token id {} at position {} from tokenizer {} is outside the model vocabulary of {} ({})", o.text,
+        tokens[i], i, tokenizer->kind(), model.vocab_size(), resolved.dir.string());
+  const int64_t total_chunks = static_cast<int64_t>(tokens.size()) / o.seqlen;
+  log::info("{}: {} tokens, {} chunks of {} (evaluating {})", o.text, tokens.size(), total_chunks, o.seqlen,
+            o.max_chunks > 0 ? std::min(o.max_chunks, total_chunks) : total_chunks);
+
+  model::PerplexityOptions options;
+  options.seqlen = o.seqlen;
+  options.max_chunks = o.max_chunks;
+  options.batch_sequences = o.batch;
+  const auto eval_start = std::chrono::steady_clock::now();
+  const auto result = model::evaluate_perplexity(model, tokens, options, [&](int64_t done, int64_t total) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
+    log::info("chunks {}/{} ({:.1f} s, {:.0f} tokens/s)", done, total, seconds,
+              static_cast<double>(done * o.seqlen) / std::max(seconds, 1e-9));
+  });
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("perplexity: %.6f\n", result.perplexity);
+  std::printf("mean nll: %.6f over %lld chunks of %lld tokens (%lld text tokens), %.2f s\n", result.mean_nll,
+              static_cast<long long>(result.chunks), static_cast<long long>(result.seqlen),
+              static_cast<long long>(result.tokens), wall);
+  if (!o.report.empty()) {
+    nlohmann::json report = {
+        {"command", "eval"},
+        {"perplexity", result.perplexity},
+        {"mean_nll", result.mean_nll},
+        {"chunks", result.chunks},
+        {"tokens", result.tokens},
+        {"evaluated_tokens", result.evaluated_tokens},
+        {"seqlen", result.seqlen},
+        {"chunk_nll", result.chunk_nll},
+        {"model", resolved.dir.string()},
+        {"model_source", resolved.source},
+        {"model_type", model.config().model_type},
+        {"model_fingerprint", model::model_fingerprint(resolved.dir)},
+        {"text", o.text},
+        {"tokenizer", tokenizer->kind()},
+        {"bos_id", tokenizer->bos_id() ? nlohmann::json(*tokenizer->bos_id()) : nlohmann::json(nullptr)},
+        {"protocol",
+         "one BOS at text start; non-overlapping chunks of seqlen; tail dropped; ppl = exp(mean chunk loss)"},
+        {"threads", cpu_threads()},
+        {"eval_seconds", result.wall_seconds},
+        {"wall_seconds", wall},
+    };
+    write_file_atomically(o.report, report.dump(2) + "\n");
+    log::info("wrote {}", o.report);
+  }
+}
+
+void add_eval(CLI::App& app) {
+  auto options = std::make_shared<EvalOptions>();
+  CLI::App* sub =
+      app.add_subcommand("eval", "Perplexity on a text file (chunks of --seqlen tokens, one BOS at start)");
+  sub->add_option("--model", options->model, "model directory or short name")->required();
+  sub->add_option("--text", options->text, "UTF-8 text file (e.g. wiki.test.hf_rows_joined_nn.txt)")
+      ->required();
+  sub->add_option("--seqlen", options->seqlen, "tokens per chunk (default 2048)");
+  sub->add_option("--report", options->report, "write a JSON report here");
+  sub->add_option("--max-chunks", options->max_chunks, "evaluate only the first K chunks (0 = all)");
+  sub->add_option("--batch", options->batch, "chunks per forward pass (0 = auto)");
+  sub->add_option("--threads", options->threads, "CPU threads (0 = default)");
+  sub->add_option("--tokenizer", options->tokenizer,
+                  "tokenizer file or directory (default: the model directory)");
+  sub->callback([options] { run_eval(*options); });
+}
+
+}  // namespace
+}  // namespace symprune::app
+
+SYMPRUNE_REGISTER_COMMAND(eval, symprune::app::add_eval);

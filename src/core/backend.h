@@ -1,0 +1,79 @@
+#pragma once
+// The narrow compute interface the model runs on (DESIGN.md §7.2): a handful of fp32 ops on host
+// Tensors. The CPU backend (src/core/cpu, OpenBLAS + OpenMP) is the specification; an accelerated
+// backend implements the same interface and keeps its device types out of this header.
+//
+// Shapes: a "matrix" argument is any tensor viewed as [numel / dim(-1), dim(-1)] (rows = tokens).
+// Outputs are resized by the op (Tensor::resize keeps the buffer when the shape already matches, so a
+// reused output tensor causes no allocation).
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace symprune {
+
+// llama3 rope_scaling parameters (transformers' _compute_llama3_parameters).
+struct Llama3RopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_position_embeddings = 8192.0;
+};
+
+// RoPE inverse frequencies inv_freq[i] = theta^(-2i/head_dim), i < head_dim/2, rounded to fp32 as
+// transformers computes them, then rescaled by llama3 scaling when given.
+std::vector<float> rope_inv_freq(int64_t head_dim, double theta,
+                                 const std::optional<Llama3RopeScaling>& scaling = std::nullopt);
+
+// Shape of a batch of equal-length sequences for attention/rope: rows are ordered
+// [seq 0 positions 0..T-1, seq 1 positions 0..T-1, ...].
+struct SequenceBatch {
+  int64_t n_seqs = 1;
+  int64_t seq_len = 0;
+  int64_t rows() const { return n_seqs * seq_len; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // y[M, m] = x[M, n] · W[m, n]ᵀ (+ bias[m] when bias is non-null and non-empty).
+  virtual void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y) = 0;
+  // y = x / sqrt(mean(x²) + eps) · weight, per row (LLaMA RMSNorm; variance in fp32 as HF does).
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) = 0;
+  // y = (x − mean) / sqrt(var + eps) · weight + bias, per row; weight/bias may be null (no affine).
+  virtual void layer_norm(const Tensor& x, const Tensor* weight, const Tensor* bias, float eps,
+                          Tensor& y) = 0;
+  // In-place rotate-half RoPE on x [rows, n_heads·head_dim]; row r has position r % seq_len.
+  // head_dim = 2·inv_freq.size().
+  virtual void rope(Tensor& x, const SequenceBatch& batch, int64_t n_heads,
+                    std::span<const float> inv_freq) = 0;
+  // Causal attention per sequence, grouped-query: q [rows, n_heads·hd], k/v [rows, n_kv_heads·hd],
+  // query head h reads kv head h / (n_heads / n_kv_heads). out [rows, n_heads·hd].
+  // scores = scale · q·kᵀ, softmax over keys ≤ query position.
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const SequenceBatch& batch,
+                         int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& out) = 0;
+  // out = silu(gate) · up, elementwise.
+  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  virtual void relu(Tensor& x) = 0;
+  // x += y (same element count).
+  virtual void add(Tensor& x, const Tensor& y) = 0;
+  // out[i, :] = table[ids[i], :]; ids must be in range (checked by the caller).
+  virtual void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) = 0;
+  // out[i, :] = table[row_offset + (i % seq_len), :] added to x (OPT learned positions).
+  virtual void add_position_rows(Tensor& x, const Tensor& table, const SequenceBatch& batch,
+                                 int64_t row_offset) = 0;
+};
+
+// The process-wide CPU backend (OpenBLAS sgemm for every matrix product, OpenMP for the rest).
+Backend& cpu_backend();
+// Threads used by the CPU backend (OpenMP and OpenBLAS); n <= 0 leaves the defaults.
+void set_cpu_threads(int n);
+int cpu_threads();
+
+}  // namespace symprune

@@ -1,0 +1,380 @@
+#include "model/decoder_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "io/model_layout.h"
+
+namespace symprune::model {
+
+std::string LinearId::to_string() const {
+  return std::to_string(block) + "." + name;
+}
+
+struct DecoderModel::Workspace {
+  Tensor x;  // micro-batch hidden copy (only when the batch is split)
+  Tensor h, q, k, v, attn, o, gate, up, act, down;
+};
+
+namespace {
+
+const std::vector<std::string> kLlamaLinears = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                                "mlp.down_proj"};
+const std::vector<std::string> kOptLinears = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "fc1", "fc2"};
+
+constexpr int64_t kOptPositionOffset = 2;  // OPTLearnedPositionalEmbedding: position p uses row p + 2
+constexpr float kOptLayerNormEps = 1e-5f;  // nn.LayerNorm default; OPT configs carry no eps
+
+}  // namespace
+
+DecoderModel::DecoderModel(DecoderModel&&) noexcept = default;
+DecoderModel& DecoderModel::operator=(DecoderModel&&) noexcept = default;
+DecoderModel::~DecoderModel() = default;
+
+DecoderModel DecoderModel::open(const std::filesystem::path& dir, Backend& backend) {
+  DecoderModel m;
+  m.dir_ = dir;
+  const auto config_path = dir / "config.json";
+  SYMPRUNE_CHECK(std::filesystem::is_directory(dir), "{}: not a model directory", dir.string());
+  SYMPRUNE_CHECK(std::filesystem::exists(config_path), "{}: missing config.json", dir.string());
+  m.config_ = io::load_config(config_path);
+  m.weights_ = std::make_unique<io::SafetensorsModel>(io::SafetensorsModel::open_dir(dir));
+  m.backend_ = &backend;
+  m.workspace_ = std::make_unique<Workspace>();
+  const auto& c = m.config_;
+  if (c.family == io::ModelFamily::kLlama) {
+    SYMPRUNE_CHECK(c.hidden_act == "silu", "{}: unsupported LLaMA hidden_act '{}' (supported: silu)",
+                   config_path.string(), c.hidden_act);
+    m.linear_names_ = kLlamaLinears;
+    std::optional<Llama3RopeScaling> scaling;
+    if (c.rope_scaling) {
+      SYMPRUNE_CHECK(c.rope_scaling->type == "llama3",
+                     "{}: unsupported rope_scaling type '{}' (supported: llama3)", config_path.string(),
+                     c.rope_scaling->type);
+      scaling = Llama3RopeScaling{c.rope_scaling->factor, c.rope_scaling->low_freq_factor,
+                                  c.rope_scaling->high_freq_factor,
+                                  static_cast<double>(c.rope_scaling->original_max_position_embeddings)};
+    }
+    m.inv_freq_ = rope_inv_freq(c.head_dim, c.rope_theta, scaling);
+  } else {
+    SYMPRUNE_CHECK(c.activation_function == "relu",
+                   "{}: unsupported OPT activation_function '{}' (supported: relu)", config_path.string(),
+                   c.activation_function);
+    m.linear_names_ = kOptLinears;
+  }
+  io::validate_model_tensors(m.config_, *m.weights_);
+  m.load_globals();
+  m.blocks_.resize(static_cast<size_t>(c.num_layers));
+  return m;
+}
+
+const std::vector<std::string>& DecoderModel::linear_names() const {
+  return linear_names_;
+}
+
+void DecoderModel::load_globals() {
+  const auto& c = config_;
+  const auto& st = *weights_;
+  auto load = [&](const std::string& name, std::vector<int64_t> shape) {
+    return io::load_model_tensor(st, c, name, shape);
+  };
+  const int64_t d = c.hidden_size;
+  const int64_t head_in = c.family == io::ModelFamily::kOpt ? c.word_embed_proj_dim : d;
+  if (c.family == io::ModelFamily::kLlama) {
+    embed_tokens_ = load("model.embed_tokens.weight", {c.vocab_size, d});
+    final_norm_weight_ = load("model.norm.weight", {d});
+  } else {
+    embed_tokens_ = load("model.decoder.embed_tokens.weight", {c.vocab_size, head_in});
+    embed_positions_ =
+        load("model.decoder.embed_positions.weight", {c.max_position_embeddings + kOptPositionOffset, d});
+    if (c.has_project_in_out()) {
+      project_in_ = load("model.decoder.project_in.weight", {d, head_in});
+      project_out_ = load("model.decoder.project_out.weight", {head_in, d});
+    }
+    if (c.do_layer_norm_before && !c.remove_final_layer_norm && c.layer_norm_elementwise_affine) {
+      final_norm_weight_ = load("model.decoder.final_layer_norm.weight", {d});
+      final_norm_bias_ = load("model.decoder.final_layer_norm.bias", {d});
+    }
+  }
+  // transformers ties lm_head to the input embedding when tie_word_embeddings is set, whatever the file
+  // holds under lm_head.weight.
+  lm_head_tied_ = c.tie_word_embeddings;
+  if (!lm_head_tied_) lm_head_ = load("lm_head.weight", {c.vocab_size, head_in});
+}
+
+BlockWeights DecoderModel::load_block(int64_t block) const {
+  const auto& c = config_;
+  const std::string p = c.family == io::ModelFamily::kLlama
+                            ? "model.layers." + std::to_string(block) + "."
+                            : "model.decoder.layers." + std::to_string(block) + ".";
+  BlockWeights w;
+  // The layout module lists exactly the tensors this config implies (biases, affine norms).
+  for (const auto& expected : io::expected_block_tensors(c, block)) {
+    SYMPRUNE_ASSERT(expected.name.starts_with(p), "block tensor {} outside {}", expected.name, p);
+    const std::string local = expected.name.substr(p.size());
+    Tensor t = io::load_model_tensor(*weights_, c, expected.name, expected.shape);
+    const auto dot = local.rfind('.');
+    const std::string module = local.substr(0, dot), kind = local.substr(dot + 1);
+    if (module == "input_layernorm" || module == "self_attn_layer_norm") {
+      (kind == "weight" ? w.norm1_weight : w.norm1_bias) = std::move(t);
+    } else if (module == "post_attention_layernorm" || module == "final_layer_norm") {
+      (kind == "weight" ? w.norm2_weight : w.norm2_bias) = std::move(t);
+    } else {
+      LinearWeights& lw = w.linears[module];
+      (kind == "weight" ? lw.weight : lw.bias) = std::move(t);
+    }
+  }
+  for (const auto& name : linear_names_)
+    SYMPRUNE_ASSERT(w.linears.count(name) && !w.linears.at(name).weight.empty(), "block {} lacks {}", block,
+                    name);
+  return w;
+}
+
+const BlockWeights& DecoderModel::block_weights(int64_t block) {
+  SYMPRUNE_ASSERT(block >= 0 && block < num_blocks(), "block {} of {}", block, num_blocks());
+  auto& slot = blocks_[static_cast<size_t>(block)];
+  if (!slot) {
+    if (max_resident_blocks_ > 0) {
+      while (static_cast<int64_t>(load_order_.size()) >= max_resident_blocks_) {
+        blocks_[static_cast<size_t>(load_order_.front())].reset();
+        load_order_.erase(load_order_.begin());
+      }
+    }
+    slot = std::make_unique<BlockWeights>(load_block(block));
+    load_order_.push_back(block);
+  }
+  return *slot;
+}
+
+void DecoderModel::set_linear_weight(const LinearId& id, Tensor weight) {
+  SYMPRUNE_CHECK(id.block >= 0 && id.block < num_blocks(), "block index {} outside [0, {})", id.block,
+                 num_blocks());
+  block_weights(id.block);
+  auto& linears = blocks_[static_cast<size_t>(id.block)]->linears;
+  auto it = linears.find(id.name);
+  SYMPRUNE_CHECK(it != linears.end(), "unknown linear '{}'", id.to_string());
+  SYMPRUNE_CHECK(weight.shape() == it->second.weight.shape(), "new weight for '{}' has shape {}, expected {}",
+                 id.to_string(), weight.shape_string(), it->second.weight.shape_string());
+  it->second.weight = std::move(weight);
+  std::erase(load_order_, id.block);  // pinned: eviction would silently restore the stored weight
+}
+
+void DecoderModel::release_block(int64_t block) {
+  SYMPRUNE_ASSERT(block >= 0 && block < num_blocks(), "block {} of {}", block, num_blocks());
+  blocks_[static_cast<size_t>(block)].reset();
+  std::erase(load_order_, block);
+}
+
+Tensor DecoderModel::embed(std::span<const int32_t> tokens, int64_t n_seqs, int64_t seq_len) {
+  SYMPRUNE_CHECK(n_seqs >= 1 && seq_len >= 1, "embed: need at least one sequence of one token (got {}x{})",
+                 n_seqs, seq_len);
+  SYMPRUNE_CHECK(static_cast<int64_t>(tokens.size()) == n_seqs * seq_len, "embed: {} tokens for {} x {}",
+                 tokens.size(), n_seqs, seq_len);
+  SYMPRUNE_CHECK(seq_len <= max_seq_len(), "{}: sequence length {} exceeds max_position_embeddings {}",
+                 (dir_ / "config.json").string(), seq_len, max_seq_len());
+  for (size_t i = 0; i < tokens.size(); ++i)
+    SYMPRUNE_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size(),
+                   "token id {} at position {} outside the vocabulary [0, {}) of {}", tokens[i], i,
+                   vocab_size(), dir_.string());
+  Backend& be = *backend_;
+  Tensor h;
+  be.embedding(embed_tokens_, tokens, h);
+  if (config_.family == io::ModelFamily::kOpt) {
+    if (!project_in_.empty()) {
+      Tensor projected;
+      be.linear(h, project_in_, nullptr, projected);
+      h = std::move(projected);
+    }
+    be.add_position_rows(h, embed_positions_, SequenceBatch{n_seqs, seq_len}, kOptPositionOffset);
+  }
+  return h;
+}
+
+void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int64_t seq_len,
+                             LinearObserver* observer, const WeightOverrides* overrides) {
+  SYMPRUNE_CHECK(block >= 0 && block < num_blocks(), "block index {} outside [0, {})", block, num_blocks());
+  const int64_t d = hidden_size();
+  SYMPRUNE_CHECK(hidden.numel() == n_seqs * seq_len * d, "run_block: hidden {} is not {} x {} x {}",
+                 hidden.shape_string(), n_seqs, seq_len, d);
+  SYMPRUNE_CHECK(seq_len <= max_seq_len(), "{}: sequence length {} exceeds max_position_embeddings {}",
+                 (dir_ / "config.json").string(), seq_len, max_seq_len());
+  if (overrides) {
+    for (const auto& [id, tensor] : *overrides) {
+      if (id.block != block) continue;
+      const auto& lw = block_weights(block).linears;
+      auto it = lw.find(id.name);
+      SYMPRUNE_CHECK(it != lw.end(), "weight override for unknown linear '{}'", id.to_string());
+      SYMPRUNE_CHECK(tensor.shape() == it->second.weight.shape(),
+                     "weight override for '{}' has shape {}, expected {}", id.to_string(),
+                     tensor.shape_string(), it->second.weight.shape_string());
+    }
+  }
+  const BlockWeights& w = block_weights(block);
+  const auto original_shape = hidden.shape();
+  hidden.reshape({n_seqs * seq_len, d});
+  const int64_t per_pass = std::max<int64_t>(1, max_tokens_per_pass_ / seq_len);
+  auto run = [&](Tensor& x, int64_t seqs) {
+    if (config_.family == io::ModelFamily::kLlama)
+      run_llama_block(block, w, x, seqs, seq_len, observer, overrides);
+    else
+      run_opt_block(block, w, x, seqs, seq_len, observer, overrides);
+  };
+  if (per_pass >= n_seqs) {
+    run(hidden, n_seqs);
+  } else {
+    Tensor& x = workspace_->x;
+    for (int64_t s0 = 0; s0 < n_seqs; s0 += per_pass) {
+      const int64_t seqs = std::min(per_pass, n_seqs - s0);
+      const size_t count = static_cast<size_t>(seqs * seq_len * d);
+      x.resize({seqs * seq_len, d});
+      float* src = hidden.data() + s0 * seq_len * d;
+      std::memcpy(x.data(), src, count * sizeof(float));
+      run(x, seqs);
+      std::memcpy(src, x.data(), count * sizeof(float));
+    }
+  }
+  hidden.reshape(original_shape);
+}
+
+namespace {
+
+// Applies one linear (with override) and reports it to the observer.
+struct LinearRunner {
+  Backend& be;
+  int64_t block;
+  const BlockWeights& w;
+  LinearObserver* observer;
+  const WeightOverrides* overrides;
+
+  void operator()(const std::string& name, const Tensor& in, Tensor& out) const {
+    const LinearWeights& lw = w.linears.at(name);
+    const Tensor* weight = &lw.weight;
+    LinearId id{block, name};
+    if (overrides) {
+      auto it = overrides->find(id);
+      if (it != overrides->end()) weight = &it->second;
+    }
+    be.linear(in, *weight, lw.bias.empty() ? nullptr : &lw.bias, out);
+    if (observer) observer->on_linear(id, in, out);
+  }
+};
+
+const Tensor* non_empty(const Tensor& t) {
+  return t.empty() ? nullptr : &t;
+}
+
+}  // namespace
+
+void DecoderModel::run_llama_block(int64_t block, const BlockWeights& w, Tensor& x, int64_t n_seqs,
+                                   int64_t seq_len, LinearObserver* observer,
+                                   const WeightOverrides* overrides) {
+  Backend& be = *backend_;
+  Workspace& ws = *workspace_;
+  const auto& c = config_;
+  const SequenceBatch batch{n_seqs, seq_len};
+  const LinearRunner linear{be, block, w, observer, overrides};
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  be.rms_norm(x, w.norm1_weight, eps, ws.h);
+  linear("self_attn.q_proj", ws.h, ws.q);
+  linear("self_attn.k_proj", ws.h, ws.k);
+  linear("self_attn.v_proj", ws.h, ws.v);
+  be.rope(ws.q, batch, c.num_heads, inv_freq_);
+  be.rope(ws.k, batch, c.num_kv_heads, inv_freq_);
+  be.attention(ws.q, ws.k, ws.v, batch, c.num_heads, c.num_kv_heads,
+               static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))), ws.attn);
+  linear("self_attn.o_proj", ws.attn, ws.o);
+  be.add(x, ws.o);
+
+  be.rms_norm(x, w.norm2_weight, eps, ws.h);
+  linear("mlp.gate_proj", ws.h, ws.gate);
+  linear("mlp.up_proj", ws.h, ws.up);
+  be.silu_mul(ws.gate, ws.up, ws.act);
+  linear("mlp.down_proj", ws.act, ws.down);
+  be.add(x, ws.down);
+}
+
+void DecoderModel::run_opt_block(int64_t block, const BlockWeights& w, Tensor& x, int64_t n_seqs,
+                                 int64_t seq_len, LinearObserver* observer,
+                                 const WeightOverrides* overrides) {
+  Backend& be = *backend_;
+  Workspace& ws = *workspace_;
+  const auto& c = config_;
+  const SequenceBatch batch{n_seqs, seq_len};
+  const LinearRunner linear{be, block, w, observer, overrides};
+  const bool pre = c.do_layer_norm_before;
+
+  const Tensor* attn_in = &x;
+  if (pre) {
+    be.layer_norm(x, non_empty(w.norm1_weight), non_empty(w.norm1_bias), kOptLayerNormEps, ws.h);
+    attn_in = &ws.h;
+  }
+  linear("self_attn.q_proj", *attn_in, ws.q);
+  linear("self_attn.k_proj", *attn_in, ws.k);
+  linear("self_attn.v_proj", *attn_in, ws.v);
+  // OPT scales q by head_dim^-0.5 after q_proj; folding it into the scores is the same product.
+  be.attention(ws.q, ws.k, ws.v, batch, c.num_heads, c.num_kv_heads,
+               static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))), ws.attn);
+  linear("self_attn.out_proj", ws.attn, ws.o);
+  be.add(x, ws.o);
+  if (!pre) {
+    be.layer_norm(x, non_empty(w.norm1_weight), non_empty(w.norm1_bias), kOptLayerNormEps, ws.h);
+    std::swap(x, ws.h);
+  }
+
+  const Tensor* mlp_in = &x;
+  if (pre) {
+    be.layer_norm(x, non_empty(w.norm2_weight), non_empty(w.norm2_bias), kOptLayerNormEps, ws.h);
+    mlp_in = &ws.h;
+  }
+  linear("fc1", *mlp_in, ws.gate);
+  be.relu(ws.gate);
+  linear("fc2", ws.gate, ws.down);
+  be.add(x, ws.down);
+  if (!pre) {
+    be.layer_norm(x, non_empty(w.norm2_weight), non_empty(w.norm2_bias), kOptLayerNormEps, ws.h);
+    std::swap(x, ws.h);
+  }
+}
+
+Tensor DecoderModel::final_hidden(const Tensor& hidden) {
+  Backend& be = *backend_;
+  Tensor out;
+  if (config_.family == io::ModelFamily::kLlama) {
+    be.rms_norm(hidden, final_norm_weight_, static_cast<float>(config_.rms_norm_eps), out);
+    return out;
+  }
+  const bool has_final_norm = config_.do_layer_norm_before && !config_.remove_final_layer_norm;
+  if (has_final_norm)
+    be.layer_norm(hidden, non_empty(final_norm_weight_), non_empty(final_norm_bias_), kOptLayerNormEps, out);
+  else
+    out = hidden;
+  if (!project_out_.empty()) {
+    Tensor projected;
+    be.linear(out, project_out_, nullptr, projected);
+    return projected;
+  }
+  return out;
+}
+
+void DecoderModel::lm_head(const Tensor& final_hidden_rows, Tensor& logits) {
+  backend_->linear(final_hidden_rows, lm_head_tied_ ? embed_tokens_ : lm_head_, nullptr, logits);
+}
+
+Tensor DecoderModel::final_logits(const Tensor& hidden) {
+  Tensor logits;
+  lm_head(final_hidden(hidden), logits);
+  return logits;
+}
+
+Tensor DecoderModel::forward(std::span<const int32_t> tokens, int64_t n_seqs, int64_t seq_len) {
+  Tensor h = embed(tokens, n_seqs, seq_len);
+  for (int64_t b = 0; b < num_blocks(); ++b) run_block(b, h, n_seqs, seq_len);
+  return final_logits(h);
+}
+
+}  // namespace symprune::model

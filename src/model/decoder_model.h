@@ -1,0 +1,139 @@
+#pragma once
+// LLaMA and OPT decoder-only models in fp32 on a core Backend, built for the layer-wise pipeline
+// (DESIGN.md §3.5): embed(tokens) -> H [rows, d]; run_block(i, H, ...) in place, block by block,
+// with an optional observer that sees every linear's input and output and optional replacement
+// weights; final_logits(H). Block weights are loaded from safetensors on first use (converted from
+// bf16/fp16/fp32) and can be released, so a big model need not be resident at once.
+#include <compare>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/tensor.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+
+namespace symprune::model {
+
+// Names one linear layer: decoder block index and the Hugging Face module name inside the block,
+// e.g. {3, "self_attn.q_proj"}, {0, "mlp.down_proj"} (LLaMA) or {1, "fc1"} (OPT).
+struct LinearId {
+  int64_t block = 0;
+  std::string name;
+  auto operator<=>(const LinearId&) const = default;
+  // "model.layers.3.self_attn.q_proj" style is the caller's business; this is "3.self_attn.q_proj".
+  std::string to_string() const;
+};
+
+// Sees each linear of a block as it runs: input [rows, n] and dense output [rows, m] (before
+// RoPE / activation / scaling). Rows are whole sequences of seq_len tokens, sequence-major: run_block
+// may split a large batch into micro-batches of whole sequences (set_max_tokens_per_pass) and then
+// calls the observer once per micro-batch, in sequence order.
+class LinearObserver {
+ public:
+  virtual ~LinearObserver() = default;
+  virtual void on_linear(const LinearId& id, const Tensor& input, const Tensor& output) = 0;
+};
+
+// Weights used instead of the stored ones (same shape [m, n]; the stored bias is kept).
+using WeightOverrides = std::map<LinearId, Tensor>;
+
+struct LinearWeights {
+  Tensor weight;  // [m, n]
+  Tensor bias;    // [m] or empty
+};
+
+struct BlockWeights {
+  // LLaMA: norm1 = input_layernorm, norm2 = post_attention_layernorm (weights only).
+  // OPT: norm1 = self_attn_layer_norm, norm2 = final_layer_norm (weight + bias, possibly empty).
+  Tensor norm1_weight, norm1_bias, norm2_weight, norm2_bias;
+  std::map<std::string, LinearWeights> linears;  // by module name, e.g. "self_attn.q_proj"
+};
+
+class DecoderModel {
+ public:
+  // Reads config.json, opens the safetensors weights of `dir`, validates every tensor the config
+  // implies (io::validate_model_tensors: names and shapes) and loads embeddings, final norm and head.
+  static DecoderModel open(const std::filesystem::path& dir, Backend& backend = cpu_backend());
+  DecoderModel(DecoderModel&&) noexcept;
+  DecoderModel& operator=(DecoderModel&&) noexcept;
+  ~DecoderModel();
+
+  const io::ModelConfig& config() const { return config_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  int64_t num_blocks() const { return config_.num_layers; }
+  int64_t hidden_size() const { return config_.hidden_size; }
+  int64_t vocab_size() const { return config_.vocab_size; }
+  // Positions a sequence may use (max_position_embeddings).
+  int64_t max_seq_len() const { return config_.max_position_embeddings; }
+  // Linear module names of one block, in forward order.
+  const std::vector<std::string>& linear_names() const;
+  Backend& backend() const { return *backend_; }
+
+  // tokens: n_seqs · seq_len ids, sequence-major. Returns H [n_seqs·seq_len, hidden_size]
+  // (OPT: embeddings, project_in, learned positions). Throws for ids outside the vocabulary and
+  // for seq_len above max_seq_len().
+  Tensor embed(std::span<const int32_t> tokens, int64_t n_seqs, int64_t seq_len);
+
+  // Runs decoder block `block` on hidden [n_seqs·seq_len, d] in place.
+  void run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int64_t seq_len,
+                 LinearObserver* observer = nullptr, const WeightOverrides* overrides = nullptr);
+
+  // Final norm (+ OPT project_out) and lm_head: hidden [rows, d] -> logits [rows, vocab].
+  // `hidden` is left unchanged.
+  Tensor final_logits(const Tensor& hidden);
+  // The final-norm part alone (hidden [rows, d] -> [rows, head input width]) and the lm_head product,
+  // so callers can produce logits for a few rows at a time.
+  Tensor final_hidden(const Tensor& hidden);
+  void lm_head(const Tensor& final_hidden_rows, Tensor& logits);
+
+  // All blocks then final_logits, for one batch of equal-length sequences.
+  Tensor forward(std::span<const int32_t> tokens, int64_t n_seqs, int64_t seq_len);
+
+  // Block weights, loaded (and cached) on first use.
+  const BlockWeights& block_weights(int64_t block);
+  // Drops a cached block (it is reloaded from the files on next use). Blocks changed through
+  // set_linear_weight are dropped too, losing the change.
+  void release_block(int64_t block);
+  // Replaces a linear's weight in memory (e.g. with its pruned version) for all later runs; the
+  // block stays resident from then on (never evicted by set_max_resident_blocks). Same shape required.
+  void set_linear_weight(const LinearId& id, Tensor weight);
+  // Keep at most this many blocks cached (least recently loaded released first); 0 = no limit.
+  void set_max_resident_blocks(int64_t count) { max_resident_blocks_ = count; }
+  // run_block processes at most this many tokens per micro-batch (whole sequences, at least one).
+  void set_max_tokens_per_pass(int64_t tokens) { max_tokens_per_pass_ = tokens; }
+
+ private:
+  DecoderModel() = default;
+  struct Workspace;
+  void load_globals();
+  BlockWeights load_block(int64_t block) const;
+  void run_llama_block(int64_t block, const BlockWeights& w, Tensor& x, int64_t n_seqs, int64_t seq_len,
+                       LinearObserver* observer, const WeightOverrides* overrides);
+  void run_opt_block(int64_t block, const BlockWeights& w, Tensor& x, int64_t n_seqs, int64_t seq_len,
+                     LinearObserver* observer, const WeightOverrides* overrides);
+
+  std::filesystem::path dir_;
+  io::ModelConfig config_;
+  std::unique_ptr<io::SafetensorsModel> weights_;
+  Backend* backend_ = nullptr;
+  std::vector<std::string> linear_names_;
+  std::vector<float> inv_freq_;
+
+  Tensor embed_tokens_, embed_positions_, project_in_, project_out_, final_norm_weight_, final_norm_bias_,
+      lm_head_;
+  bool lm_head_tied_ = false;
+
+  std::vector<std::unique_ptr<BlockWeights>> blocks_;
+  std::vector<int64_t> load_order_;  // evictable cached blocks, oldest first
+  int64_t max_resident_blocks_ = 0;
+  int64_t max_tokens_per_pass_ = 16384;
+  std::unique_ptr<Workspace> workspace_;
+};
+
+}  // namespace symprune::model

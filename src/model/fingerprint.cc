@@ -1,0 +1,73 @@
+#include "model/fingerprint.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+
+namespace symprune::model {
+namespace {
+
+class Fnv1a {
+ public:
+  void update(const void* data, size_t size) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < size; ++i) {
+      hash_ ^= bytes[i];
+      hash_ *= 0x100000001b3ull;
+    }
+  }
+  void update(std::string_view text) { update(text.data(), text.size()); }
+  void update_u64(uint64_t value) {
+    unsigned char le[8];
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(value >> (8 * i));
+    update(le, 8);
+  }
+  uint64_t digest() const { return hash_; }
+
+ private:
+  uint64_t hash_ = 0xcbf29ce484222325ull;
+};
+
+std::string read_prefix(const std::filesystem::path& path, uint64_t max_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  SYMPRUNE_CHECK(in.good(), "{}: cannot open for fingerprinting", path.string());
+  std::string data(static_cast<size_t>(max_bytes), '\0');
+  in.read(data.data(), static_cast<std::streamsize>(max_bytes));
+  data.resize(static_cast<size_t>(in.gcount()));
+  return data;
+}
+
+}  // namespace
+
+std::string model_fingerprint(const std::filesystem::path& dir) {
+  const auto config = dir / "config.json";
+  SYMPRUNE_CHECK(std::filesystem::is_regular_file(config), "{}: missing config.json", dir.string());
+  Fnv1a hash;
+  const uint64_t config_size = std::filesystem::file_size(config);
+  hash.update(read_prefix(config, config_size));
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  for (const auto& file : files) {
+    const uint64_t size = std::filesystem::file_size(file);
+    hash.update(file.filename().string());
+    hash.update_u64(size);
+    std::string head = read_prefix(file, 8);
+    uint64_t header_len = 0;
+    for (size_t i = 0; i < head.size(); ++i)
+      header_len |= static_cast<uint64_t>(static_cast<unsigned char>(head[i])) << (8 * i);
+    // Garbage lengths are the safetensors reader's business; hash what the file holds.
+    header_len = std::min<uint64_t>(header_len, size > 8 ? size - 8 : 0);
+    hash.update(read_prefix(file, 8 + header_len));
+  }
+  return fmt::format("{:016x}", hash.digest());
+}
+
+}  // namespace symprune::model
