@@ -26,9 +26,22 @@ if(SYMPRUNE_WITH_CUDA)
     set(CMAKE_CUDA_ARCHITECTURES 80 90)
   endif()
   enable_language(CUDA)
-  set(CMAKE_CUDA_STANDARD 20)
+  # CMake 3.25 has no CUDA20 dialect flags for nvcc; .cu files are C++17 (host .cc files stay C++20).
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   find_package(CUDAToolkit REQUIRED)
 endif()
 if(SYMPRUNE_WITH_NCCL AND NOT SYMPRUNE_WITH_CUDA)
   message(FATAL_ERROR "SYMPRUNE_WITH_NCCL needs SYMPRUNE_WITH_CUDA=ON")
+endif()
+if(SYMPRUNE_WITH_NCCL)
+  # NCCL ships with the CUDA toolkit here (or in system paths); libnccl loads libcuda at run time.
+  find_path(NCCL_INCLUDE_DIR NAMES nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} PATHS /usr/local/cuda/include
+            REQUIRED)
+  find_library(NCCL_LIBRARY NAMES nccl HINTS ${CUDAToolkit_LIBRARY_DIR}
+               PATHS /usr/local/cuda/lib64 /usr/local/cuda/lib REQUIRED)
+  add_library(symprune::nccl UNKNOWN IMPORTED)
+  set_target_properties(symprune::nccl PROPERTIES IMPORTED_LOCATION "${NCCL_LIBRARY}"
+                                                  INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
+  message(STATUS "NCCL: ${NCCL_LIBRARY} (headers in ${NCCL_INCLUDE_DIR})")
 endif()

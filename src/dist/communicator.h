@@ -1,0 +1,54 @@
+#pragma once
+// The one seam between algorithms and inter-process communication (DESIGN.md §4): algorithms see
+// `Communicator&`, never mpi.h or nccl.h. Implementations: local (size 1, here), MPI and NCCL
+// (later, in src/dist only). All collectives are blocking and must be called by every rank in the
+// same order with the same sizes; results never depend on the number of ranks beyond the reduction
+// order of floating-point sums.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace symprune::dist {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "local", "mpi", "nccl": for logs and reports.
+  virtual std::string name() const = 0;
+
+  // In place: on return every rank holds the element-wise sum over ranks. The statistics of
+  // DESIGN.md §3.1 are fp64 sums; float is for partial norms, int64 for histograms and counts.
+  virtual void all_reduce_sum(std::span<double> values) = 0;
+  virtual void all_reduce_sum(std::span<float> values) = 0;
+  virtual void all_reduce_sum(std::span<int64_t> values) = 0;
+
+  // In place: on return every rank holds root's bytes. Throws symprune::Error if root is not a rank.
+  virtual void broadcast(std::span<std::byte> bytes, int root) = 0;
+
+  // Every rank contributes `local` (the same size on every rank); `gathered` (size() * local.size()
+  // bytes) receives the contributions in rank order. Throws symprune::Error on a size mismatch.
+  virtual void all_gather(std::span<const std::byte> local, std::span<std::byte> gathered) = 0;
+
+  // Uneven contributions (row partitions that do not divide evenly): counts[r] is the number of
+  // bytes rank r contributes, known to all ranks; `gathered` holds their sum, in rank order.
+  // Throws symprune::Error when counts.size() != size(), local.size() != counts[rank()] or
+  // gathered.size() != the sum of counts.
+  virtual void all_gather_v(std::span<const std::byte> local, std::span<const int64_t> counts,
+                            std::span<std::byte> gathered) = 0;
+
+  virtual void barrier() = 0;
+};
+
+// A single-process communicator: size 1, rank 0, every collective is the identity (a copy for the
+// gathers). Used by `symprune` (one process) and by tests.
+std::unique_ptr<Communicator> make_local_communicator();
+
+}  // namespace symprune::dist

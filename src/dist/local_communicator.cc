@@ -1,0 +1,52 @@
+// The size-1 communicator: collectives reduce to copies, but argument checks are the same as in the
+// multi-rank implementations so that misuse is caught in single-process tests too.
+#include <algorithm>
+
+#include "core/error.h"
+#include "dist/communicator.h"
+
+namespace symprune::dist {
+namespace {
+
+class LocalCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return "local"; }
+
+  void all_reduce_sum(std::span<double>) override {}
+  void all_reduce_sum(std::span<float>) override {}
+  void all_reduce_sum(std::span<int64_t>) override {}
+
+  void broadcast(std::span<std::byte>, int root) override {
+    SYMPRUNE_CHECK(root == 0, "broadcast: root {} is not a rank of the local communicator (size 1)", root);
+  }
+
+  void all_gather(std::span<const std::byte> local, std::span<std::byte> gathered) override {
+    SYMPRUNE_CHECK(gathered.size() == local.size(),
+                   "all_gather: output has {} bytes, expected {} (1 rank x {} bytes)", gathered.size(),
+                   local.size(), local.size());
+    std::copy(local.begin(), local.end(), gathered.begin());
+  }
+
+  void all_gather_v(std::span<const std::byte> local, std::span<const int64_t> counts,
+                    std::span<std::byte> gathered) override {
+    SYMPRUNE_CHECK(counts.size() == 1, "all_gather_v: {} counts given for a communicator of size 1",
+                   counts.size());
+    SYMPRUNE_CHECK(counts[0] >= 0 && static_cast<uint64_t>(counts[0]) == local.size(),
+                   "all_gather_v: rank 0 contributes {} bytes but counts[0] is {}", local.size(), counts[0]);
+    SYMPRUNE_CHECK(gathered.size() == local.size(), "all_gather_v: output has {} bytes, expected {}",
+                   gathered.size(), local.size());
+    std::copy(local.begin(), local.end(), gathered.begin());
+  }
+
+  void barrier() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_local_communicator() {
+  return std::make_unique<LocalCommunicator>();
+}
+
+}  // namespace symprune::dist

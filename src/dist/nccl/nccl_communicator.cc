@@ -1,0 +1,165 @@
+// The NCCL communicator (DESIGN.md §4): the only file besides src/core/cuda that includes CUDA or
+// NCCL headers. Host spans are staged through one growing device buffer on a private stream.
+#include "dist/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "core/error.h"
+
+namespace symprune::dist {
+namespace {
+
+#define SYMPRUNE_NCCL_CUDA_CHECK(expression)                                                         \
+  do {                                                                                               \
+    const cudaError_t status_ = (expression);                                                        \
+    if (status_ != cudaSuccess) {                                                                    \
+      (void)cudaGetLastError();                                                                      \
+      ::symprune::fail("CUDA error at {}:{}: `{}` failed: {} ({})", __FILE__, __LINE__, #expression, \
+                       cudaGetErrorString(status_), cudaGetErrorName(status_));                      \
+    }                                                                                                \
+  } while (0)
+
+// One checking macro per foreign API (DESIGN.md §7.3): expression, file:line, rank and NCCL's text.
+#define SYMPRUNE_NCCL_CHECK(expression)                                                                 \
+  do {                                                                                                  \
+    const ncclResult_t status_ = (expression);                                                          \
+    if (status_ != ncclSuccess) {                                                                       \
+      ::symprune::fail("NCCL error at {}:{} on rank {}: `{}` failed: {} {}", __FILE__, __LINE__, rank_, \
+                       #expression, ncclGetErrorString(status_), ncclGetLastError(nullptr));            \
+    }                                                                                                   \
+  } while (0)
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& bootstrap, int device) : rank_(bootstrap.rank()), size_(bootstrap.size()) {
+    SYMPRUNE_NCCL_CUDA_CHECK(cudaSetDevice(device));
+    ncclUniqueId id{};
+    if (rank_ == 0) SYMPRUNE_NCCL_CHECK(ncclGetUniqueId(&id));
+    bootstrap.broadcast(std::as_writable_bytes(std::span<ncclUniqueId>(&id, 1)), 0);
+    SYMPRUNE_NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    SYMPRUNE_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  }
+  ~NcclCommunicator() override {
+    if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+    if (scratch_ != nullptr) (void)cudaFree(scratch_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "nccl"; }
+
+  void all_reduce_sum(std::span<double> values) override {
+    reduce(values.data(), values.size(), ncclFloat64);
+  }
+  void all_reduce_sum(std::span<float> values) override { reduce(values.data(), values.size(), ncclFloat32); }
+  void all_reduce_sum(std::span<int64_t> values) override { reduce(values.data(), values.size(), ncclInt64); }
+
+  void broadcast(std::span<std::byte> bytes, int root) override {
+    SYMPRUNE_CHECK(root >= 0 && root < size_,
+                   "broadcast: root {} is not a rank of the nccl communicator (size {})", root, size_);
+    if (bytes.empty()) return;
+    void* device = staging(bytes.size());
+    copy(device, bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
+    SYMPRUNE_NCCL_CHECK(ncclBroadcast(device, device, bytes.size(), ncclUint8, root, comm_, stream_));
+    copy(bytes.data(), device, bytes.size(), cudaMemcpyDeviceToHost);
+  }
+
+  void all_gather(std::span<const std::byte> local, std::span<std::byte> gathered) override {
+    const size_t expected = local.size() * static_cast<size_t>(size_);
+    SYMPRUNE_CHECK(gathered.size() == expected,
+                   "all_gather: output has {} bytes, expected {} ({} ranks x {} bytes)", gathered.size(),
+                   expected, size_, local.size());
+    if (expected == 0) return;
+    auto* device = static_cast<std::byte*>(staging(expected));
+    std::byte* mine = device + local.size() * static_cast<size_t>(rank_);
+    copy(mine, local.data(), local.size(), cudaMemcpyHostToDevice);
+    SYMPRUNE_NCCL_CHECK(ncclAllGather(mine, device, local.size(), ncclUint8, comm_, stream_));
+    copy(gathered.data(), device, expected, cudaMemcpyDeviceToHost);
+  }
+
+  void all_gather_v(std::span<const std::byte> local, std::span<const int64_t> counts,
+                    std::span<std::byte> gathered) override {
+    SYMPRUNE_CHECK(counts.size() == static_cast<size_t>(size_),
+                   "all_gather_v: {} counts given for a communicator of size {}", counts.size(), size_);
+    std::vector<size_t> offsets(counts.size() + 1, 0);
+    for (size_t r = 0; r < counts.size(); ++r) {
+      SYMPRUNE_CHECK(counts[r] >= 0, "all_gather_v: counts[{}] is negative ({})", r, counts[r]);
+      offsets[r + 1] = offsets[r] + static_cast<size_t>(counts[r]);
+    }
+    SYMPRUNE_CHECK(static_cast<size_t>(counts[rank_]) == local.size(),
+                   "all_gather_v: rank {} contributes {} bytes but counts[{}] is {}", rank_, local.size(),
+                   rank_, counts[rank_]);
+    SYMPRUNE_CHECK(gathered.size() == offsets.back(), "all_gather_v: output has {} bytes, expected {}",
+                   gathered.size(), offsets.back());
+    if (offsets.back() == 0) return;
+    auto* device = static_cast<std::byte*>(staging(offsets.back()));
+    copy(device + offsets[rank_], local.data(), local.size(), cudaMemcpyHostToDevice);
+    // NCCL has no all-gather-v: one broadcast per rank, fused into a single group launch.
+    SYMPRUNE_NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < size_; ++r) {
+      if (counts[r] == 0) continue;
+      std::byte* slot = device + offsets[r];
+      SYMPRUNE_NCCL_CHECK(
+          ncclBroadcast(slot, slot, static_cast<size_t>(counts[r]), ncclUint8, r, comm_, stream_));
+    }
+    SYMPRUNE_NCCL_CHECK(ncclGroupEnd());
+    copy(gathered.data(), device, offsets.back(), cudaMemcpyDeviceToHost);
+  }
+
+  void barrier() override {
+    int64_t token = 0;
+    all_reduce_sum(std::span<int64_t>(&token, 1));
+  }
+
+ private:
+  template <typename T>
+  void reduce(T* values, size_t count, ncclDataType_t type) {
+    if (count == 0) return;
+    void* device = staging(count * sizeof(T));
+    copy(device, values, count * sizeof(T), cudaMemcpyHostToDevice);
+    SYMPRUNE_NCCL_CHECK(ncclAllReduce(device, device, count, type, ncclSum, comm_, stream_));
+    copy(values, device, count * sizeof(T), cudaMemcpyDeviceToHost);
+  }
+
+  void* staging(size_t bytes) {
+    if (bytes > scratch_bytes_) {
+      if (scratch_ != nullptr) SYMPRUNE_NCCL_CUDA_CHECK(cudaFree(scratch_));
+      scratch_ = nullptr;
+      scratch_bytes_ = 0;
+      SYMPRUNE_NCCL_CUDA_CHECK(cudaMalloc(&scratch_, bytes));
+      scratch_bytes_ = bytes;
+    }
+    return scratch_;
+  }
+
+  // Stream-ordered after the collective; synchronous so the host span is ready on return.
+  void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    SYMPRUNE_NCCL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
+    SYMPRUNE_NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  int rank_ = 0;
+  int size_ = 1;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+};
+
+}  // namespace
+
+bool compiled_with_nccl() {
+  return true;
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device) {
+  return std::make_unique<NcclCommunicator>(bootstrap, device);
+}
+
+}  // namespace symprune::dist
