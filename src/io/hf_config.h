@@ -54,6 +54,7 @@ struct ModelConfig {
   std::string activation_function = "relu";
 
   nlohmann::json raw;  // the file as read, written back unchanged by the pruner
+  std::string source;  // where it was read from (config.json path), for error messages
 
   bool has_project_in_out() const { return family == ModelFamily::kOpt && word_embed_proj_dim != hidden_size; }
 };

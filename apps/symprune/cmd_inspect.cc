@@ -1,0 +1,121 @@
+// `symprune inspect --model M`: where the model was found, its config summary, every tensor (name,
+// dtype, shape, file) with totals, and the check that the weights match what config.json implies.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "command.h"
+#include "io/hf_config.h"
+#include "io/model_layout.h"
+#include "io/model_resolver.h"
+#include "io/safetensors.h"
+
+namespace symprune::app {
+namespace {
+
+struct InspectOptions {
+  std::string model;
+  bool no_table = false;
+};
+
+void run_inspect(const InspectOptions& options) {
+  const io::ResolvedModel resolved = io::resolve_model(options.model);
+  fmt::print("model: {} ({})\n", resolved.dir.string(), resolved.source);
+  const io::ModelConfig c = io::load_config(resolved.dir / "config.json");
+  const bool llama = c.family == io::ModelFamily::kLlama;
+  fmt::print("family: {} ({})\n", llama ? "LLaMA" : "OPT", c.model_type);
+  fmt::print("layers: {}, hidden: {}, intermediate: {}, heads: {}, kv heads: {}, head dim: {}\n",
+             c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim);
+  fmt::print("vocab: {}, max positions: {}, torch_dtype: {}, tied embeddings: {}\n", c.vocab_size,
+             c.max_position_embeddings, c.torch_dtype.empty() ? "(unset)" : c.torch_dtype,
+             c.tie_word_embeddings ? "yes" : "no");
+  if (llama) {
+    std::string scaling = "none";
+    if (c.rope_scaling) {
+      scaling =
+          fmt::format("{} (factor {}, low {}, high {}, original max {})", c.rope_scaling->type,
+                      c.rope_scaling->factor, c.rope_scaling->low_freq_factor,
+                      c.rope_scaling->high_freq_factor, c.rope_scaling->original_max_position_embeddings);
+    }
+    fmt::print("rope theta: {}, rope scaling: {}, rms_norm_eps: {}, act: {}\n", c.rope_theta, scaling,
+               c.rms_norm_eps, c.hidden_act);
+  } else {
+    fmt::print("layer norm before: {}, final layer norm: {}, word_embed_proj_dim: {}, biases: {}, act: {}\n",
+               c.do_layer_norm_before ? "yes" : "no",
+               c.do_layer_norm_before && !c.remove_final_layer_norm ? "yes" : "no", c.word_embed_proj_dim,
+               c.enable_bias ? "yes" : "no", c.activation_function);
+  }
+
+  const io::SafetensorsModel weights = io::SafetensorsModel::open_dir(resolved.dir);
+  const auto weight_map = weights.weight_map();
+  const std::set<std::string> files = [&] {
+    std::set<std::string> s;
+    for (const auto& [_, f] : weight_map) s.insert(f);
+    return s;
+  }();
+  fmt::print("weights: {} file(s){}\n", files.size(),
+             weights.sharded() ? " via model.safetensors.index.json" : "");
+
+  const auto names = weights.names();
+  size_t name_width = 4;
+  for (const auto& n : names) name_width = std::max(name_width, n.size());
+  if (!options.no_table) {
+    fmt::print("{:<{}}  {:<5}  {:<20}  {}\n", "name", name_width, "dtype", "shape", "file");
+  }
+  int64_t parameters = 0;
+  uint64_t bytes = 0;
+  std::map<std::string, int64_t> per_dtype;
+  for (const auto& n : names) {
+    const io::TensorInfo& info = weights.info(n);
+    const int64_t numel = info.numel();
+    parameters += numel;
+    bytes += info.data_end - info.data_begin;
+    per_dtype[std::string(dtype_name(info.dtype))] += numel;
+    if (!options.no_table) {
+      fmt::print("{:<{}}  {:<5}  {:<20}  {}\n", n, name_width, dtype_name(info.dtype),
+                 shape_to_string(info.shape), weight_map.at(n));
+    }
+  }
+  std::string dtypes;
+  for (const auto& [d, count] : per_dtype)
+    dtypes += fmt::format("{}{} {}", dtypes.empty() ? "" : ", ", d, count);
+  fmt::print("total: {} tensors, {} parameters, {} bytes ({})\n", names.size(), parameters, bytes,
+             dtypes.empty() ? "none" : dtypes);
+
+  io::validate_model_tensors(c, weights);
+  const auto expected = io::expected_tensors(c);
+  std::set<std::string> used;
+  size_t present = 0;
+  for (const auto& e : expected) {
+    if (auto stored = io::stored_tensor_name(weights, e.name)) {
+      used.insert(*stored);
+      ++present;
+    }
+  }
+  fmt::print("check: ok, {} tensors match config.json", present);
+  if (c.tie_word_embeddings && !weights.contains("lm_head.weight"))
+    fmt::print(" (lm_head tied to the embedding)");
+  if (used.size() < names.size())
+    fmt::print("; {} tensor(s) not used by the model", names.size() - used.size());
+  fmt::print("\n");
+}
+
+void add_inspect(CLI::App& app) {
+  auto options = std::make_shared<InspectOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "inspect", "Show a model's config and tensors and check the weights against config.json");
+  sub->add_option("--model", options->model,
+                  "model directory, short name (llama2-7b, opt-1.3b, ...) or Hugging Face repo id")
+      ->required();
+  sub->add_flag("--no-table", options->no_table, "omit the per-tensor table");
+  sub->callback([options] { run_inspect(*options); });
+}
+
+}  // namespace
+}  // namespace symprune::app
+
+SYMPRUNE_REGISTER_COMMAND(inspect, symprune::app::add_inspect);

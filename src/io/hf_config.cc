@@ -1,0 +1,226 @@
+#include "io/hf_config.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "io/json_util.h"
+
+namespace symprune::io {
+namespace {
+
+// Typed field access with transformers' defaults; every error names the source file and the key.
+class Fields {
+ public:
+  Fields(const nlohmann::json& json, const std::string& source) : json_(json), source_(source) {}
+
+  bool has(const char* key) const { return json_.contains(key) && !json_[key].is_null(); }
+
+  int64_t integer(const char* key, int64_t fallback) const {
+    if (!has(key)) return fallback;
+    return to_integer(json_[key], key);
+  }
+  std::optional<int64_t> optional_integer(const char* key) const {
+    if (!has(key)) return std::nullopt;
+    return to_integer(json_[key], key);
+  }
+  // eos_token_id may be a list in LLaMA-3.1 configs; the first entry is the primary one.
+  std::optional<int64_t> token_id(const char* key) const {
+    if (!has(key)) return std::nullopt;
+    const auto& value = json_[key];
+    if (value.is_array()) {
+      if (value.empty()) return std::nullopt;
+      return to_integer(value[0], key);
+    }
+    return to_integer(value, key);
+  }
+  double number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    return to_number(json_[key], key);
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    SYMPRUNE_CHECK(json_[key].is_boolean(), "{}: \"{}\" must be true or false, got {}", source_, key,
+                   json_[key].dump());
+    return json_[key].get<bool>();
+  }
+  std::string string(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    SYMPRUNE_CHECK(json_[key].is_string(), "{}: \"{}\" must be a string, got {}", source_, key,
+                   json_[key].dump());
+    return json_[key].get<std::string>();
+  }
+
+  int64_t to_integer(const nlohmann::json& value, const std::string& key) const {
+    if (value.is_number_unsigned()) {
+      const uint64_t u = value.get<uint64_t>();
+      SYMPRUNE_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                     "{}: \"{}\" = {} is too large", source_, key, u);
+      return static_cast<int64_t>(u);
+    }
+    SYMPRUNE_CHECK(value.is_number_integer(), "{}: \"{}\" must be an integer, got {}", source_, key,
+                   value.dump());
+    return value.get<int64_t>();
+  }
+  double to_number(const nlohmann::json& value, const std::string& key) const {
+    SYMPRUNE_CHECK(value.is_number(), "{}: \"{}\" must be a number, got {}", source_, key, value.dump());
+    const double v = value.get<double>();
+    SYMPRUNE_CHECK(std::isfinite(v), "{}: \"{}\" must be finite", source_, key);
+    return v;
+  }
+
+ private:
+  const nlohmann::json& json_;
+  const std::string& source_;
+};
+
+void check_positive(int64_t value, const char* key, const std::string& source) {
+  SYMPRUNE_CHECK(value > 0, "{}: \"{}\" must be positive, got {}", source, key, value);
+}
+
+std::optional<RopeScaling> parse_rope_scaling(const nlohmann::json& json, const std::string& source) {
+  if (!json.contains("rope_scaling") || json["rope_scaling"].is_null()) return std::nullopt;
+  const auto& rs = json["rope_scaling"];
+  SYMPRUNE_CHECK(rs.is_object(), "{}: \"rope_scaling\" must be an object or null, got {}", source, rs.dump());
+  const Fields f(rs, source);
+  // Newer files write "rope_type", older ones "type"; transformers accepts both.
+  std::string type = f.string("rope_type", f.string("type", ""));
+  if (type.empty() || type == "default") return std::nullopt;
+  SYMPRUNE_CHECK(type == "llama3", "{}: rope_scaling type '{}' is not supported (supported: llama3, or none)",
+                 source, type);
+  for (const char* key :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    SYMPRUNE_CHECK(f.has(key), "{}: rope_scaling of type llama3 needs \"{}\"", source, key);
+  }
+  RopeScaling out;
+  out.type = type;
+  out.factor = f.number("factor", 1.0);
+  out.low_freq_factor = f.number("low_freq_factor", 1.0);
+  out.high_freq_factor = f.number("high_freq_factor", 4.0);
+  out.original_max_position_embeddings = f.integer("original_max_position_embeddings", 8192);
+  SYMPRUNE_CHECK(out.factor > 0, "{}: rope_scaling factor must be positive, got {}", source, out.factor);
+  SYMPRUNE_CHECK(out.low_freq_factor > 0, "{}: rope_scaling low_freq_factor must be positive, got {}", source,
+                 out.low_freq_factor);
+  // The llama3 formula divides by (high_freq_factor - low_freq_factor).
+  SYMPRUNE_CHECK(out.high_freq_factor > out.low_freq_factor,
+                 "{}: rope_scaling high_freq_factor ({}) must be greater than low_freq_factor ({})", source,
+                 out.high_freq_factor, out.low_freq_factor);
+  check_positive(out.original_max_position_embeddings, "rope_scaling.original_max_position_embeddings",
+                 source);
+  return out;
+}
+
+void parse_llama(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
+  // Defaults as in transformers' LlamaConfig.
+  c.family = ModelFamily::kLlama;
+  c.vocab_size = f.integer("vocab_size", 32000);
+  c.hidden_size = f.integer("hidden_size", 4096);
+  c.intermediate_size = f.integer("intermediate_size", 11008);
+  c.num_layers = f.integer("num_hidden_layers", 32);
+  c.num_heads = f.integer("num_attention_heads", 32);
+  c.num_kv_heads = f.integer("num_key_value_heads", c.num_heads);
+  c.max_position_embeddings = f.integer("max_position_embeddings", 2048);
+  c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
+  c.rope_theta = f.number("rope_theta", 10000.0);
+  c.rope_scaling = parse_rope_scaling(json, c.source);
+  c.attention_bias = f.boolean("attention_bias", false);
+  c.mlp_bias = f.boolean("mlp_bias", false);
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  c.hidden_act = f.string("hidden_act", "silu");
+  if (c.hidden_act == "swish") c.hidden_act = "silu";  // same function in transformers' ACT2FN
+  SYMPRUNE_CHECK(c.hidden_act == "silu", "{}: hidden_act '{}' is not supported for llama (supported: silu)",
+                 c.source, c.hidden_act);
+  c.bos_token_id = f.has("bos_token_id") ? f.token_id("bos_token_id") : std::optional<int64_t>(1);
+  c.eos_token_id = f.has("eos_token_id") ? f.token_id("eos_token_id") : std::optional<int64_t>(2);
+
+  check_positive(c.num_heads, "num_attention_heads", c.source);
+  check_positive(c.num_kv_heads, "num_key_value_heads", c.source);
+  check_positive(c.hidden_size, "hidden_size", c.source);
+  if (f.has("head_dim")) {
+    c.head_dim = f.integer("head_dim", 0);
+  } else {
+    SYMPRUNE_CHECK(c.hidden_size % c.num_heads == 0,
+                   "{}: hidden_size ({}) must be divisible by num_attention_heads ({})", c.source,
+                   c.hidden_size, c.num_heads);
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+  check_positive(c.head_dim, "head_dim", c.source);
+  SYMPRUNE_CHECK(c.num_heads % c.num_kv_heads == 0,
+                 "{}: num_attention_heads ({}) must be divisible by num_key_value_heads ({})", c.source,
+                 c.num_heads, c.num_kv_heads);
+  // RoPE rotates pairs of dimensions (rotate-half), so head_dim must be even.
+  SYMPRUNE_CHECK(c.head_dim % 2 == 0, "{}: head_dim ({}) must be even for rotary embeddings", c.source,
+                 c.head_dim);
+  SYMPRUNE_CHECK(c.rms_norm_eps > 0, "{}: \"rms_norm_eps\" must be positive, got {}", c.source,
+                 c.rms_norm_eps);
+  SYMPRUNE_CHECK(c.rope_theta > 0, "{}: \"rope_theta\" must be positive, got {}", c.source, c.rope_theta);
+}
+
+void parse_opt(const Fields& f, ModelConfig& c) {
+  // Defaults as in transformers' OPTConfig (tie_word_embeddings from PretrainedConfig: true).
+  c.family = ModelFamily::kOpt;
+  c.vocab_size = f.integer("vocab_size", 50272);
+  c.hidden_size = f.integer("hidden_size", 768);
+  c.intermediate_size = f.integer("ffn_dim", 3072);
+  c.num_layers = f.integer("num_hidden_layers", 12);
+  c.num_heads = f.integer("num_attention_heads", 12);
+  c.num_kv_heads = c.num_heads;
+  c.max_position_embeddings = f.integer("max_position_embeddings", 2048);
+  c.do_layer_norm_before = f.boolean("do_layer_norm_before", true);
+  c.remove_final_layer_norm = f.boolean("_remove_final_layer_norm", false);
+  c.word_embed_proj_dim = f.integer("word_embed_proj_dim", c.hidden_size);
+  c.enable_bias = f.boolean("enable_bias", true);
+  c.layer_norm_elementwise_affine = f.boolean("layer_norm_elementwise_affine", true);
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", true);
+  c.activation_function = f.string("activation_function", "relu");
+  SYMPRUNE_CHECK(c.activation_function == "relu",
+                 "{}: activation_function '{}' is not supported for opt (supported: relu)", c.source,
+                 c.activation_function);
+  c.hidden_act = c.activation_function;
+  c.bos_token_id = f.has("bos_token_id") ? f.token_id("bos_token_id") : std::optional<int64_t>(2);
+  c.eos_token_id = f.has("eos_token_id") ? f.token_id("eos_token_id") : std::optional<int64_t>(2);
+  c.attention_bias = c.enable_bias;
+  c.mlp_bias = c.enable_bias;
+
+  check_positive(c.num_heads, "num_attention_heads", c.source);
+  check_positive(c.hidden_size, "hidden_size", c.source);
+  check_positive(c.word_embed_proj_dim, "word_embed_proj_dim", c.source);
+  SYMPRUNE_CHECK(c.hidden_size % c.num_heads == 0,
+                 "{}: hidden_size ({}) must be divisible by num_attention_heads ({})", c.source,
+                 c.hidden_size, c.num_heads);
+  c.head_dim = c.hidden_size / c.num_heads;
+}
+
+}  // namespace
+
+ModelConfig parse_config(const nlohmann::json& json, const std::string& source_name) {
+  SYMPRUNE_CHECK(json.is_object(), "{}: expected a JSON object", source_name);
+  ModelConfig c;
+  c.source = source_name;
+  c.raw = json;
+  const Fields f(json, c.source);
+  SYMPRUNE_CHECK(f.has("model_type"), "{}: no \"model_type\" (supported: llama, opt)", source_name);
+  c.model_type = f.string("model_type", "");
+  // Informational only: the storage dtype of each tensor comes from the safetensors headers.
+  c.torch_dtype = f.string("torch_dtype", "");
+  if (c.model_type == "llama") {
+    parse_llama(f, json, c);
+  } else if (c.model_type == "opt") {
+    parse_opt(f, c);
+  } else {
+    fail("{}: model_type '{}' is not supported (supported: llama, opt)", source_name, c.model_type);
+  }
+  check_positive(c.hidden_size, "hidden_size", c.source);
+  check_positive(c.intermediate_size, c.family == ModelFamily::kOpt ? "ffn_dim" : "intermediate_size",
+                 c.source);
+  check_positive(c.num_layers, "num_hidden_layers", c.source);
+  check_positive(c.vocab_size, "vocab_size", c.source);
+  check_positive(c.max_position_embeddings, "max_position_embeddings", c.source);
+  return c;
+}
+
+ModelConfig load_config(const std::filesystem::path& config_json) {
+  return parse_config(read_json_file(config_json, 16ull << 20), config_json.string());
+}
+
+}  // namespace symprune::io

@@ -1,0 +1,150 @@
+#include "io/model_layout.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace symprune::io {
+namespace {
+
+constexpr std::string_view kModelPrefix = "model.";
+
+void add(std::vector<ExpectedTensor>& out, std::string name, std::vector<int64_t> shape,
+         bool required = true) {
+  out.push_back({std::move(name), std::move(shape), required});
+}
+
+void llama_block(const ModelConfig& c, int64_t i, std::vector<ExpectedTensor>& out) {
+  const std::string p = fmt::format("model.layers.{}.", i);
+  const int64_t d = c.hidden_size;
+  const int64_t q = c.num_heads * c.head_dim;
+  const int64_t kv = c.num_kv_heads * c.head_dim;
+  const int64_t f = c.intermediate_size;
+  add(out, p + "input_layernorm.weight", {d});
+  const std::pair<const char*, std::vector<int64_t>> attention[] = {
+      {"q_proj", {q, d}}, {"k_proj", {kv, d}}, {"v_proj", {kv, d}}, {"o_proj", {d, q}}};
+  for (const auto& [name, shape] : attention) {
+    add(out, p + "self_attn." + name + ".weight", shape);
+    if (c.attention_bias) add(out, p + "self_attn." + name + ".bias", {shape[0]});
+  }
+  add(out, p + "post_attention_layernorm.weight", {d});
+  const std::pair<const char*, std::vector<int64_t>> mlp[] = {
+      {"gate_proj", {f, d}}, {"up_proj", {f, d}}, {"down_proj", {d, f}}};
+  for (const auto& [name, shape] : mlp) {
+    add(out, p + "mlp." + name + ".weight", shape);
+    if (c.mlp_bias) add(out, p + "mlp." + name + ".bias", {shape[0]});
+  }
+}
+
+void opt_layer_norm(const ModelConfig& c, const std::string& prefix, std::vector<ExpectedTensor>& out) {
+  if (!c.layer_norm_elementwise_affine) return;  // LayerNorm without parameters
+  add(out, prefix + ".weight", {c.hidden_size});
+  add(out, prefix + ".bias", {c.hidden_size});
+}
+
+void opt_block(const ModelConfig& c, int64_t i, std::vector<ExpectedTensor>& out) {
+  const std::string p = fmt::format("model.decoder.layers.{}.", i);
+  const int64_t d = c.hidden_size;
+  const int64_t f = c.intermediate_size;
+  for (const char* name : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
+    add(out, p + "self_attn." + name + ".weight", {d, d});
+    if (c.enable_bias) add(out, p + "self_attn." + name + ".bias", {d});
+  }
+  opt_layer_norm(c, p + "self_attn_layer_norm", out);
+  add(out, p + "fc1.weight", {f, d});
+  if (c.enable_bias) add(out, p + "fc1.bias", {f});
+  add(out, p + "fc2.weight", {d, f});
+  if (c.enable_bias) add(out, p + "fc2.bias", {d});
+  opt_layer_norm(c, p + "final_layer_norm", out);
+}
+
+std::string config_name(const ModelConfig& config) {
+  return config.source.empty() ? std::string("config.json") : config.source;
+}
+
+std::string describe_missing(const SafetensorsModel& model, const ModelConfig& config,
+                             std::string_view canonical) {
+  const std::string where = model.sharded() ? (model.dir() / "model.safetensors.index.json").string()
+                                            : (model.dir() / "model.safetensors").string();
+  return fmt::format("missing tensor '{}' in {} (required by {})", canonical, where, config_name(config));
+}
+
+}  // namespace
+
+std::vector<ExpectedTensor> expected_block_tensors(const ModelConfig& config, int64_t layer) {
+  std::vector<ExpectedTensor> out;
+  if (config.family == ModelFamily::kLlama) {
+    llama_block(config, layer, out);
+  } else {
+    opt_block(config, layer, out);
+  }
+  return out;
+}
+
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
+  std::vector<ExpectedTensor> out;
+  const int64_t d = c.hidden_size;
+  if (c.family == ModelFamily::kLlama) {
+    add(out, "model.embed_tokens.weight", {c.vocab_size, d});
+    for (int64_t i = 0; i < c.num_layers; ++i) llama_block(c, i, out);
+    add(out, "model.norm.weight", {d});
+    add(out, "lm_head.weight", {c.vocab_size, d}, !c.tie_word_embeddings);
+    return out;
+  }
+  const int64_t proj = c.word_embed_proj_dim;
+  add(out, "model.decoder.embed_tokens.weight", {c.vocab_size, proj});
+  // OPT's learned positions reserve 2 extra rows (padding offset).
+  add(out, "model.decoder.embed_positions.weight", {c.max_position_embeddings + 2, d});
+  if (c.has_project_in_out()) {
+    add(out, "model.decoder.project_in.weight", {d, proj});
+    add(out, "model.decoder.project_out.weight", {proj, d});
+  }
+  for (int64_t i = 0; i < c.num_layers; ++i) opt_block(c, i, out);
+  if (c.do_layer_norm_before && !c.remove_final_layer_norm)
+    opt_layer_norm(c, "model.decoder.final_layer_norm", out);
+  add(out, "lm_head.weight", {c.vocab_size, proj}, !c.tie_word_embeddings);
+  return out;
+}
+
+std::string canonical_name(std::string_view stored_name, ModelFamily family) {
+  if (family == ModelFamily::kOpt && stored_name.starts_with("decoder.")) {
+    return std::string(kModelPrefix) + std::string(stored_name);
+  }
+  return std::string(stored_name);
+}
+
+std::optional<std::string> stored_tensor_name(const SafetensorsModel& model, std::string_view canonical) {
+  if (model.contains(canonical)) return std::string(canonical);
+  if (canonical.starts_with("model.decoder.")) {
+    const std::string_view bare = canonical.substr(kModelPrefix.size());
+    if (model.contains(bare)) return std::string(bare);
+  }
+  return std::nullopt;
+}
+
+Tensor load_model_tensor(const SafetensorsModel& model, const ModelConfig& config, std::string_view canonical,
+                         const std::vector<int64_t>& shape) {
+  const auto stored = stored_tensor_name(model, canonical);
+  SYMPRUNE_CHECK(stored.has_value(), "{}", describe_missing(model, config, canonical));
+  const TensorInfo& info = model.info(*stored);
+  SYMPRUNE_CHECK(info.shape == shape, "tensor '{}' in {} has shape {} but {} implies {}", *stored,
+                 model.file_of(*stored).path().string(), shape_to_string(info.shape), config_name(config),
+                 shape_to_string(shape));
+  return model.load_f32(*stored);
+}
+
+void validate_model_tensors(const ModelConfig& config, const SafetensorsModel& model) {
+  for (const auto& expected : expected_tensors(config)) {
+    const auto stored = stored_tensor_name(model, expected.name);
+    if (!stored) {
+      SYMPRUNE_CHECK(!expected.required, "{}", describe_missing(model, config, expected.name));
+      continue;
+    }
+    const TensorInfo& info = model.info(*stored);
+    SYMPRUNE_CHECK(info.shape == expected.shape, "tensor '{}' in {} has shape {} but {} implies {}", *stored,
+                   model.file_of(*stored).path().string(), shape_to_string(info.shape), config_name(config),
+                   shape_to_string(expected.shape));
+  }
+}
+
+}  // namespace symprune::io

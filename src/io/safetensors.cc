@@ -1,0 +1,583 @@
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <system_error>
+
+#include "core/error.h"
+#include "io/json_util.h"
+
+namespace symprune::io {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kSingleFileName = "model.safetensors";
+constexpr const char* kIndexFileName = "model.safetensors.index.json";
+
+uint64_t checked_mul(uint64_t a, uint64_t b, const std::string& what) {
+  uint64_t result;
+  SYMPRUNE_CHECK(!__builtin_mul_overflow(a, b, &result), "{}: size overflows 64 bits", what);
+  return result;
+}
+
+uint64_t checked_add(uint64_t a, uint64_t b, const std::string& what) {
+  uint64_t result;
+  SYMPRUNE_CHECK(!__builtin_add_overflow(a, b, &result), "{}: size overflows 64 bits", what);
+  return result;
+}
+
+// Byte count of a tensor, overflow-checked.
+uint64_t tensor_byte_size(const std::vector<int64_t>& shape, DType dtype, const std::string& what) {
+  uint64_t count = 1;
+  for (int64_t extent : shape) {
+    SYMPRUNE_CHECK(extent >= 0, "{}: negative extent in shape {}", what, shape_to_string(shape));
+    count = checked_mul(count, static_cast<uint64_t>(extent), what);
+  }
+  count = checked_mul(count, static_cast<uint64_t>(dtype_size(dtype)), what);
+  SYMPRUNE_CHECK(count <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), "{}: size overflows",
+                 what);
+  return count;
+}
+
+std::string conversion_hint(const fs::path& dir) {
+  return fmt::format(
+      "symprune reads only safetensors (pickle checkpoints can run arbitrary code when loaded). Convert "
+      "once with Python, e.g.: python -c \"from transformers import AutoModelForCausalLM as M; "
+      "M.from_pretrained('{0}').save_pretrained('{0}-safetensors', safe_serialization=True)\" "
+      "(copy the tokenizer files too), or for a single file: python -c \"import torch, safetensors.torch as "
+      "s; "
+      "s.save_file({{k: v.contiguous() for k, v in torch.load('FILE.bin', map_location='cpu').items()}}, "
+      "'model.safetensors', metadata={{'format': 'pt'}})\"",
+      dir.string());
+}
+
+// True for the first bytes of a PyTorch checkpoint: a zip archive (torch >= 1.6) or a raw pickle.
+bool looks_like_pickle(const unsigned char* head, size_t size) {
+  if (size >= 4 && head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4) return true;
+  if (size >= 2 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5) return true;
+  return false;
+}
+
+int64_t json_extent(const nlohmann::json& value, const std::string& what) {
+  SYMPRUNE_CHECK(value.is_number_integer(), "{}: shape entries must be non-negative integers, got {}", what,
+                 value.dump());
+  if (value.is_number_unsigned()) {
+    const uint64_t u = value.get<uint64_t>();
+    SYMPRUNE_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                   "{}: shape entry {} too large", what, u);
+    return static_cast<int64_t>(u);
+  }
+  const int64_t v = value.get<int64_t>();
+  SYMPRUNE_CHECK(v >= 0, "{}: negative shape entry {}", what, v);
+  return v;
+}
+
+uint64_t json_offset(const nlohmann::json& value, const std::string& what) {
+  SYMPRUNE_CHECK(value.is_number_integer() && (value.is_number_unsigned() || value.get<int64_t>() >= 0),
+                 "{}: data_offsets must be non-negative integers, got {}", what, value.dump());
+  return value.get<uint64_t>();
+}
+
+// Writes all of `size` bytes, retrying short writes and EINTR.
+void write_all(int fd, const void* data, size_t size, const fs::path& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const size_t chunk = std::min<size_t>(size, size_t{1} << 30);
+    const ssize_t n = ::write(fd, p, chunk);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("{}: write failed: {}", path.string(), std::strerror(errno));
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// A shard file name from an index must stay inside the model directory. The check is lexical on
+// purpose: Hugging Face cache snapshots hold symlinks into ../../blobs, which are legitimate.
+void check_confined_name(const std::string& name, const fs::path& index_path) {
+  SYMPRUNE_CHECK(!name.empty(), "{}: empty shard file name in weight_map", index_path.string());
+  SYMPRUNE_CHECK(name.find('\0') == std::string::npos, "{}: shard file name contains a NUL byte",
+                 index_path.string());
+  const fs::path p(name);
+  SYMPRUNE_CHECK(!p.is_absolute() && !p.has_root_name() && !p.has_root_directory(),
+                 "{}: shard file name '{}' is an absolute path; shards must lie inside the model directory",
+                 index_path.string(), name);
+  for (const auto& part : p) {
+    SYMPRUNE_CHECK(part != "..",
+                   "{}: shard file name '{}' leaves the model directory ('..'); shards must lie inside it",
+                   index_path.string(), name);
+  }
+}
+
+}  // namespace
+
+int64_t TensorInfo::numel() const {
+  return shape_numel(shape);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsFile
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept {
+  *this = std::move(other);
+}
+
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
+  if (this != &other) {
+    if (map_) ::munmap(const_cast<std::byte*>(map_), map_size_);
+    path_ = std::move(other.path_);
+    map_ = std::exchange(other.map_, nullptr);
+    map_size_ = std::exchange(other.map_size_, 0);
+    data_start_ = other.data_start_;
+    tensors_ = std::move(other.tensors_);
+    metadata_ = std::move(other.metadata_);
+  }
+  return *this;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(const_cast<std::byte*>(map_), map_size_);
+}
+
+SafetensorsFile SafetensorsFile::open(const fs::path& path) {
+  const std::string where = path.string();
+  SafetensorsFile file;
+  file.path_ = path;
+
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  SYMPRUNE_CHECK(fd >= 0, "{}: cannot open: {}", where, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail("{}: cannot stat: {}", where, std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("{}: not a regular file", where);
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    fail("{}: truncated safetensors file: {} bytes, less than the 8-byte header length", where, size);
+  }
+  void* map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);  // the mapping keeps the file alive
+  SYMPRUNE_CHECK(map != MAP_FAILED, "{}: mmap failed: {}", where, std::strerror(map_errno));
+  file.map_ = static_cast<const std::byte*>(map);
+  file.map_size_ = static_cast<size_t>(size);
+  // From here on `file` owns the mapping, so every throw unmaps it.
+
+  const auto* head = reinterpret_cast<const unsigned char*>(file.map_);
+  SYMPRUNE_CHECK(!looks_like_pickle(head, file.map_size_),
+                 "{}: this is a PyTorch pickle checkpoint, not safetensors. {}", where,
+                 conversion_hint(path.parent_path()));
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | head[i];  // little-endian
+  SYMPRUNE_CHECK(
+      header_size <= kMaxSafetensorsHeaderBytes,
+      "{}: safetensors header length {} exceeds the {}-byte limit (corrupt or not a safetensors file)", where,
+      header_size, kMaxSafetensorsHeaderBytes);
+  SYMPRUNE_CHECK(header_size <= size - 8,
+                 "{}: truncated safetensors file: header length {} runs past the end of the {}-byte file",
+                 where, header_size, size);
+  SYMPRUNE_CHECK(header_size >= 2 && head[8] == '{',
+                 "{}: invalid safetensors header: expected a JSON object after the 8-byte length", where);
+  file.data_start_ = 8 + header_size;
+  const uint64_t data_size = size - file.data_start_;
+
+  const std::string_view header_text(reinterpret_cast<const char*>(head + 8),
+                                     static_cast<size_t>(header_size));
+  const nlohmann::json header = parse_json_text(header_text, where + " (safetensors header)");
+  SYMPRUNE_CHECK(header.is_object(), "{}: invalid safetensors header: not a JSON object", where);
+
+  for (const auto& [key, value] : header.items()) {
+    if (key == "__metadata__") {
+      SYMPRUNE_CHECK(value.is_object() || value.is_null(), "{}: __metadata__ must be an object of strings",
+                     where);
+      if (value.is_null()) continue;
+      for (const auto& [mk, mv] : value.items()) {
+        SYMPRUNE_CHECK(mv.is_string(), "{}: __metadata__ value for '{}' must be a string, got {}", where, mk,
+                       mv.dump());
+        file.metadata_[mk] = mv.get<std::string>();
+      }
+      continue;
+    }
+    const std::string what = fmt::format("{}: tensor '{}'", where, key);
+    SYMPRUNE_CHECK(value.is_object(), "{}: header entry must be an object", what);
+    SYMPRUNE_CHECK(value.contains("dtype") && value["dtype"].is_string(), "{}: missing or non-string dtype",
+                   what);
+    SYMPRUNE_CHECK(value.contains("shape") && value["shape"].is_array(), "{}: missing or non-array shape",
+                   what);
+    SYMPRUNE_CHECK(value.contains("data_offsets") && value["data_offsets"].is_array() &&
+                       value["data_offsets"].size() == 2,
+                   "{}: data_offsets must be an array [begin, end]", what);
+    TensorInfo info;
+    info.name = key;
+    const std::string dtype = value["dtype"].get<std::string>();
+    SYMPRUNE_CHECK(parse_dtype(dtype, info.dtype), "{}: unsupported dtype {} (supported: F32, F16, BF16)",
+                   what, dtype);
+    for (const auto& extent : value["shape"]) info.shape.push_back(json_extent(extent, what));
+    info.data_begin = json_offset(value["data_offsets"][0], what);
+    info.data_end = json_offset(value["data_offsets"][1], what);
+    SYMPRUNE_CHECK(info.data_begin <= info.data_end, "{}: data_offsets [{}, {}] end before they begin", what,
+                   info.data_begin, info.data_end);
+    SYMPRUNE_CHECK(
+        info.data_end <= data_size,
+        "{}: data_offsets [{}, {}] run past the end of the data section ({} bytes; file truncated?)", what,
+        info.data_begin, info.data_end, data_size);
+    const uint64_t expected = tensor_byte_size(info.shape, info.dtype, what);
+    SYMPRUNE_CHECK(info.data_end - info.data_begin == expected,
+                   "{}: shape {} x {} needs {} bytes but data_offsets [{}, {}] span {} bytes", what,
+                   shape_to_string(info.shape), dtype, expected, info.data_begin, info.data_end,
+                   info.data_end - info.data_begin);
+    file.tensors_.push_back(std::move(info));
+  }
+
+  std::sort(file.tensors_.begin(), file.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.data_begin != b.data_begin ? a.data_begin < b.data_begin : a.name < b.name;
+  });
+  // Overlap check in offset order; empty tensors occupy no bytes and cannot overlap.
+  const TensorInfo* previous = nullptr;
+  for (const auto& info : file.tensors_) {
+    if (info.data_begin == info.data_end) continue;
+    if (previous) {
+      SYMPRUNE_CHECK(info.data_begin >= previous->data_end,
+                     "{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap in the data section", where,
+                     previous->name, previous->data_begin, previous->data_end, info.name, info.data_begin,
+                     info.data_end);
+    }
+    previous = &info;
+  }
+  return file;
+}
+
+const TensorInfo* SafetensorsFile::find(std::string_view name) const {
+  for (const auto& info : tensors_) {
+    if (info.name == name) return &info;
+  }
+  return nullptr;
+}
+
+std::span<const std::byte> SafetensorsFile::bytes(const TensorInfo& info) const {
+  SYMPRUNE_ASSERT(data_start_ + info.data_end <= map_size_, "tensor {} outside the mapping", info.name);
+  return {map_ + data_start_ + info.data_begin, static_cast<size_t>(info.data_end - info.data_begin)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsModel
+
+SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
+  SafetensorsModel model;
+  model.dir_ = dir;
+  std::error_code ec;
+  SYMPRUNE_CHECK(fs::is_directory(dir, ec), "{}: model directory not found", dir.string());
+
+  const fs::path single = dir / kSingleFileName;
+  const fs::path index = dir / kIndexFileName;
+  // Same precedence as transformers: model.safetensors first, then the sharded index.
+  if (fs::exists(single, ec)) {
+    model.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(single)));
+    for (const auto& info : model.files_[0]->tensors()) model.location_.emplace(info.name, 0);
+    return model;
+  }
+  if (fs::exists(index, ec)) {
+    model.sharded_ = true;
+    const nlohmann::json json = read_json_file(index);
+    SYMPRUNE_CHECK(json.is_object() && json.contains("weight_map") && json["weight_map"].is_object(),
+                   "{}: missing \"weight_map\" object", index.string());
+    std::map<std::string, size_t> file_index;  // shard name -> index into files_
+    for (const auto& [tensor, shard_value] : json["weight_map"].items()) {
+      SYMPRUNE_CHECK(shard_value.is_string(), "{}: weight_map entry for '{}' must be a file name string",
+                     index.string(), tensor);
+      const std::string shard = shard_value.get<std::string>();
+      check_confined_name(shard, index);
+      auto it = file_index.find(shard);
+      if (it == file_index.end()) {
+        const fs::path shard_path = dir / shard;
+        SYMPRUNE_CHECK(fs::exists(shard_path, ec),
+                       "{}: shard '{}' (holding '{}') not found: {} does not exist", index.string(), shard,
+                       tensor, shard_path.string());
+        model.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(shard_path)));
+        it = file_index.emplace(shard, model.files_.size() - 1).first;
+      }
+      const SafetensorsFile& file = *model.files_[it->second];
+      SYMPRUNE_CHECK(file.find(tensor) != nullptr, "{}: missing tensor '{}' in shard {} (listed in {})",
+                     file.path().string(), tensor, file.path().string(), index.string());
+      model.location_.emplace(tensor, it->second);
+    }
+    SYMPRUNE_CHECK(!model.files_.empty(), "{}: weight_map is empty", index.string());
+    return model;
+  }
+
+  // No safetensors: name the pickle files if that is what the directory holds.
+  std::vector<std::string> pickles;
+  std::vector<std::string> other_safetensors;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string ext = entry.path().extension().string();
+    if (ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".ckpt" ||
+        name == "pytorch_model.bin.index.json")
+      pickles.push_back(name);
+    if (ext == ".safetensors") other_safetensors.push_back(name);
+  }
+  std::sort(pickles.begin(), pickles.end());
+  if (!pickles.empty()) {
+    std::string list;
+    for (const auto& p : pickles) {
+      if (!list.empty()) list += ", ";
+      list += p;
+    }
+    fail("{}: no safetensors weights (model.safetensors or {}); found PyTorch pickle weights ({}). {}",
+         dir.string(), kIndexFileName, list, conversion_hint(dir));
+  }
+  if (!other_safetensors.empty()) {
+    fail("{}: no {} or {}; found other .safetensors files ({}...) but without an index they are not a model",
+         dir.string(), kSingleFileName, kIndexFileName, other_safetensors.front());
+  }
+  fail("{}: no model weights found: expected {} or {}", dir.string(), kSingleFileName, kIndexFileName);
+}
+
+bool SafetensorsModel::contains(std::string_view name) const {
+  return location_.find(name) != location_.end();
+}
+
+std::vector<std::string> SafetensorsModel::names() const {
+  std::vector<std::string> out;
+  out.reserve(location_.size());
+  for (const auto& [name, _] : location_) out.push_back(name);
+  return out;
+}
+
+const SafetensorsFile& SafetensorsModel::file_of(std::string_view name) const {
+  const auto it = location_.find(name);
+  SYMPRUNE_CHECK(it != location_.end(), "missing tensor '{}' in {}", name, dir_.string());
+  return *files_[it->second];
+}
+
+const TensorInfo& SafetensorsModel::info(std::string_view name) const {
+  const SafetensorsFile& file = file_of(name);
+  const TensorInfo* info = file.find(name);
+  SYMPRUNE_ASSERT(info != nullptr, "tensor {} indexed but not in {}", name, file.path().string());
+  return *info;
+}
+
+std::span<const std::byte> SafetensorsModel::bytes(std::string_view name) const {
+  const SafetensorsFile& file = file_of(name);
+  return file.bytes(info(name));
+}
+
+Tensor SafetensorsModel::load_f32(std::string_view name, const std::vector<int64_t>* expected_shape) const {
+  const SafetensorsFile& file = file_of(name);
+  const TensorInfo& ti = info(name);
+  if (expected_shape) {
+    SYMPRUNE_CHECK(ti.shape == *expected_shape, "tensor '{}' in {} has shape {} but {} was expected", name,
+                   file.path().string(), shape_to_string(ti.shape), shape_to_string(*expected_shape));
+  }
+  Tensor tensor(ti.shape);
+  const auto raw = file.bytes(ti);
+  if (tensor.numel() > 0) convert_to_f32(ti.dtype, raw.data(), tensor.data(), tensor.numel());
+  return tensor;
+}
+
+const std::map<std::string, std::string>& SafetensorsModel::metadata() const {
+  static const std::map<std::string, std::string> kEmpty;
+  return files_.empty() ? kEmpty : files_.front()->metadata();
+}
+
+std::map<std::string, std::string> SafetensorsModel::weight_map() const {
+  std::map<std::string, std::string> out;
+  for (const auto& [name, i] : location_) {
+    // Lexical on purpose: in the HF cache the shards are symlinks into ../../blobs.
+    out[name] = files_[i]->path().lexically_relative(dir_).generic_string();
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+namespace {
+
+// Writes `contents` via a temp file in the same directory, fsync, rename; removes the temp on error.
+template <typename WriteBody>
+void write_atomically(const fs::path& path, WriteBody&& body) {
+  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  std::string temp_name = ".";  // built by append: GCC 12 warns falsely (-Wrestrict) on "." + string
+  temp_name += path.filename().string();
+  temp_name += ".tmp.XXXXXX";
+  std::string pattern = (parent / temp_name).string();
+  const int fd = ::mkstemp(pattern.data());
+  SYMPRUNE_CHECK(fd >= 0, "{}: cannot create a temporary file in {}: {}", path.string(), parent.string(),
+                 std::strerror(errno));
+  try {
+    body(fd, path);
+    SYMPRUNE_CHECK(::fchmod(fd, 0644) == 0, "{}: chmod failed: {}", path.string(), std::strerror(errno));
+    SYMPRUNE_CHECK(::fsync(fd) == 0, "{}: fsync failed: {}", path.string(), std::strerror(errno));
+    const int close_result = ::close(fd);
+    SYMPRUNE_CHECK(close_result == 0, "{}: close failed: {}", path.string(), std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(pattern.c_str());
+    throw;
+  }
+  if (::rename(pattern.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(pattern.c_str());
+    fail("{}: cannot rename the temporary file into place: {}", path.string(), std::strerror(err));
+  }
+  // Make the rename itself durable.
+  const int dir_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+}
+
+uint64_t checked_tensor_bytes(const TensorToWrite& t, const fs::path& path) {
+  const std::string what = fmt::format("{}: tensor '{}'", path.string(), t.name);
+  const uint64_t expected = tensor_byte_size(t.shape, t.dtype, what);
+  SYMPRUNE_CHECK(t.bytes.size() == expected, "{}: shape {} x {} needs {} bytes but {} were given", what,
+                 shape_to_string(t.shape), dtype_name(t.dtype), expected, t.bytes.size());
+  return expected;
+}
+
+void check_names(const std::vector<TensorToWrite>& tensors, const fs::path& path) {
+  std::set<std::string_view> seen;
+  for (const auto& t : tensors) {
+    SYMPRUNE_CHECK(!t.name.empty(), "{}: empty tensor name", path.string());
+    SYMPRUNE_CHECK(t.name != "__metadata__", "{}: '__metadata__' is reserved and cannot name a tensor",
+                   path.string());
+    SYMPRUNE_CHECK(seen.insert(t.name).second, "{}: duplicate tensor name '{}'", path.string(), t.name);
+  }
+}
+
+// Removes model-*-of-*.safetensors files of an earlier save that are not in `keep`, so the directory
+// describes one model only (transformers' save_pretrained cleans up the same way).
+void remove_stale_shards(const fs::path& dir, const std::vector<std::string>& keep) {
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("model-") && name.ends_with(".safetensors") &&
+        name.find("-of-") != std::string::npos && std::find(keep.begin(), keep.end(), name) == keep.end()) {
+      stale.push_back(entry.path());
+    }
+  }
+  for (const auto& path : stale) fs::remove(path, ec);
+}
+
+}  // namespace
+
+void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  check_names(tensors, path);
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = std::move(meta);
+  }
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    const uint64_t n = checked_tensor_bytes(t, path);
+    const uint64_t end = checked_add(offset, n, path.string());
+    header[t.name] = {
+        {"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
+    offset = end;
+  }
+  std::string header_text = header.dump();
+  // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  SYMPRUNE_CHECK(header_text.size() <= kMaxSafetensorsHeaderBytes,
+                 "{}: header of {} bytes exceeds the {}-byte limit", path.string(), header_text.size(),
+                 kMaxSafetensorsHeaderBytes);
+
+  write_atomically(path, [&](int fd, const fs::path& target) {
+    unsigned char length[8];
+    uint64_t n = header_text.size();
+    for (int i = 0; i < 8; ++i, n >>= 8) length[i] = static_cast<unsigned char>(n & 0xff);
+    write_all(fd, length, 8, target);
+    write_all(fd, header_text.data(), header_text.size(), target);
+    for (const auto& t : tensors) write_all(fd, t.bytes.data(), t.bytes.size(), target);
+  });
+}
+
+std::vector<std::string> write_safetensors_sharded(const fs::path& dir,
+                                                   const std::vector<TensorToWrite>& tensors,
+                                                   const std::map<std::string, std::string>& metadata,
+                                                   uint64_t max_shard_bytes) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  SYMPRUNE_CHECK(!ec, "{}: cannot create the output directory: {}", dir.string(), ec.message());
+  check_names(tensors, dir / kSingleFileName);
+  SYMPRUNE_CHECK(max_shard_bytes > 0, "{}: max shard size must be positive", dir.string());
+
+  // Greedy grouping in the given order, as transformers' shard_checkpoint does: a tensor that does not
+  // fit starts a new shard; a single tensor larger than the limit gets a shard of its own.
+  std::vector<std::vector<size_t>> groups;
+  uint64_t total = 0;
+  uint64_t current = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t n = checked_tensor_bytes(tensors[i], dir / tensors[i].name);
+    total = checked_add(total, n, dir.string());
+    if (groups.empty() || (current + n > max_shard_bytes && current > 0)) {
+      groups.emplace_back();
+      current = 0;
+    }
+    groups.back().push_back(i);
+    current += n;
+  }
+  if (groups.empty()) groups.emplace_back();
+
+  std::vector<std::string> written;
+  if (groups.size() == 1) {
+    write_safetensors(dir / kSingleFileName, tensors, metadata);
+    written.push_back(kSingleFileName);
+    fs::remove(dir / kIndexFileName, ec);  // a stale index would describe other shards
+    remove_stale_shards(dir, written);
+    return written;
+  }
+
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  std::map<std::string, std::string> sorted_map;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", g + 1, groups.size());
+    std::vector<TensorToWrite> shard;
+    shard.reserve(groups[g].size());
+    for (size_t i : groups[g]) {
+      shard.push_back(tensors[i]);
+      sorted_map[tensors[i].name] = name;
+    }
+    write_safetensors(dir / name, shard, metadata);
+    written.push_back(name);
+  }
+  for (const auto& [k, v] : sorted_map) weight_map[k] = v;
+  nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
+                                  {"weight_map", std::move(weight_map)}};
+  const std::string index_text = index.dump(2) + "\n";
+  write_atomically(dir / kIndexFileName, [&](int fd, const fs::path& target) {
+    write_all(fd, index_text.data(), index_text.size(), target);
+  });
+  // transformers loads model.safetensors before the index, so a stale single file must go, as must
+  // shards of an earlier save with a different count.
+  fs::remove(dir / kSingleFileName, ec);
+  remove_stale_shards(dir, written);
+  written.push_back(kIndexFileName);
+  return written;
+}
+
+}  // namespace symprune::io
