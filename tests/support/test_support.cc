@@ -8,7 +8,12 @@ namespace symprune::testing {
 
 std::filesystem::path data_dir() {
   if (const char* env = std::getenv("SYMPRUNE_DATA")) return env;
-  throw std::runtime_error("SYMPRUNE_DATA is not set (ctest sets it; export it to run tests by hand)");
+  return SYMPRUNE_DEFAULT_DATA_DIR;
+}
+
+std::filesystem::path python_executable() {
+  if (const char* env = std::getenv("SYMPRUNE_PYTHON")) return env;
+  return SYMPRUNE_DEFAULT_PYTHON;
 }
 
 std::filesystem::path make_temp_dir(const char* prefix) {

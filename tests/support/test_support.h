@@ -5,6 +5,8 @@ namespace symprune::testing {
 
 // The shared test data folder: $SYMPRUNE_DATA, else ../shared/data beside the source tree.
 std::filesystem::path data_dir();
+// The Python with the test helpers: $SYMPRUNE_PYTHON, else the project's .venv.
+std::filesystem::path python_executable();
 // A fresh empty directory under the system temp dir, removed by the caller or left for inspection.
 std::filesystem::path make_temp_dir(const char* prefix);
 

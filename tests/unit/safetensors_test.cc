@@ -257,11 +257,7 @@ TEST_F(SafetensorsTest, LoadF32ChecksExpectedShape) {
 
 // Cross-check with the reference implementation when the test Python is available.
 TEST_F(SafetensorsTest, InteroperatesWithPythonSafetensors) {
-  // $SYMPRUNE_PYTHON, else the repository's .venv next to this source file.
-  const char* env_python = std::getenv("SYMPRUNE_PYTHON");
-  const fs::path python =
-      env_python ? fs::path(env_python)
-                 : fs::path(__FILE__).parent_path().parent_path().parent_path() / ".venv" / "bin" / "python";
+  const fs::path python = symprune::testing::python_executable();
   if (!fs::exists(python)) GTEST_SKIP() << "no test Python (set SYMPRUNE_PYTHON)";
   const auto samples = three_dtypes();
   write_safetensors(dir_ / "ours.safetensors", to_write(samples), {{"format", "pt"}});
