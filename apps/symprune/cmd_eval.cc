@@ -16,6 +16,7 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "io/atomic_file.h"
 #include "io/model_resolver.h"
 #include "io/tokenizer.h"
 #include "model/decoder_model.h"
@@ -44,31 +45,6 @@ std::string read_text_file(const std::filesystem::path& path) {
   buffer << in.rdbuf();
   SYMPRUNE_CHECK(!in.bad(), "{}: read error", path.string());
   return buffer.str();
-}
-
-// Temp file in the destination directory, then rename: readers never see a partial report.
-void write_file_atomically(const std::filesystem::path& path, const std::string& contents) {
-  const auto parent = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  SYMPRUNE_CHECK(std::filesystem::is_directory(parent), "{}: directory {} does not exist", path.string(),
-                 parent.string());
-  const auto tmp = parent / (path.filename().string() + ".tmp." + std::to_string(::getpid()));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    SYMPRUNE_CHECK(out.good(), "{}: cannot create", tmp.string());
-    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-    out.flush();
-    if (!out.good()) {
-      std::error_code ignored;
-      std::filesystem::remove(tmp, ignored);
-      fail("{}: write failed", path.string());
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    fail("{}: cannot rename the temporary report into place", path.string());
-  }
 }
 
 void run_eval(const EvalOptions& o) {
@@ -136,7 +112,7 @@ void run_eval(const EvalOptions& o) {
         {"eval_seconds", result.wall_seconds},
         {"wall_seconds", wall},
     };
-    write_file_atomically(o.report, report.dump(2) + "\n");
+    io::write_file_atomically(o.report, report.dump(2) + "\n");
     log::info("wrote {}", o.report);
   }
 }

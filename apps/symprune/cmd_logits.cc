@@ -12,6 +12,7 @@
 #include "command.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/model_resolver.h"
 #include "model/decoder_model.h"
 
@@ -51,27 +52,9 @@ void run_logits(const LogitsOptions& o) {
   const int64_t T = static_cast<int64_t>(ids.size());
   const Tensor logits = model.forward(ids, 1, T);
   const std::filesystem::path out(o.out);
-  const auto parent = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");
-  const auto tmp = parent / (out.filename().string() + ".tmp." + std::to_string(::getpid()));
-  {
-    std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
-    SYMPRUNE_CHECK(file.good(), "{}: cannot create", tmp.string());
-    // x86-64 and aarch64 hosts are little-endian, which is the documented file format.
-    file.write(reinterpret_cast<const char*>(logits.data()),
-               static_cast<std::streamsize>(logits.numel() * 4));
-    file.flush();
-    if (!file.good()) {
-      std::error_code ignored;
-      std::filesystem::remove(tmp, ignored);
-      fail("{}: write failed", out.string());
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, out, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    fail("{}: cannot rename the temporary file into place", out.string());
-  }
+  // x86-64 and aarch64 hosts are little-endian, which is the documented file format.
+  io::write_file_atomically(
+      out, std::string_view(reinterpret_cast<const char*>(logits.data()), static_cast<size_t>(logits.numel()) * 4));
   std::printf("wrote %s: %lld x %lld fp32 logits\n", out.string().c_str(), static_cast<long long>(T),
               static_cast<long long>(model.vocab_size()));
 }

@@ -1,5 +1,7 @@
 #include "io/safetensors.h"
 
+#include "io/atomic_file.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -87,21 +89,6 @@ uint64_t json_offset(const nlohmann::json& value, const std::string& what) {
   SYMPRUNE_CHECK(value.is_number_integer() && (value.is_number_unsigned() || value.get<int64_t>() >= 0),
                  "{}: data_offsets must be non-negative integers, got {}", what, value.dump());
   return value.get<uint64_t>();
-}
-
-// Writes all of `size` bytes, retrying short writes and EINTR.
-void write_all(int fd, const void* data, size_t size, const fs::path& path) {
-  const auto* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const size_t chunk = std::min<size_t>(size, size_t{1} << 30);
-    const ssize_t n = ::write(fd, p, chunk);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail("{}: write failed: {}", path.string(), std::strerror(errno));
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
 }
 
 // A shard file name from an index must stay inside the model directory. The check is lexical on
@@ -412,41 +399,6 @@ std::map<std::string, std::string> SafetensorsModel::weight_map() const {
 
 namespace {
 
-// Writes `contents` via a temp file in the same directory, fsync, rename; removes the temp on error.
-template <typename WriteBody>
-void write_atomically(const fs::path& path, WriteBody&& body) {
-  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  std::string temp_name = ".";  // built by append: GCC 12 warns falsely (-Wrestrict) on "." + string
-  temp_name += path.filename().string();
-  temp_name += ".tmp.XXXXXX";
-  std::string pattern = (parent / temp_name).string();
-  const int fd = ::mkstemp(pattern.data());
-  SYMPRUNE_CHECK(fd >= 0, "{}: cannot create a temporary file in {}: {}", path.string(), parent.string(),
-                 std::strerror(errno));
-  try {
-    body(fd, path);
-    SYMPRUNE_CHECK(::fchmod(fd, 0644) == 0, "{}: chmod failed: {}", path.string(), std::strerror(errno));
-    SYMPRUNE_CHECK(::fsync(fd) == 0, "{}: fsync failed: {}", path.string(), std::strerror(errno));
-    const int close_result = ::close(fd);
-    SYMPRUNE_CHECK(close_result == 0, "{}: close failed: {}", path.string(), std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(pattern.c_str());
-    throw;
-  }
-  if (::rename(pattern.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(pattern.c_str());
-    fail("{}: cannot rename the temporary file into place: {}", path.string(), std::strerror(err));
-  }
-  // Make the rename itself durable.
-  const int dir_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
-}
-
 uint64_t checked_tensor_bytes(const TensorToWrite& t, const fs::path& path) {
   const std::string what = fmt::format("{}: tensor '{}'", path.string(), t.name);
   const uint64_t expected = tensor_byte_size(t.shape, t.dtype, what);
@@ -506,7 +458,7 @@ void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& t
                  "{}: header of {} bytes exceeds the {}-byte limit", path.string(), header_text.size(),
                  kMaxSafetensorsHeaderBytes);
 
-  write_atomically(path, [&](int fd, const fs::path& target) {
+  write_file_atomically(path, [&](int fd, const fs::path& target) {
     unsigned char length[8];
     uint64_t n = header_text.size();
     for (int i = 0; i < 8; ++i, n >>= 8) length[i] = static_cast<unsigned char>(n & 0xff);
@@ -569,7 +521,7 @@ std::vector<std::string> write_safetensors_sharded(const fs::path& dir,
   nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
                                   {"weight_map", std::move(weight_map)}};
   const std::string index_text = index.dump(2) + "\n";
-  write_atomically(dir / kIndexFileName, [&](int fd, const fs::path& target) {
+  write_file_atomically(dir / kIndexFileName, [&](int fd, const fs::path& target) {
     write_all(fd, index_text.data(), index_text.size(), target);
   });
   // transformers loads model.safetensors before the index, so a stale single file must go, as must

@@ -1,0 +1,72 @@
+#include "io/atomic_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+
+namespace symprune::io {
+
+namespace fs = std::filesystem;
+
+void write_all(int fd, const void* data, size_t size, const fs::path& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const size_t chunk = std::min<size_t>(size, size_t{1} << 30);
+    const ssize_t n = ::write(fd, p, chunk);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("{}: write failed: {}", path.string(), std::strerror(errno));
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void write_file_atomically(const fs::path& path, const std::function<void(int, const fs::path&)>& body) {
+  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  SYMPRUNE_CHECK(fs::is_directory(parent), "{}: directory {} does not exist", path.string(), parent.string());
+  std::string temp_name = ".";  // built by append: GCC 12 warns falsely (-Wrestrict) on "." + string
+  temp_name += path.filename().string();
+  temp_name += ".tmp.XXXXXX";
+  std::string pattern = (parent / temp_name).string();
+  const int fd = ::mkstemp(pattern.data());
+  SYMPRUNE_CHECK(fd >= 0, "{}: cannot create a temporary file in {}: {}", path.string(), parent.string(),
+                 std::strerror(errno));
+  try {
+    body(fd, path);
+    SYMPRUNE_CHECK(::fchmod(fd, 0644) == 0, "{}: chmod failed: {}", path.string(), std::strerror(errno));
+    SYMPRUNE_CHECK(::fsync(fd) == 0, "{}: fsync failed: {}", path.string(), std::strerror(errno));
+    const int close_result = ::close(fd);
+    SYMPRUNE_CHECK(close_result == 0, "{}: close failed: {}", path.string(), std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(pattern.c_str());
+    throw;
+  }
+  if (::rename(pattern.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(pattern.c_str());
+    fail("{}: cannot rename the temporary file into place: {}", path.string(), std::strerror(err));
+  }
+  // Make the rename itself durable.
+  const int dir_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+}
+
+void write_file_atomically(const fs::path& path, std::string_view contents) {
+  write_file_atomically(path, [&](int fd, const fs::path& target) {
+    write_all(fd, contents.data(), contents.size(), target);
+  });
+}
+
+}  // namespace symprune::io
