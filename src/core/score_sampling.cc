@@ -1,0 +1,97 @@
+// stochria's counter-based sampler: τ distinct indices per row/column, independent of threads.
+#include "core/score_sampling.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/scores.h"
+
+namespace symprune {
+namespace {
+
+__extension__ typedef unsigned __int128 Uint128;  // GCC/Clang extension, silences -Wpedantic
+
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t fnv1a64(std::string_view text) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (unsigned char ch : text) {
+    hash ^= ch;
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+}  // namespace
+
+SampleKey::SampleKey(uint64_t seed, int64_t block, std::string_view matrix_name, bool column) {
+  // Each key part goes through the SplitMix64 finalizer so that nearby seeds/blocks/indices decorrelate.
+  uint64_t key = mix64(seed + kGolden);
+  key = mix64(key ^ (static_cast<uint64_t>(block) + 2 * kGolden));
+  key = mix64(key ^ fnv1a64(matrix_name));
+  key = mix64(key ^ (column ? 0x636f6c756d6eULL : 0x726f77ULL));  // "column" / "row"
+  base_ = key;
+}
+
+uint64_t SampleKey::stream(int64_t index) const {
+  return mix64(base_ ^ mix64(static_cast<uint64_t>(index) + kGolden));
+}
+
+void sample_without_replacement(uint64_t stream_key, int64_t population, int64_t tau,
+                                std::vector<uint8_t>& marks, std::vector<int64_t>& out) {
+  SYMPRUNE_ASSERT(tau >= 0 && tau <= population, "tau {} of population {}", tau, population);
+  if (static_cast<int64_t>(marks.size()) < population) marks.assign(static_cast<size_t>(population), 0);
+  out.clear();
+  uint64_t counter = 0;
+  // SplitMix64 stream: output k = mix64(key + (k+1)·golden).
+  auto next = [&] { return mix64(stream_key + (++counter) * kGolden); };
+  // Uniform integer in [0, range) by Lemire's multiply-shift with rejection (exactly unbiased).
+  auto bounded = [&](uint64_t range) {
+    Uint128 product = static_cast<Uint128>(next()) * range;
+    uint64_t low = static_cast<uint64_t>(product);
+    if (low < range) {
+      const uint64_t threshold = (0 - range) % range;
+      while (low < threshold) {
+        product = static_cast<Uint128>(next()) * range;
+        low = static_cast<uint64_t>(product);
+      }
+    }
+    return static_cast<int64_t>(product >> 64);
+  };
+  // Floyd's algorithm: after step j the set is a uniform τ'-subset of [0, j]; j itself is never marked
+  // before its step, so a collision inserts j instead.
+  for (int64_t j = population - tau; j < population; ++j) {
+    const int64_t t = bounded(static_cast<uint64_t>(j) + 1);
+    const int64_t pick = marks[static_cast<size_t>(t)] ? j : t;
+    marks[static_cast<size_t>(pick)] = 1;
+    out.push_back(pick);
+  }
+  for (int64_t index : out) marks[static_cast<size_t>(index)] = 0;
+  // Ascending order: sums run in index order, like the full norms (β = 1 then reproduces ria exactly).
+  std::sort(out.begin(), out.end());
+}
+
+std::vector<int64_t> stochria_sample(uint64_t seed, int64_t block, std::string_view matrix_name, bool column,
+                                     int64_t index, int64_t population, int64_t tau) {
+  SYMPRUNE_CHECK(population > 0 && tau >= 1 && tau <= population,
+                 "stochria sample of {} indices from a population of {}", tau, population);
+  const SampleKey key(seed, block, matrix_name, column);
+  std::vector<uint8_t> marks;
+  std::vector<int64_t> out;
+  sample_without_replacement(key.stream(index), population, tau, marks, out);
+  return out;
+}
+
+int64_t stochria_tau(double beta, int64_t m, int64_t n) {
+  const double product = std::floor(beta * static_cast<double>(std::min(m, n)));
+  return std::max<int64_t>(1, std::min<int64_t>(static_cast<int64_t>(product), std::min(m, n)));
+}
+
+}  // namespace symprune

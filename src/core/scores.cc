@@ -1,0 +1,467 @@
+#include "core/scores.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/score_sampling.h"
+
+namespace symprune {
+namespace {
+
+constexpr int64_t kColumnChunk = 256;  // columns per work item for column reductions (fixed order)
+// Below this many elements a parallel region costs more than it saves (results are identical either way).
+constexpr int64_t kParallelMin = 1 << 15;
+
+struct MethodInfo {
+  ScoreMethod method;
+  std::string_view name;
+  bool input_stats;
+  bool output_stats;
+  double default_alpha;  // NaN: no α
+};
+
+constexpr double kNoAlpha = std::numeric_limits<double>::quiet_NaN();
+
+constexpr MethodInfo kMethods[] = {
+    {ScoreMethod::kMagnitude, "magnitude", false, false, kNoAlpha},
+    {ScoreMethod::kWanda, "wanda", true, false, 1.0},
+    {ScoreMethod::kOWanda, "owanda", false, true, 1.0},
+    {ScoreMethod::kSymWanda, "symwanda", true, true, 1.0},
+    {ScoreMethod::kSymWandaSq, "symwanda-sq", true, true, 1.0},
+    {ScoreMethod::kSymmetric, "symmetric", false, false, kNoAlpha},
+    {ScoreMethod::kSymmetricSq, "symmetric-sq", false, false, kNoAlpha},
+    {ScoreMethod::kRI, "ri", false, false, kNoAlpha},
+    {ScoreMethod::kRIA, "ria", true, false, 0.5},
+    {ScoreMethod::kRIARowOnly, "ria-row", true, false, 0.5},
+    {ScoreMethod::kRIAColOnly, "ria-col", true, false, 0.5},
+    {ScoreMethod::kLp, "lp", true, false, 0.5},
+    {ScoreMethod::kStochRIA, "stochria", true, false, 0.5},
+};
+
+const MethodInfo& info(ScoreMethod method) {
+  for (const MethodInfo& entry : kMethods)
+    if (entry.method == method) return entry;
+  SYMPRUNE_ASSERT(false, "unknown ScoreMethod {}", static_cast<int>(method));
+  return kMethods[0];
+}
+
+std::string label(const ScoreOptions& options) {
+  return options.matrix_name.empty() ? std::string("<unnamed matrix>") : options.matrix_name;
+}
+
+// 1/x with a zero norm contributing nothing (every |W| it would divide is 0 then, see scores.h).
+inline double inverse(double x) {
+  return x > 0.0 ? 1.0 / x : 0.0;
+}
+inline double ratio(double numerator, double denominator) {
+  return denominator > 0.0 ? numerator / denominator : 0.0;
+}
+// fp64 → fp32, clamping an overflow to the largest finite float.
+inline float to_score(double value) {
+  return value > static_cast<double>(FLT_MAX) ? FLT_MAX : static_cast<float>(value);
+}
+// Keeps factors finite so that 0 · factor stays 0.
+inline double finite_factor(double value) {
+  return value > DBL_MAX ? DBL_MAX : value;
+}
+
+bool is_allowed_p(double p) {
+  return p == 0.0 || p == 1.0 || p == 2.0 || p == 3.0 || p == 4.0 ||
+         p == std::numeric_limits<double>::infinity();
+}
+
+// Norm accumulation: p = 0 counts nonzeros, p = ∞ takes the max, otherwise Σ|w|^p then ^(1/p).
+struct NormKind {
+  double p;
+  double add(double acc, double a) const {
+    if (p == 1.0) return acc + a;
+    if (p == 2.0) return acc + a * a;
+    if (p == 0.0) return acc + (a != 0.0 ? 1.0 : 0.0);
+    if (std::isinf(p)) return std::max(acc, a);
+    if (p == 3.0) return acc + a * a * a;
+    if (p == 4.0) return acc + (a * a) * (a * a);
+    return acc + std::pow(a, p);
+  }
+  double finish(double acc) const {
+    if (p == 0.0 || p == 1.0 || std::isinf(p)) return acc;
+    if (p == 2.0) return std::sqrt(acc);
+    if (p == 3.0) return std::cbrt(acc);
+    return std::pow(acc, 1.0 / p);
+  }
+};
+
+// ‖W[r,:]‖_p for every row (each row summed in column order by one thread).
+std::vector<double> row_norms(const Tensor& weight, NormKind kind) {
+  const int64_t m = weight.dim(0), n = weight.dim(1);
+  std::vector<double> norms(static_cast<size_t>(m));
+  const float* w = weight.data();
+#pragma omp parallel for schedule(static) if (m * n >= kParallelMin)
+  for (int64_t r = 0; r < m; ++r) {
+    double acc = 0.0;
+    for (int64_t c = 0; c < n; ++c) acc = kind.add(acc, std::fabs(static_cast<double>(w[r * n + c])));
+    norms[static_cast<size_t>(r)] = kind.finish(acc);
+  }
+  return norms;
+}
+
+// ‖W[:,c]‖_p for every column (each column summed in row order by one thread).
+std::vector<double> column_norms(const Tensor& weight, NormKind kind) {
+  const int64_t m = weight.dim(0), n = weight.dim(1);
+  std::vector<double> acc(static_cast<size_t>(n), 0.0);
+  const float* w = weight.data();
+  const int64_t chunks = (n + kColumnChunk - 1) / kColumnChunk;
+#pragma omp parallel for schedule(static) if (m * n >= kParallelMin)
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t c0 = chunk * kColumnChunk, c1 = std::min(n, c0 + kColumnChunk);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = c0; c < c1; ++c)
+        acc[static_cast<size_t>(c)] =
+            kind.add(acc[static_cast<size_t>(c)], std::fabs(static_cast<double>(w[r * n + c])));
+    for (int64_t c = c0; c < c1; ++c) acc[static_cast<size_t>(c)] = kind.finish(acc[static_cast<size_t>(c)]);
+  }
+  return acc;
+}
+
+// x^α in fp64 with 0⁰ = 1 and the result kept finite.
+double power(double x, double alpha) {
+  if (alpha == 0.0) return 1.0;
+  if (alpha == 1.0) return x;
+  return finite_factor(std::pow(x, alpha));
+}
+
+void check_stat_vector(const std::vector<double>& values, int64_t expected, const char* field,
+                       const char* what, const ScoreOptions& options) {
+  SYMPRUNE_CHECK(static_cast<int64_t>(values.size()) == expected,
+                 "{}: activation statistics {} have {} entries, the weight has {} {}", label(options), field,
+                 values.size(), expected, what);
+  for (size_t i = 0; i < values.size(); ++i)
+    SYMPRUNE_CHECK(std::isfinite(values[i]) && values[i] >= 0.0,
+                   "{}: activation statistic {}[{}] = {} is not a finite non-negative number (activations "
+                   "overflowed?)",
+                   label(options), field, i, values[i]);
+}
+
+// a_c^α for every input column (all 1 when α = 0, where stats may be absent).
+std::vector<double> input_factors(const ActivationStats* stats, double alpha, int64_t n) {
+  std::vector<double> factors(static_cast<size_t>(n), 1.0);
+  if (alpha == 0.0) return factors;
+  for (int64_t c = 0; c < n; ++c) factors[static_cast<size_t>(c)] = power(stats->input_norm(c), alpha);
+  return factors;
+}
+
+std::vector<double> output_factors(const ActivationStats* stats, double alpha, int64_t m) {
+  std::vector<double> factors(static_cast<size_t>(m), 1.0);
+  if (alpha == 0.0) return factors;
+  for (int64_t r = 0; r < m; ++r) factors[static_cast<size_t>(r)] = power(stats->output_norm(r), alpha);
+  return factors;
+}
+
+// S[r,c] = f(r, c, |W[r,c]|) in fp64, rows in parallel.
+template <typename F>
+Tensor fill_scores(const Tensor& weight, F f) {
+  const int64_t m = weight.dim(0), n = weight.dim(1);
+  Tensor scores({m, n});
+  const float* w = weight.data();
+  float* s = scores.data();
+#pragma omp parallel for schedule(static) if (m * n >= kParallelMin)
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < n; ++c)
+      s[r * n + c] = to_score(f(r, c, std::fabs(static_cast<double>(w[r * n + c]))));
+  return scores;
+}
+
+void check_weight(const Tensor& weight, const ScoreOptions& options) {
+  SYMPRUNE_CHECK(weight.rank() == 2, "{}: scores need a 2-D weight, got shape {}", label(options),
+                 weight.shape_string());
+  SYMPRUNE_CHECK(weight.dim(0) > 0 && weight.dim(1) > 0, "{}: scores need a non-empty weight, got shape {}",
+                 label(options), weight.shape_string());
+  const float* w = weight.data();
+  const int64_t count = weight.numel();
+  bool finite = true;
+#pragma omp parallel for schedule(static) reduction(&& : finite) if (count >= kParallelMin)
+  for (int64_t i = 0; i < count; ++i) finite = finite && std::isfinite(w[i]);
+  if (finite) return;
+  const int64_t n = weight.dim(1);
+  for (int64_t i = 0; i < count; ++i)
+    SYMPRUNE_CHECK(std::isfinite(w[i]), "{}: weight [{}, {}] is {} (NaN/Inf weights cannot be scored)",
+                   label(options), i / n, i % n, w[i]);
+}
+
+// RIA repository arithmetic (reference-implementations.md §3.3), see scores.h.
+float half_round(float value) {
+  return fp16_to_float(float_to_fp16(value));
+}
+
+// PyTorch's tensor ** α on fp32 (special cases it takes, powf otherwise).
+float torch_pow(float x, double alpha) {
+  if (alpha == 0.0) return 1.0f;
+  if (alpha == 0.5) return std::sqrt(x);
+  if (alpha == 1.0) return x;
+  if (alpha == 2.0) return x * x;
+  if (alpha == 3.0) return x * x * x;
+  return std::pow(x, static_cast<float>(alpha));
+}
+
+Tensor ria_fp16_scores(const Tensor& weight, const ActivationStats* stats, double alpha, bool with_activation,
+                       const ScoreOptions& options) {
+  const int64_t m = weight.dim(0), n = weight.dim(1);
+  const float* w = weight.data();
+  // |W| in fp16 (exact for fp16 checkpoints).
+  Tensor half_abs({m, n});
+  float* h = half_abs.data();
+  bool in_range = true;
+#pragma omp parallel for schedule(static) reduction(&& : in_range) if (m * n >= kParallelMin)
+  for (int64_t i = 0; i < m * n; ++i) {
+    h[i] = half_round(std::fabs(w[i]));
+    in_range = in_range && std::isfinite(h[i]);
+  }
+  SYMPRUNE_CHECK(in_range, "{}: --compat ria needs |W| within the fp16 range (65504), the weight exceeds it",
+                 label(options));
+  const std::vector<double> row_sums = row_norms(half_abs, NormKind{1.0});
+  const std::vector<double> column_sums = column_norms(half_abs, NormKind{1.0});
+  std::vector<float> row_h(static_cast<size_t>(m)), column_h(static_cast<size_t>(n));
+  for (int64_t r = 0; r < m; ++r)
+    row_h[static_cast<size_t>(r)] = half_round(static_cast<float>(row_sums[static_cast<size_t>(r)]));
+  for (int64_t c = 0; c < n; ++c)
+    column_h[static_cast<size_t>(c)] = half_round(static_cast<float>(column_sums[static_cast<size_t>(c)]));
+  std::vector<float> factor(static_cast<size_t>(n), 1.0f);
+  if (with_activation && alpha != 0.0) {
+    for (int64_t c = 0; c < n; ++c) {
+      const float s =
+          static_cast<float>(stats->in_sumsq[static_cast<size_t>(c)] / static_cast<double>(stats->n_seqs));
+      factor[static_cast<size_t>(c)] =
+          alpha == 0.5 ? std::sqrt(std::sqrt(s)) : torch_pow(std::sqrt(s), alpha);
+    }
+  }
+  Tensor scores({m, n});
+  float* out = scores.data();
+#pragma omp parallel for schedule(static) if (m * n >= kParallelMin)
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < n; ++c) {
+      const float a = h[r * n + c];
+      const float cs = column_h[static_cast<size_t>(c)], rs = row_h[static_cast<size_t>(r)];
+      const float q1 = cs > 0.0f ? half_round(a / cs) : 0.0f;
+      const float q2 = rs > 0.0f ? half_round(a / rs) : 0.0f;
+      const float ri = half_round(q1 + q2);
+      out[r * n + c] = with_activation ? ri * factor[static_cast<size_t>(c)] : ri;
+    }
+  }
+  return scores;
+}
+
+// Sampled ℓ1 sums of stochria: rows over τ sampled columns, columns over τ sampled rows.
+void stochria_sums(const Tensor& weight, const ScoreOptions& options, std::vector<double>& row_sums,
+                   std::vector<double>& column_sums) {
+  const int64_t m = weight.dim(0), n = weight.dim(1);
+  const int64_t tau = stochria_tau(options.beta, m, n);
+  const float* w = weight.data();
+  row_sums.assign(static_cast<size_t>(m), 0.0);
+  column_sums.assign(static_cast<size_t>(n), 0.0);
+  const SampleKey row_key(options.seed, options.block, options.matrix_name, false);
+  const SampleKey column_key(options.seed, options.block, options.matrix_name, true);
+#pragma omp parallel if (m * n >= kParallelMin)
+  {
+    std::vector<uint8_t> marks;
+    std::vector<int64_t> picked;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < m; ++r) {
+      sample_without_replacement(row_key.stream(r), n, tau, marks, picked);
+      double sum = 0.0;
+      for (int64_t c : picked) sum += std::fabs(static_cast<double>(w[r * n + c]));
+      row_sums[static_cast<size_t>(r)] = sum;
+    }
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < n; ++c) {
+      sample_without_replacement(column_key.stream(c), m, tau, marks, picked);
+      double sum = 0.0;
+      for (int64_t r : picked) sum += std::fabs(static_cast<double>(w[r * n + c]));
+      column_sums[static_cast<size_t>(c)] = sum;
+    }
+  }
+}
+
+std::vector<double> inverses(const std::vector<double>& values) {
+  std::vector<double> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = inverse(values[i]);
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string_view>& score_method_names() {
+  static const std::vector<std::string_view> names = [] {
+    std::vector<std::string_view> list;
+    for (const MethodInfo& entry : kMethods) list.push_back(entry.name);
+    return list;
+  }();
+  return names;
+}
+
+std::string_view score_method_name(ScoreMethod method) {
+  return info(method).name;
+}
+
+ScoreMethod parse_score_method(std::string_view name) {
+  for (const MethodInfo& entry : kMethods)
+    if (entry.name == name) return entry.method;
+  std::string all;
+  for (const MethodInfo& entry : kMethods) {
+    if (!all.empty()) all += ", ";
+    all += entry.name;
+  }
+  fail("unknown pruning method '{}' (valid methods: {})", name, all);
+}
+
+bool score_method_uses_input_stats(ScoreMethod method) {
+  return info(method).input_stats;
+}
+bool score_method_uses_output_stats(ScoreMethod method) {
+  return info(method).output_stats;
+}
+bool score_method_uses_alpha(ScoreMethod method) {
+  return !std::isnan(info(method).default_alpha);
+}
+double default_alpha(ScoreMethod method) {
+  return info(method).default_alpha;
+}
+
+double resolved_alpha(ScoreMethod method, const ScoreOptions& options) {
+  if (!score_method_uses_alpha(method)) return kNoAlpha;
+  return std::isnan(options.alpha) ? default_alpha(method) : options.alpha;
+}
+
+bool score_method_needs_stats(ScoreMethod method, const ScoreOptions& options) {
+  return score_method_uses_alpha(method) && resolved_alpha(method, options) != 0.0;
+}
+
+void validate_score_options(ScoreMethod method, const ScoreOptions& options) {
+  const std::string_view name = score_method_name(method);
+  if (!std::isnan(options.alpha)) {
+    SYMPRUNE_CHECK(score_method_uses_alpha(method), "{}: method {} takes no activation exponent alpha",
+                   label(options), name);
+    SYMPRUNE_CHECK(std::isfinite(options.alpha) && options.alpha >= 0.0,
+                   "{}: alpha must be a finite number >= 0, got {}", label(options), options.alpha);
+  }
+  SYMPRUNE_CHECK(is_allowed_p(options.p), "{}: lp norm p must be one of 0, 1, 2, 3, 4, inf, got {}",
+                 label(options), options.p);
+  SYMPRUNE_CHECK(options.strategy >= 1 && options.strategy <= 4,
+                 "{}: lp strategy must be 1..4 (S1..S4), got {}", label(options), options.strategy);
+  SYMPRUNE_CHECK(options.beta > 0.0 && options.beta <= 1.0, "{}: stochria beta must be in (0, 1], got {}",
+                 label(options), options.beta);
+}
+
+Tensor compute_scores(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
+                      const ScoreOptions& options) {
+  validate_score_options(method, options);
+  check_weight(weight, options);
+  const int64_t m = weight.dim(0), n = weight.dim(1);
+  const double alpha = resolved_alpha(method, options);
+  const bool needs_stats = score_method_needs_stats(method, options);
+  if (needs_stats) {
+    SYMPRUNE_CHECK(stats != nullptr,
+                   "{}: method {} is activation-aware and needs calibration statistics, but none were given",
+                   label(options), score_method_name(method));
+    SYMPRUNE_CHECK(stats->n_seqs > 0,
+                   "{}: method {} needs calibration statistics, but they cover 0 sequences", label(options),
+                   score_method_name(method));
+    if (score_method_uses_input_stats(method))
+      check_stat_vector(stats->in_sumsq, n, "in_sumsq", "input columns", options);
+    if (score_method_uses_output_stats(method))
+      check_stat_vector(stats->out_sumsq, m, "out_sumsq", "output rows (were output statistics collected?)",
+                        options);
+  }
+  const bool input_side = score_method_uses_input_stats(method);
+  const std::vector<double> fa = input_side ? input_factors(stats, alpha, n) : std::vector<double>();
+  const std::vector<double> fb =
+      score_method_uses_output_stats(method) ? output_factors(stats, alpha, m) : std::vector<double>();
+  auto a = [&](int64_t c) { return fa[static_cast<size_t>(c)]; };
+  auto b = [&](int64_t r) { return fb[static_cast<size_t>(r)]; };
+
+  switch (method) {
+    case ScoreMethod::kMagnitude:
+      return fill_scores(weight, [](int64_t, int64_t, double w) { return w; });
+    case ScoreMethod::kWanda:
+      return fill_scores(weight, [&](int64_t, int64_t c, double w) { return w * a(c); });
+    case ScoreMethod::kOWanda:
+      return fill_scores(weight, [&](int64_t r, int64_t, double w) { return w * b(r); });
+    case ScoreMethod::kSymWanda:
+      return fill_scores(weight, [&](int64_t r, int64_t c, double w) { return w * (a(c) + b(r)); });
+    case ScoreMethod::kSymWandaSq:
+      return fill_scores(
+          weight, [&](int64_t r, int64_t c, double w) { return w * std::sqrt(a(c) * a(c) + b(r) * b(r)); });
+    case ScoreMethod::kSymmetric:
+    case ScoreMethod::kSymmetricSq: {
+      const std::vector<double> rows = row_norms(weight, NormKind{2.0});
+      const std::vector<double> cols = column_norms(weight, NormKind{2.0});
+      if (method == ScoreMethod::kSymmetric)
+        return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+          return w * (rows[static_cast<size_t>(r)] + cols[static_cast<size_t>(c)]);
+        });
+      return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+        const double rr = rows[static_cast<size_t>(r)], cc = cols[static_cast<size_t>(c)];
+        return w * std::sqrt(rr * rr + cc * cc);
+      });
+    }
+    case ScoreMethod::kRI:
+    case ScoreMethod::kRIA: {
+      const bool with_activation = method == ScoreMethod::kRIA;
+      if (options.compat_ria_fp16) return ria_fp16_scores(weight, stats, alpha, with_activation, options);
+      const std::vector<double> inv_rows = inverses(row_norms(weight, NormKind{1.0}));
+      const std::vector<double> inv_cols = inverses(column_norms(weight, NormKind{1.0}));
+      return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+        const double ri = w * (inv_rows[static_cast<size_t>(r)] + inv_cols[static_cast<size_t>(c)]);
+        return with_activation ? ri * a(c) : ri;
+      });
+    }
+    case ScoreMethod::kRIARowOnly: {
+      const std::vector<double> inv_rows = inverses(row_norms(weight, NormKind{1.0}));
+      return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+        return w * inv_rows[static_cast<size_t>(r)] * a(c);
+      });
+    }
+    case ScoreMethod::kRIAColOnly: {
+      const std::vector<double> inv_cols = inverses(column_norms(weight, NormKind{1.0}));
+      return fill_scores(
+          weight, [&](int64_t, int64_t c, double w) { return w * inv_cols[static_cast<size_t>(c)] * a(c); });
+    }
+    case ScoreMethod::kLp: {
+      const NormKind kind{options.p};
+      const std::vector<double> rows = row_norms(weight, kind);
+      const std::vector<double> cols = column_norms(weight, kind);
+      const std::vector<double> inv_rows = inverses(rows), inv_cols = inverses(cols);
+      auto at = [](const std::vector<double>& v, int64_t i) { return v[static_cast<size_t>(i)]; };
+      switch (options.strategy) {
+        case 1:
+          return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+            return w * (at(inv_rows, r) + at(inv_cols, c)) * a(c);
+          });
+        case 2:
+          return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+            return ratio(w, at(rows, r) + at(cols, c)) * a(c);
+          });
+        case 3:
+          return fill_scores(
+              weight, [&](int64_t r, int64_t c, double w) { return w * (at(rows, r) + at(cols, c)) * a(c); });
+        default:
+          return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+            return ratio(w, at(inv_rows, r) + at(inv_cols, c)) * a(c);
+          });
+      }
+    }
+    case ScoreMethod::kStochRIA: {
+      std::vector<double> row_sums, column_sums;
+      stochria_sums(weight, options, row_sums, column_sums);
+      const std::vector<double> inv_rows = inverses(row_sums), inv_cols = inverses(column_sums);
+      return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+        return w * (inv_rows[static_cast<size_t>(r)] + inv_cols[static_cast<size_t>(c)]) * a(c);
+      });
+    }
+  }
+  SYMPRUNE_ASSERT(false, "unhandled ScoreMethod {}", static_cast<int>(method));
+  return Tensor();
+}
+
+}  // namespace symprune

@@ -1,0 +1,135 @@
+#pragma once
+// Pruning scores of DESIGN.md §3.2: S[r, c] for every weight of a linear layer; smaller = pruned first.
+//
+// Layout (DESIGN.md §2): W[r, c] has shape [m, n], row r = output channel, column c = input channel.
+// The paper (reference/symmetric-pruning-paper.tex) writes Ŵ ∈ R^{b×c} with inputs on its rows:
+//   paper Ŵ_jk        = our W[k, j]    (paper row j = our column c, paper column k = our row r)
+//   paper ‖X_{:j}‖₂   = √N · a_c       (input channel norm, ActivationStats::input_norm)
+//   paper ‖Y_{k:}‖₂   = √N · b_r       (output channel norm, ActivationStats::output_norm)
+//   paper ‖Ŵ_{j:}‖    = ‖W[:, c]‖      (our column, "C_c" below)
+//   paper ‖Ŵ_{:k}‖    = ‖W[r, :]‖      (our row, "R_r" below)
+// Every name in the code refers to our layout. R_r = ‖W[r,:]‖_p over the n inputs of row r,
+// C_c = ‖W[:,c]‖_p over the m outputs of column c; p = 0 is the count of nonzeros, p = ∞ the max.
+//
+// Methods (α = the activation exponent, ScoreOptions::alpha):
+//   magnitude     |W|                                         (paper: Marginal)
+//   wanda         |W| · a_c^α                 α default 1     (Wanda)
+//   owanda        |W| · b_r^α                 α default 1     (OWanda, output side)
+//   symwanda      |W| · (a_c^α + b_r^α)       α default 1     (General symmetric Wanda)
+//   symwanda-sq   |W| · sqrt(a_c^{2α} + b_r^{2α})  α default 1 (squared-Frobenius variant)
+//   symmetric     |W| · (‖W[r,:]‖₂ + ‖W[:,c]‖₂)              (Symmetric, X = Y = Wᵀ)
+//   symmetric-sq  |W| · sqrt(‖W[r,:]‖₂² + ‖W[:,c]‖₂²)
+//   ri            |W|/‖W[r,:]‖₁ + |W|/‖W[:,c]‖₁                (RI)
+//   ria           ri · a_c^α                  α default 0.5   (RIA)
+//   ria-row       |W|/‖W[r,:]‖₁ · a_c^α        α default 0.5   = the paper's "Col-Sum" ablation
+//   ria-col       |W|/‖W[:,c]‖₁ · a_c^α        α default 0.5   = the paper's "Row-Sum" ablation
+//   lp            strategy S1..S4 on R_r = ‖W[r,:]‖_p, C_c = ‖W[:,c]‖_p, all × a_c^α (α default 0.5):
+//                   S1 |W|(1/R_r + 1/C_c)   S2 |W|/(R_r + C_c)   S3 |W|(R_r + C_c)   S4 |W|/(1/R_r + 1/C_c)
+//                 lp with p = 1, S1 is ria.
+//   stochria      |W|(1/‖W[r,S_r]‖₁ + 1/‖W[S_c,c]‖₁) · a_c^α   α default 0.5; S_r: τ columns sampled for
+//                 row r, S_c: τ rows sampled for column c, without replacement, τ = max(1, ⌊β·min(m,n)⌋)
+//                 (the floor of the fp64 product). With β = 1 on a square matrix it is ria.
+//
+// "Col-Sum" / "Row-Sum": the paper's ablation (Table "column & row sensitivity") keeps one of the two
+// RI terms. In the paper's layout RI_jk = |Ŵ_jk|/‖Ŵ_{j:}‖₁ (sum over paper row j) + |Ŵ_jk|/‖Ŵ_{:k}‖₁
+// (sum over paper column k). Paper column k is our row r, so "Col-Sum" divides by ‖W[r,:]‖₁ (our
+// ria-row) and "Row-Sum" by ‖W[:,c]‖₁ (our ria-col). The paper finds Col-Sum the stronger one.
+//
+// Defined answers (no NaN or inf ever reaches a mask):
+//   * A zero norm contributes 0 to a relative term: 1/0 := 0 and |W|/0 := 0. For p-norms a zero
+//     R_r or C_c means every |W| in that row/column is 0, so only zero weights are affected; S2/S4
+//     with both norms zero give 0. In stochria a sampled sum can be 0 while |W[r,c]| ≠ 0 (all sampled
+//     entries zero): that side's term is then 0, the same rule.
+//   * α = 0 gives factor 1 even for a zero activation norm (0⁰ = 1).
+//   * A score beyond the fp32 range is clamped to the largest finite float.
+//   * A NaN/Inf weight, or non-finite/negative statistics, is an Error naming ScoreOptions::matrix_name.
+// Scores are computed in fp64 (norms and products) and rounded once to fp32; every reduction runs in a
+// fixed order, so results do not depend on the thread count.
+//
+// compat_ria_fp16 (ri and ria only; ignored by the other methods, whose reference scores are fp32 or
+// exact): emulates the RIA repository's fp16 arithmetic (reference-implementations.md §3.3):
+//   w = half(|W|), R_r / C_c = half(float(Σ w)) (sums of the fp16 |W| in fp64, rounded to fp32 then fp16),
+//   q1 = half(float(w)/float(C_c)), q2 = half(float(w)/float(R_r)), ri = half(float(q1) + float(q2)),
+//   ria: S = float(ri) · f_c in fp32, s_c = float(in_sumsq[c]/N), f_c = sqrt(sqrt(s_c)) for α = 0.5
+//   (PyTorch's x**0.5 is a sqrt), else sqrt(s_c)^α with x, x·x, x·x·x for α = 1, 2, 3 and powf otherwise;
+//   ri: S = float(ri). Zero sums give q = 0 as above (the reference would give NaN); |W| beyond the
+//   fp16 range is an Error.
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/activation_stats.h"
+#include "core/tensor.h"
+
+namespace symprune {
+
+enum class ScoreMethod {
+  kMagnitude,
+  kWanda,
+  kOWanda,
+  kSymWanda,
+  kSymWandaSq,
+  kSymmetric,
+  kSymmetricSq,
+  kRI,
+  kRIA,
+  kRIARowOnly,  // "ria-row": |W|/‖W[r,:]‖₁ · a_c^α, the paper's Col-Sum
+  kRIAColOnly,  // "ria-col": |W|/‖W[:,c]‖₁ · a_c^α, the paper's Row-Sum
+  kLp,
+  kStochRIA,
+};
+
+// Every method's CLI name, in enum order.
+const std::vector<std::string_view>& score_method_names();
+std::string_view score_method_name(ScoreMethod method);
+// Parses a CLI name; unknown names throw an Error listing every valid name.
+ScoreMethod parse_score_method(std::string_view name);
+
+// Whether the method reads input statistics (a_c) / output statistics (b_r) at all.
+bool score_method_uses_input_stats(ScoreMethod method);
+bool score_method_uses_output_stats(ScoreMethod method);
+// Whether the method takes an activation exponent α (every activation-aware method).
+bool score_method_uses_alpha(ScoreMethod method);
+// Default α: 1 for wanda, owanda, symwanda, symwanda-sq; 0.5 for ria, ria-row, ria-col, lp, stochria;
+// NaN for methods without α.
+double default_alpha(ScoreMethod method);
+
+struct ScoreOptions {
+  double alpha = std::numeric_limits<double>::quiet_NaN();  // NaN = the method's default_alpha()
+  double p = 1.0;                                           // lp: 0 (nonzero count), 1, 2, 3, 4 or infinity
+  int strategy = 1;                                         // lp: S1..S4
+  double beta = 0.1;                                        // stochria: sampling ratio in (0, 1]
+  uint64_t seed = 0;  // stochria: RNG key parts (seed, block, matrix_name)
+  int64_t block = 0;
+  std::string matrix_name;       // for error messages and the stochria RNG key
+  bool compat_ria_fp16 = false;  // ri / ria: RIA repository fp16 rounding (see the header comment)
+};
+
+// α after applying the default (NaN for methods without α).
+double resolved_alpha(ScoreMethod method, const ScoreOptions& options);
+
+// Whether compute_scores needs ActivationStats: activation-aware methods with α ≠ 0.
+bool score_method_needs_stats(ScoreMethod method, const ScoreOptions& options);
+
+// Throws an Error (naming matrix_name) for: α negative or non-finite, α given for a method without
+// α, p not in {0, 1, 2, 3, 4, ∞}, strategy outside 1..4, β outside (0, 1].
+void validate_score_options(ScoreMethod method, const ScoreOptions& options);
+
+// Scores of W [m, n] (fp32) → S [m, n] fp32. `stats` may be null only when
+// score_method_needs_stats() is false; otherwise its input widths must be n (and output widths m
+// for owanda/symwanda/symwanda-sq). Errors name options.matrix_name.
+Tensor compute_scores(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
+                      const ScoreOptions& options);
+
+// stochria's sample: τ distinct indices of [0, population), sorted ascending, for row `index`
+// (column = false: columns of that row) or column `index` (column = true: rows of that column).
+// Counter-based (SplitMix64 keyed by seed, block, FNV-1a(matrix_name), side, index; Floyd's
+// algorithm, exactly without replacement), so it does not depend on threads, ranks or devices.
+std::vector<int64_t> stochria_sample(uint64_t seed, int64_t block, std::string_view matrix_name, bool column,
+                                     int64_t index, int64_t population, int64_t tau);
+// τ = max(1, ⌊β · min(m, n)⌋).
+int64_t stochria_tau(double beta, int64_t m, int64_t n);
+
+}  // namespace symprune
