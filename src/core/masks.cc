@@ -1,0 +1,365 @@
+#include "core/masks.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace symprune {
+
+// Below this many entries a parallel region costs more than it saves (many small test matrices).
+constexpr int64_t kParallelMin = int64_t{1} << 15;
+
+// ---------------------------------------------------------------------------------------------------
+// Mask
+
+Mask::Mask(int64_t rows, int64_t cols) : rows_(rows), cols_(cols) {
+  SYMPRUNE_ASSERT(rows >= 0 && cols >= 0, "mask shape [{}, {}]", rows, cols);
+  pruned_.assign(static_cast<size_t>(rows * cols), 0);
+}
+
+std::span<const uint8_t> Mask::row(int64_t r) const {
+  return std::span<const uint8_t>(pruned_).subspan(static_cast<size_t>(r * cols_),
+                                                   static_cast<size_t>(cols_));
+}
+
+std::span<uint8_t> Mask::row(int64_t r) {
+  return std::span<uint8_t>(pruned_).subspan(static_cast<size_t>(r * cols_), static_cast<size_t>(cols_));
+}
+
+int64_t Mask::count() const {
+  int64_t total = 0;
+  const uint8_t* p = pruned_.data();
+  const int64_t size = static_cast<int64_t>(pruned_.size());
+#pragma omp parallel for reduction(+ : total) schedule(static) if (size >= kParallelMin)
+  for (int64_t i = 0; i < size; ++i) total += p[i];
+  return total;
+}
+
+int64_t Mask::row_count(int64_t r) const {
+  int64_t total = 0;
+  for (uint8_t v : row(r)) total += v;
+  return total;
+}
+
+double Mask::sparsity() const {
+  return size() == 0 ? 0.0 : static_cast<double>(count()) / static_cast<double>(size());
+}
+
+void Mask::apply(Tensor& weight) const {
+  SYMPRUNE_CHECK(weight.rank() == 2 && weight.dim(0) == rows_ && weight.dim(1) == cols_,
+                 "mask of shape [{}, {}] cannot be applied to a weight of shape {}", rows_, cols_,
+                 weight.shape_string());
+  float* w = weight.data();
+  const uint8_t* p = pruned_.data();
+  const int64_t size = static_cast<int64_t>(pruned_.size());
+#pragma omp parallel for schedule(static) if (size >= kParallelMin)
+  for (int64_t i = 0; i < size; ++i)
+    if (p[i]) w[i] = 0.0f;
+}
+
+std::vector<uint8_t> Mask::pack_bits() const {
+  const int64_t size = static_cast<int64_t>(pruned_.size());
+  const int64_t bytes = (size + 7) / 8;
+  std::vector<uint8_t> out(static_cast<size_t>(bytes), 0);
+  const uint8_t* p = pruned_.data();
+#pragma omp parallel for schedule(static) if (bytes * 8 >= kParallelMin)
+  for (int64_t b = 0; b < bytes; ++b) {
+    uint8_t byte = 0;
+    const int64_t end = std::min<int64_t>(8, size - b * 8);
+    for (int64_t j = 0; j < end; ++j) byte |= static_cast<uint8_t>((p[b * 8 + j] ? 1u : 0u) << j);
+    out[static_cast<size_t>(b)] = byte;
+  }
+  return out;
+}
+
+Mask Mask::unpack_bits(int64_t rows, int64_t cols, std::span<const uint8_t> bits) {
+  SYMPRUNE_CHECK(rows >= 0 && cols >= 0, "bit-packed mask: invalid shape [{}, {}]", rows, cols);
+  Mask mask(rows, cols);
+  const int64_t size = rows * cols;
+  const int64_t bytes = (size + 7) / 8;
+  SYMPRUNE_CHECK(static_cast<int64_t>(bits.size()) == bytes,
+                 "bit-packed mask of shape [{}, {}] needs {} bytes, got {}", rows, cols, bytes, bits.size());
+  if (size % 8 != 0 && bytes > 0) {
+    const uint8_t padding = static_cast<uint8_t>(0xFFu << (size % 8));
+    SYMPRUNE_CHECK((bits[static_cast<size_t>(bytes - 1)] & padding) == 0,
+                   "bit-packed mask of shape [{}, {}]: padding bits of the last byte are set", rows, cols);
+  }
+  uint8_t* p = mask.pruned_.data();
+#pragma omp parallel for schedule(static) if (size >= kParallelMin)
+  for (int64_t i = 0; i < size; ++i) p[i] = (bits[static_cast<size_t>(i / 8)] >> (i % 8)) & 1u;
+  return mask;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Specs
+
+NmPattern parse_nm(std::string_view text) {
+  const auto bad = [&]() {
+    fail("invalid N:M pattern '{}': expected two positive integers N:M with N < M, such as 2:4 or 4:8", text);
+  };
+  const size_t colon = text.find(':');
+  if (colon == std::string_view::npos) bad();
+  const auto parse_int = [&](std::string_view part) {
+    int value = 0;
+    if (part.empty() || part.front() == '+' || part.front() == '-') bad();
+    const auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
+    if (ec != std::errc() || ptr != part.data() + part.size()) bad();
+    return value;
+  };
+  NmPattern p{parse_int(text.substr(0, colon)), parse_int(text.substr(colon + 1))};
+  SYMPRUNE_CHECK(p.n > 0 && p.m > 0, "invalid N:M pattern '{}': N and M must be positive", text);
+  SYMPRUNE_CHECK(p.n < p.m, "invalid N:M pattern '{}': N ({}) must be smaller than M ({})", text, p.n, p.m);
+  return p;
+}
+
+std::string describe(const MaskSpec& spec) {
+  switch (spec.kind) {
+    case MaskSpec::kUnstructuredRow:
+      return fmt::format("row {:g}%", spec.sparsity * 100.0);
+    case MaskSpec::kUnstructuredLayer:
+      return fmt::format("layer {:g}%{}", spec.sparsity * 100.0,
+                         spec.compat_threshold_le ? " (compat <= threshold)" : "");
+    case MaskSpec::kNM:
+      return fmt::format("{}:{}", spec.n, spec.m);
+  }
+  return "unknown";
+}
+
+int64_t prune_count(int64_t total, double rho) {
+  return static_cast<int64_t>(static_cast<double>(total) * rho);
+}
+
+void validate_mask_spec(const MaskSpec& spec, int64_t rows, int64_t cols, std::string_view matrix_name) {
+  SYMPRUNE_CHECK(rows >= 0 && cols >= 0, "matrix {}: invalid shape [{}, {}]", matrix_name, rows, cols);
+  switch (spec.kind) {
+    case MaskSpec::kUnstructuredRow:
+    case MaskSpec::kUnstructuredLayer:
+      // Written so that NaN fails too.
+      SYMPRUNE_CHECK(spec.sparsity >= 0.0 && spec.sparsity < 1.0, "matrix {}: sparsity {} is outside [0, 1)",
+                     matrix_name, spec.sparsity);
+      return;
+    case MaskSpec::kNM:
+      SYMPRUNE_CHECK(spec.n > 0 && spec.m > 0,
+                     "matrix {}: invalid N:M pattern {}:{}: N and M must be positive", matrix_name, spec.n,
+                     spec.m);
+      SYMPRUNE_CHECK(spec.n < spec.m, "matrix {}: invalid N:M pattern {}:{}: N must be smaller than M",
+                     matrix_name, spec.n, spec.m);
+      SYMPRUNE_CHECK(cols % spec.m == 0,
+                     "matrix {}: N:M pattern {}:{} needs the row width to be a multiple of {}, but it is {}",
+                     matrix_name, spec.n, spec.m, spec.m, cols);
+      return;
+  }
+  fail("matrix {}: unknown mask kind {}", matrix_name, static_cast<int>(spec.kind));
+}
+
+uint32_t score_order_key(float score) {
+  if (std::isnan(score)) return 0xFFFFFFFFu;
+  if (score == 0.0f) score = 0.0f;  // -0.0 -> +0.0
+  const uint32_t bits = std::bit_cast<uint32_t>(score);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+float score_from_order_key(uint32_t key) {
+  const uint32_t bits = (key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key;
+  return std::bit_cast<float>(bits);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Selection
+
+namespace {
+
+void check_no_nan(const Tensor& scores, std::string_view matrix_name) {
+  const float* s = scores.data();
+  const int64_t size = scores.numel();
+  int64_t first = std::numeric_limits<int64_t>::max();
+#pragma omp parallel for reduction(min : first) schedule(static) if (size >= kParallelMin)
+  for (int64_t i = 0; i < size; ++i)
+    if (std::isnan(s[i])) first = std::min(first, i);
+  if (first != std::numeric_limits<int64_t>::max()) {
+    const int64_t cols = scores.dim(1);
+    fail("NaN score in matrix {} (row {}, column {}); scores must be finite or infinite to select a mask",
+         matrix_name, first / cols, first % cols);
+  }
+}
+
+// (order key, column) packed so that plain integer order is the mask order with lower-index tie-break.
+inline uint64_t row_key(float score, int64_t col) {
+  return (static_cast<uint64_t>(score_order_key(score)) << 32) | static_cast<uint64_t>(col);
+}
+
+void select_rows(const Tensor& scores, int64_t k, Mask& mask) {
+  const int64_t rows = scores.dim(0), cols = scores.dim(1);
+  if (k == 0) return;
+#pragma omp parallel if (rows * cols >= kParallelMin)
+  {
+    std::vector<uint64_t> keys(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* s = scores.data() + r * cols;
+      for (int64_t c = 0; c < cols; ++c) keys[static_cast<size_t>(c)] = row_key(s[c], c);
+      std::nth_element(keys.begin(), keys.begin() + k, keys.end());
+      uint8_t* p = mask.row(r).data();
+      for (int64_t i = 0; i < k; ++i) p[keys[static_cast<size_t>(i)] & 0xFFFFFFFFu] = 1;
+    }
+  }
+}
+
+void select_nm(const Tensor& scores, int n, int m, Mask& mask) {
+  const int64_t rows = scores.dim(0), cols = scores.dim(1);
+  const int64_t groups = cols / m;
+  // Small groups (2:4, 4:8, ...): rank each entry by counting; larger M: nth_element per group.
+  constexpr int kMaxCountingM = 32;
+#pragma omp parallel if (rows * cols >= kParallelMin)
+  {
+    std::vector<uint64_t> keys(static_cast<size_t>(m));
+    std::array<uint32_t, kMaxCountingM> small{};
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* s = scores.data() + r * cols;
+      uint8_t* p = mask.row(r).data();
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t base = g * m;
+        if (m <= kMaxCountingM) {
+          for (int j = 0; j < m; ++j) small[static_cast<size_t>(j)] = score_order_key(s[base + j]);
+          for (int i = 0; i < m; ++i) {
+            const uint32_t ki = small[static_cast<size_t>(i)];
+            int rank = 0;
+            for (int j = 0; j < m; ++j) {
+              const uint32_t kj = small[static_cast<size_t>(j)];
+              rank += (kj < ki) || (kj == ki && j < i);
+            }
+            p[base + i] = rank < n ? 1 : 0;
+          }
+        } else {
+          for (int j = 0; j < m; ++j) keys[static_cast<size_t>(j)] = row_key(s[base + j], j);
+          std::nth_element(keys.begin(), keys.begin() + n, keys.end());
+          for (int i = 0; i < n; ++i)
+            p[base + static_cast<int64_t>(keys[static_cast<size_t>(i)] & 0xFFFFFFFFu)] = 1;
+        }
+      }
+    }
+  }
+}
+
+// The order key of the element at 0-based position `rank` of the ascending order of all keys, by a
+// 3-pass MSB radix select (11 + 11 + 10 bits, integer histograms, so the result is thread-count
+// independent). `*equal_before` receives how many elements with that key precede it in the order.
+uint32_t radix_select(const Tensor& scores, int64_t rank, int64_t* equal_before) {
+  constexpr std::array<int, 3> kShift = {21, 10, 0};
+  constexpr std::array<int, 3> kBits = {11, 11, 10};
+  const float* s = scores.data();
+  const int64_t size = scores.numel();
+  uint32_t prefix = 0;       // key bits fixed so far
+  uint32_t prefix_mask = 0;  // which bits those are
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = kShift[static_cast<size_t>(pass)];
+    const size_t bins = size_t{1} << kBits[static_cast<size_t>(pass)];
+    std::vector<int64_t> hist(bins, 0);
+#pragma omp parallel if (size >= kParallelMin)
+    {
+      std::vector<int64_t> local(bins, 0);
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < size; ++i) {
+        const uint32_t key = score_order_key(s[i]);
+        if ((key & prefix_mask) == prefix) ++local[(key >> shift) & (bins - 1)];
+      }
+#pragma omp critical
+      for (size_t b = 0; b < bins; ++b) hist[b] += local[b];
+    }
+    size_t bin = 0;
+    while (rank >= hist[bin]) rank -= hist[bin++];
+    SYMPRUNE_ASSERT(bin < bins, "radix select ran past the histogram");
+    prefix |= static_cast<uint32_t>(bin) << shift;
+    prefix_mask |= static_cast<uint32_t>(bins - 1) << shift;
+  }
+  *equal_before = rank;
+  return prefix;
+}
+
+void select_layer_exact(const Tensor& scores, int64_t k, Mask& mask) {
+  if (k == 0) return;
+  int64_t equal_to_prune = 0;
+  const uint32_t threshold = radix_select(scores, k, &equal_to_prune);
+  const int64_t rows = scores.dim(0), cols = scores.dim(1);
+  // Everything below the threshold key is pruned; of the entries equal to it, the first
+  // `equal_to_prune` in flat order. Per-row counts of equal entries place that cut without a serial scan.
+  std::vector<int64_t> equal_in_row(static_cast<size_t>(rows), 0);
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = scores.data() + r * cols;
+    uint8_t* p = mask.row(r).data();
+    int64_t equal = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint32_t key = score_order_key(s[c]);
+      p[c] = key < threshold ? 1 : 0;
+      equal += key == threshold;
+    }
+    equal_in_row[static_cast<size_t>(r)] = equal;
+  }
+  int64_t remaining = equal_to_prune;
+  for (int64_t r = 0; r < rows && remaining > 0; ++r) {
+    if (equal_in_row[static_cast<size_t>(r)] == 0) continue;
+    const float* s = scores.data() + r * cols;
+    uint8_t* p = mask.row(r).data();
+    for (int64_t c = 0; c < cols && remaining > 0; ++c)
+      if (score_order_key(s[c]) == threshold) {
+        p[c] = 1;
+        --remaining;
+      }
+  }
+}
+
+// Reference repos: theta = sort(S.flatten())[k] (NaN sorts last), mask = S <= theta. A NaN theta
+// (k at or past the first NaN) prunes nothing, as `S <= nan` does in torch.
+void select_layer_threshold_le(const Tensor& scores, int64_t k, Mask& mask) {
+  int64_t unused = 0;
+  const uint32_t threshold_key = radix_select(scores, k, &unused);
+  if (threshold_key == 0xFFFFFFFFu) return;
+  const float theta = score_from_order_key(threshold_key);
+  const float* s = scores.data();
+  uint8_t* p = mask.flat().data();
+  const int64_t size = scores.numel();
+#pragma omp parallel for schedule(static) if (size >= kParallelMin)
+  for (int64_t i = 0; i < size; ++i) p[i] = s[i] <= theta ? 1 : 0;
+}
+
+}  // namespace
+
+Mask select_mask(const Tensor& scores, const MaskSpec& spec, std::string_view matrix_name) {
+  SYMPRUNE_CHECK(scores.rank() == 2, "matrix {}: scores must be a matrix, got shape {}", matrix_name,
+                 scores.shape_string());
+  const int64_t rows = scores.dim(0), cols = scores.dim(1);
+  validate_mask_spec(spec, rows, cols, matrix_name);
+  // Row keys carry the column in 32 bits.
+  SYMPRUNE_CHECK(cols < (int64_t{1} << 32), "matrix {}: row width {} is too large", matrix_name, cols);
+  Mask mask(rows, cols);
+  if (rows == 0 || cols == 0) return mask;
+  const bool threshold_le = spec.kind == MaskSpec::kUnstructuredLayer && spec.compat_threshold_le;
+  if (!threshold_le) check_no_nan(scores, matrix_name);
+  switch (spec.kind) {
+    case MaskSpec::kUnstructuredRow:
+      select_rows(scores, prune_count(cols, spec.sparsity), mask);
+      break;
+    case MaskSpec::kUnstructuredLayer: {
+      const int64_t k = prune_count(rows * cols, spec.sparsity);
+      SYMPRUNE_ASSERT(k >= 0 && k < rows * cols, "prune count {} of {}", k, rows * cols);
+      if (threshold_le)
+        select_layer_threshold_le(scores, k, mask);
+      else
+        select_layer_exact(scores, k, mask);
+      break;
+    }
+    case MaskSpec::kNM:
+      select_nm(scores, spec.n, spec.m, mask);
+      break;
+  }
+  return mask;
+}
+
+}  // namespace symprune

@@ -1,0 +1,109 @@
+#pragma once
+// Mask selection (DESIGN.md §3.3; compat rules: reference-implementations.md §4).
+//
+// Scores are [rows, cols] = [out_features, in_features] (the HF weight layout); smaller score = pruned
+// first. Order everywhere is ascending by (score, index): among equal scores the lower column index
+// (row and N:M modes) or the lower flat index (layer mode) is pruned first. Scores compare as floats, so
+// -0.0 and +0.0 are equal. Selection is by k-select (nth_element per row, radix select over the whole
+// matrix), never a full sort, and the result does not depend on the number of threads.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace symprune {
+
+// A prune mask over a [rows, cols] matrix; pruned(i) = 1 for the flat row-major index i that is pruned.
+class Mask {
+ public:
+  Mask() = default;
+  Mask(int64_t rows, int64_t cols);  // nothing pruned
+
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  int64_t size() const { return rows_ * cols_; }
+  bool pruned(int64_t r, int64_t c) const { return pruned_[static_cast<size_t>(r * cols_ + c)] != 0; }
+  void set(int64_t r, int64_t c, bool value) { pruned_[static_cast<size_t>(r * cols_ + c)] = value ? 1 : 0; }
+  std::span<const uint8_t> flat() const { return pruned_; }
+  std::span<uint8_t> flat() { return pruned_; }
+  std::span<const uint8_t> row(int64_t r) const;
+  std::span<uint8_t> row(int64_t r);
+
+  int64_t count() const;               // pruned entries in the whole matrix
+  int64_t row_count(int64_t r) const;  // pruned entries in row r
+  double sparsity() const;             // count() / size(); 0 for an empty mask
+
+  // Sets every pruned entry of W to exactly +0.0f and leaves the others bit-identical. W must be
+  // [rows, cols] (Error naming both shapes otherwise).
+  void apply(Tensor& weight) const;
+
+  // Bit-packed form for exchanges between ranks: flat row-major index i is bit (i % 8) of byte i / 8
+  // (LSB first), ceil(rows*cols/8) bytes, unused high bits of the last byte zero.
+  std::vector<uint8_t> pack_bits() const;
+  // Inverse of pack_bits; Error when the byte count does not match or padding bits are set.
+  static Mask unpack_bits(int64_t rows, int64_t cols, std::span<const uint8_t> bits);
+
+  bool operator==(const Mask& other) const = default;
+
+ private:
+  int64_t rows_ = 0;
+  int64_t cols_ = 0;
+  std::vector<uint8_t> pruned_;
+};
+
+struct NmPattern {
+  int n = 0;
+  int m = 0;
+};
+
+// Parses "N:M" (e.g. "2:4"): two positive decimal integers, N < M. Error text quotes the input.
+NmPattern parse_nm(std::string_view text);
+
+struct MaskSpec {
+  enum Kind { kUnstructuredRow, kUnstructuredLayer, kNM };
+  Kind kind = kUnstructuredRow;
+  double sparsity = 0.0;  // ρ for the unstructured kinds; ignored by kNM
+  int n = 0;              // N:M pattern (kNM only)
+  int m = 0;
+  // Layer mode only: the reference repos' rule θ = sorted[k], prune every score ≤ θ (so at least k+1
+  // entries, plus all ties with θ; NaN sorts last and is never pruned). Row and N:M have no threshold
+  // form in the references and ignore this flag.
+  bool compat_threshold_le = false;
+
+  static MaskSpec row(double rho) { return {kUnstructuredRow, rho, 0, 0, false}; }
+  static MaskSpec layer(double rho, bool compat_le = false) {
+    return {kUnstructuredLayer, rho, 0, 0, compat_le};
+  }
+  static MaskSpec nm(int n, int m) { return {kNM, 0.0, n, m, false}; }
+  static MaskSpec nm(NmPattern p) { return nm(p.n, p.m); }
+};
+
+// "row 50%", "layer 50% (compat <= threshold)", "2:4".
+std::string describe(const MaskSpec& spec);
+
+// Number pruned out of `total` at sparsity rho: (int64)(double(total) * rho), truncated like the
+// reference repos (4096 at 0.6 -> 2457; 11008 at 0.7 -> 7705).
+int64_t prune_count(int64_t total, double rho);
+
+// Errors (naming `matrix_name`) for: sparsity outside [0, 1) or NaN in the unstructured kinds;
+// N:M with N < 1, M < 1, N >= M, or M not dividing cols; negative shapes.
+void validate_mask_spec(const MaskSpec& spec, int64_t rows, int64_t cols, std::string_view matrix_name);
+
+// The mask for a rank-2 score matrix. Validates the spec first. Exact-count modes (row, layer without
+// compat, N:M) throw Error "NaN score in matrix <name> ..." if any score is NaN.
+//  * row:   exactly prune_count(cols, ρ) per row.
+//  * layer: exactly prune_count(rows*cols, ρ) in the matrix, ties by flat index; with
+//           compat_threshold_le the "≤ θ" rule instead.
+//  * N:M:   exactly N per group of M consecutive columns in each row.
+Mask select_mask(const Tensor& scores, const MaskSpec& spec, std::string_view matrix_name = "<unnamed>");
+
+// Monotone unsigned key of a score under the mask order: a < b (as floats) iff key(a) < key(b);
+// -0.0 and +0.0 share a key; every NaN maps to 0xFFFFFFFF, above +inf (torch's sort puts NaN last).
+// Public so that a distributed radix select can build the same histograms.
+uint32_t score_order_key(float score);
+float score_from_order_key(uint32_t key);  // inverse on non-NaN keys (gives +0.0 for zero)
+
+}  // namespace symprune
