@@ -1,0 +1,311 @@
+#include "io/calibration.h"
+
+#include <fmt/format.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <string_view>
+#include <system_error>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "io/json_util.h"
+#include "io/python_random.h"
+
+namespace symprune::io {
+namespace {
+
+// N·T ids are held in memory (and later N·T·d hidden states), so absurd requests fail early.
+constexpr int64_t kMaxCalibrationTokens = int64_t{1} << 31;
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+void check_readable_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  SYMPRUNE_CHECK(!ec && std::filesystem::exists(status), "{}: calibration file not found", path.string());
+  SYMPRUNE_CHECK(std::filesystem::is_regular_file(status), "{}: not a regular file", path.string());
+  const auto size = std::filesystem::file_size(path, ec);
+  SYMPRUNE_CHECK(!ec, "{}: cannot get the file size: {}", path.string(), ec.message());
+  SYMPRUNE_CHECK(size > 0, "{}: calibration file is empty", path.string());
+}
+
+// Reads a plain or gzip-compressed file in chunks (zlib passes non-gzip content through unchanged).
+class MaybeGzipReader {
+ public:
+  explicit MaybeGzipReader(const std::filesystem::path& path) : path_(path) {
+    errno = 0;
+    file_ = gzopen(path.c_str(), "rb");
+    SYMPRUNE_CHECK(file_ != nullptr, "{}: cannot open: {}", path.string(),
+                   errno ? std::strerror(errno) : "out of memory");
+    gzbuffer(file_, 1 << 20);
+  }
+  ~MaybeGzipReader() {
+    if (file_) gzclose(file_);
+  }
+  MaybeGzipReader(const MaybeGzipReader&) = delete;
+  MaybeGzipReader& operator=(const MaybeGzipReader&) = delete;
+
+  // Appends up to `max` bytes to `out`; returns the number appended (0 at the end of the data).
+  size_t read_some(std::string& out, size_t max) {
+    const size_t old = out.size();
+    out.resize(old + max);
+    const int n = gzread(file_, out.data() + old, static_cast<unsigned>(max));
+    if (n < 0) {
+      int code = 0;
+      const char* message = gzerror(file_, &code);
+      fail("{}: read error: {}", path_.string(),
+           code == Z_ERRNO ? std::strerror(errno) : (message ? message : "unknown zlib error"));
+    }
+    out.resize(old + static_cast<size_t>(n));
+    if (n == 0) {
+      // A truncated gzip stream reads as a short file; zlib reports it only through gzerror.
+      int code = 0;
+      const char* message = gzerror(file_, &code);
+      SYMPRUNE_CHECK(code == Z_OK || code == Z_STREAM_END, "{}: read error: {}", path_.string(),
+                     message ? message : "unknown zlib error");
+    }
+    return static_cast<size_t>(n);
+  }
+
+  std::string read_all() {
+    std::string out;
+    while (read_some(out, 1 << 20) > 0) {
+    }
+    return out;
+  }
+
+ private:
+  std::filesystem::path path_;
+  gzFile file_ = nullptr;
+};
+
+// The "text" field of every non-blank line; lines are counted from 1 in errors.
+std::vector<std::string> read_jsonl_texts(const std::filesystem::path& path) {
+  MaybeGzipReader reader(path);
+  std::vector<std::string> texts;
+  std::string buffer;
+  size_t begin = 0;
+  int64_t line_number = 0;
+  bool eof = false;
+  auto handle_line = [&](std::string_view line) {
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (std::all_of(line.begin(), line.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r'; }))
+      return;
+    const std::string source = fmt::format("{} line {}", path.string(), line_number);
+    const nlohmann::json doc = parse_json_text(line, source);
+    SYMPRUNE_CHECK(doc.is_object(), "{}: expected a JSON object with a \"text\" field", source);
+    const auto it = doc.find("text");
+    SYMPRUNE_CHECK(it != doc.end(), "{}: no \"text\" field", source);
+    SYMPRUNE_CHECK(it->is_string(), "{}: \"text\" is not a string", source);
+    texts.push_back(it->get<std::string>());
+  };
+  while (true) {
+    const size_t newline = buffer.find('\n', begin);
+    if (newline != std::string::npos) {
+      handle_line(std::string_view(buffer).substr(begin, newline - begin));
+      begin = newline + 1;
+      continue;
+    }
+    if (eof) break;
+    buffer.erase(0, begin);
+    begin = 0;
+    eof = reader.read_some(buffer, 1 << 20) == 0;
+  }
+  if (begin < buffer.size()) handle_line(std::string_view(buffer).substr(begin));
+  SYMPRUNE_CHECK(line_number > 0, "{}: calibration file is empty", path.string());
+  SYMPRUNE_CHECK(!texts.empty(), "{}: no documents (every line is blank)", path.string());
+  return texts;
+}
+
+std::vector<int32_t> read_token_file(const std::filesystem::path& path, int width, int64_t vocab_size) {
+  const uint64_t size = std::filesystem::file_size(path);
+  SYMPRUNE_CHECK(size % static_cast<uint64_t>(width) == 0,
+                 "{}: {} bytes is not a whole number of uint{} tokens ({} bytes each)", path.string(), size,
+                 8 * width, width);
+  std::ifstream in(path, std::ios::binary);
+  SYMPRUNE_CHECK(in.good(), "{}: cannot open: {}", path.string(), std::strerror(errno));
+  std::string bytes(static_cast<size_t>(size), '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(size));
+  SYMPRUNE_CHECK(static_cast<uint64_t>(in.gcount()) == size, "{}: short read ({} of {} bytes)", path.string(),
+                 in.gcount(), size);
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t count = static_cast<size_t>(size) / static_cast<size_t>(width);
+  std::vector<int32_t> ids(count);
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t id = 0;
+    for (int b = 0; b < width; ++b) id |= static_cast<uint64_t>(p[i * width + b]) << (8 * b);
+    SYMPRUNE_CHECK(id < static_cast<uint64_t>(vocab_size),
+                   "{}: token id {} at position {} is outside the vocabulary (size {})", path.string(), id, i,
+                   vocab_size);
+    ids[i] = static_cast<int32_t>(id);
+  }
+  return ids;
+}
+
+void check_stream_fits(const std::filesystem::path& path, int64_t length, int64_t seqlen) {
+  if (length >= seqlen + 1) return;
+  const std::string possible =
+      length >= 2 ? fmt::format("; at most --seqlen {} would fit", length - 1) : std::string();
+  fail("{}: {} tokens; a window of T={} needs at least T+1 = {} tokens, so no window fits{}", path.string(),
+       length, seqlen, seqlen + 1, possible);
+}
+
+void check_ids_in_vocab(const std::filesystem::path& path, const std::vector<int32_t>& ids,
+                        int64_t vocab_size) {
+  for (const int32_t id : ids)
+    SYMPRUNE_CHECK(id >= 0 && id < vocab_size,
+                   "{}: the tokenizer produced id {}, outside the model's vocabulary (size {})",
+                   path.string(), id, vocab_size);
+}
+
+// Windows of a single token stream: start_i = randint(0, L-T-1) in order.
+void sample_stream(const std::vector<int32_t>& stream, const CalibrationOptions& options,
+                   CalibrationSet& set) {
+  PythonRandom rng(options.seed);
+  const int64_t length = static_cast<int64_t>(stream.size());
+  set.stream_tokens = length;
+  set.documents = 1;
+  for (int64_t i = 0; i < options.nsamples; ++i) {
+    const int64_t start = rng.randint(0, length - options.seqlen - 1);
+    set.windows.push_back({-1, start});
+    set.tokens.insert(set.tokens.end(), stream.begin() + start, stream.begin() + start + options.seqlen);
+  }
+}
+
+// The reference C4 loop (reference-implementations.md §1.2); see calibration.h for the guard.
+void sample_documents(const std::vector<std::string>& docs, const CalibrationOptions& options,
+                      const Tokenizer& tokenizer, int64_t vocab_size, CalibrationSet& set) {
+  const int64_t count = static_cast<int64_t>(docs.size());
+  const int64_t seqlen = options.seqlen;
+  set.documents = count;
+  std::vector<int64_t> lengths(docs.size(), -1);               // token count with BOS, -1 = not tokenized yet
+  std::unordered_map<int64_t, std::vector<int32_t>> accepted;  // ids of documents long enough
+  int64_t tokenized = 0;
+  bool all_checked = false;
+  const int64_t guard = 2 * count + 100;
+
+  auto tokenize = [&](int64_t d) -> int64_t {
+    if (lengths[d] >= 0) return lengths[d];
+    std::vector<int32_t> ids = tokenizer.encode(docs[static_cast<size_t>(d)], /*add_bos=*/true);
+    lengths[d] = static_cast<int64_t>(ids.size());
+    ++tokenized;
+    if (lengths[d] > seqlen) accepted.emplace(d, std::move(ids));
+    return lengths[d];
+  };
+  auto check_some_document_fits = [&] {
+    int64_t longest = 0;
+    for (int64_t d = 0; d < count; ++d) longest = std::max(longest, tokenize(d));
+    all_checked = true;
+    if (longest > seqlen) return;
+    const std::string possible =
+        longest >= 2 ? fmt::format("; at most --seqlen {} would fit", longest - 1) : std::string();
+    fail(
+        "no document in {} has more than T={} tokens (the longest of its {} documents has {}, BOS "
+        "included){}",
+        options.file.string(), seqlen, count, longest, possible);
+  };
+
+  PythonRandom rng(options.seed);
+  for (int64_t i = 0; i < options.nsamples; ++i) {
+    int64_t rejections = 0;
+    int64_t d = 0;
+    while (true) {
+      d = rng.randint(0, count - 1);
+      if (tokenize(d) > seqlen) break;
+      if (++rejections >= guard && !all_checked) check_some_document_fits();
+      if (!all_checked && tokenized == count) check_some_document_fits();
+    }
+    const std::vector<int32_t>& ids = accepted.at(d);
+    const int64_t start = rng.randint(0, static_cast<int64_t>(ids.size()) - seqlen - 1);
+    set.windows.push_back({d, start});
+    set.tokens.insert(set.tokens.end(), ids.begin() + start, ids.begin() + start + seqlen);
+  }
+  check_ids_in_vocab(options.file, set.tokens, vocab_size);
+}
+
+}  // namespace
+
+std::string resolve_calibration_format(const std::filesystem::path& file, const std::string& format,
+                                       int64_t vocab_size) {
+  if (format == "jsonl" || format == "text" || format == "tokens-u16" || format == "tokens-u32")
+    return format;
+  SYMPRUNE_CHECK(format == "auto",
+                 "{}: unknown calibration format '{}' (expected auto, jsonl, text, tokens-u16 or tokens-u32)",
+                 file.string(), format);
+  const std::string name = lower(file.filename().string());
+  for (const char* suffix : {".jsonl", ".json", ".jsonl.gz", ".json.gz"})
+    if (ends_with(name, suffix)) return "jsonl";
+  if (ends_with(name, ".bin")) {
+    SYMPRUNE_CHECK(vocab_size <= 65536,
+                   "{}: the id width of a .bin token file is ambiguous for a vocabulary of {} ids (more than "
+                   "uint16 holds); give the format explicitly: tokens-u32 (or tokens-u16)",
+                   file.string(), vocab_size);
+    return "tokens-u16";
+  }
+  return "text";
+}
+
+CalibrationSet load_calibration(const CalibrationOptions& options, const Tokenizer& tokenizer,
+                                int64_t vocab_size) {
+  if (vocab_size <= 0) vocab_size = tokenizer.vocab_size();
+  const std::string path = options.file.string();
+  SYMPRUNE_CHECK(options.nsamples >= 1, "{}: --nsamples must be at least 1 (got {})", path, options.nsamples);
+  SYMPRUNE_CHECK(options.seqlen >= 1, "{}: --seqlen must be at least 1 (got {})", path, options.seqlen);
+  SYMPRUNE_CHECK(options.nsamples <= kMaxCalibrationTokens / options.seqlen,
+                 "{}: --nsamples {} × --seqlen {} is more than the {} calibration tokens supported", path,
+                 options.nsamples, options.seqlen, kMaxCalibrationTokens);
+  const std::string format = resolve_calibration_format(options.file, options.format, vocab_size);
+  check_readable_file(options.file);
+
+  CalibrationSet set;
+  set.nsamples = options.nsamples;
+  set.seqlen = options.seqlen;
+  set.format = format;
+  set.tokens.reserve(static_cast<size_t>(options.nsamples * options.seqlen));
+  if (format == "jsonl") {
+    sample_documents(read_jsonl_texts(options.file), options, tokenizer, vocab_size, set);
+  } else {
+    std::vector<int32_t> stream;
+    if (format == "text") {
+      const std::string text = MaybeGzipReader(options.file).read_all();
+      SYMPRUNE_CHECK(!text.empty(), "{}: calibration file is empty", path);
+      stream = tokenizer.encode(text, /*add_bos=*/true);
+      check_ids_in_vocab(options.file, stream, vocab_size);
+    } else {
+      stream = read_token_file(options.file, format == "tokens-u16" ? 2 : 4, vocab_size);
+    }
+    check_stream_fits(options.file, static_cast<int64_t>(stream.size()), options.seqlen);
+    sample_stream(stream, options, set);
+  }
+  set.fingerprint = tokens_fingerprint(set.tokens);
+  return set;
+}
+
+std::string tokens_fingerprint(const std::vector<int32_t>& tokens) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (const int32_t id : tokens) {
+    const auto value = static_cast<uint32_t>(id);
+    for (int b = 0; b < 4; ++b) {
+      hash ^= (value >> (8 * b)) & 0xffu;
+      hash *= 0x100000001b3ull;
+    }
+  }
+  return fmt::format("{:016x}", hash);
+}
+
+}  // namespace symprune::io
