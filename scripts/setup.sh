@@ -9,7 +9,7 @@ apt_packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev libomp-dev
   libopenmpi-dev openmpi-bin libhdf5-openmpi-dev
-  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
+  nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libsentencepiece-dev libpcre2-dev zlib1g-dev
   clang libclang-rt-14-dev

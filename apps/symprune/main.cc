@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help/--version exit 0; every command-line error exits 1 like any other bad input.
+    return app.exit(e) == 0 ? 0 : 1;
   } catch (const Error& e) {
     std::fprintf(stderr, "symprune: error: %s\n", e.what());
     return 1;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace symprune::io {
 
@@ -67,6 +68,57 @@ void write_file_atomically(const fs::path& path, std::string_view contents) {
   write_file_atomically(path, [&](int fd, const fs::path& target) {
     write_all(fd, contents.data(), contents.size(), target);
   });
+}
+
+namespace {
+
+fs::path make_dir_beside(const fs::path& target, const char* tag) {
+  std::string name = ".";  // built by append: GCC 12 warns falsely (-Wrestrict) on "." + string
+  name += target.filename().string();
+  name += tag;
+  name += "XXXXXX";
+  std::string pattern = (target.parent_path() / name).string();
+  SYMPRUNE_CHECK(::mkdtemp(pattern.data()) != nullptr, "cannot create a temporary directory beside '{}': {}",
+                 target.string(), std::strerror(errno));
+  return pattern;
+}
+
+}  // namespace
+
+StagedDirectory::StagedDirectory(const fs::path& target)
+    : target_(target), path_(make_dir_beside(target, ".tmp-")) {
+  ::chmod(path_.c_str(), 0755);  // mkdtemp makes 0700; a model directory is normally shared
+}
+
+StagedDirectory::~StagedDirectory() {
+  if (installed_) return;
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+void StagedDirectory::install() {
+  std::error_code ec;
+  if (!fs::exists(target_, ec)) {
+    fs::rename(path_, target_, ec);
+    SYMPRUNE_CHECK(!ec, "cannot move the new directory into '{}': {}", target_.string(), ec.message());
+    installed_ = true;
+    return;
+  }
+  const fs::path old = make_dir_beside(target_, ".old-");
+  fs::rename(target_, old, ec);  // an empty directory (the mkdtemp placeholder) is replaced
+  if (ec) {
+    fs::remove(old, ec);
+    fail("cannot move the existing '{}' aside: {}", target_.string(), ec.message());
+  }
+  fs::rename(path_, target_, ec);
+  if (ec) {
+    std::error_code restore;
+    fs::rename(old, target_, restore);
+    fail("cannot move the new directory into '{}': {}", target_.string(), ec.message());
+  }
+  installed_ = true;
+  fs::remove_all(old, ec);
+  if (ec) log::warn("could not remove the replaced directory '{}': {}", old.string(), ec.message());
 }
 
 }  // namespace symprune::io

@@ -16,4 +16,24 @@ void write_file_atomically(const std::filesystem::path& path,
                            const std::function<void(int fd, const std::filesystem::path& path)>& body);
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents);
 
+// A directory built beside its final place (".NAME.tmp-XXXXXX", mode 0755) and moved there by one
+// rename, so a model directory appears whole or not at all. Removed on destruction unless installed.
+class StagedDirectory {
+ public:
+  explicit StagedDirectory(const std::filesystem::path& target);
+  ~StagedDirectory();
+  StagedDirectory(const StagedDirectory&) = delete;
+  StagedDirectory& operator=(const StagedDirectory&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  // Moves the staged directory onto the target. An existing target is moved aside first, restored
+  // if the final rename fails, and removed only once the new directory is in place.
+  void install();
+
+ private:
+  std::filesystem::path target_;
+  std::filesystem::path path_;
+  bool installed_ = false;
+};
+
 }  // namespace symprune::io

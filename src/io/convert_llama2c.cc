@@ -1,5 +1,7 @@
 #include "io/convert_llama2c.h"
 
+#include "io/atomic_file.h"
+
 #include <fcntl.h>
 #include <sentencepiece_processor.h>
 #include <stdlib.h>
@@ -36,33 +38,6 @@ struct TokenizerFile {
   TokenizerKind kind = TokenizerKind::kLlama2c;
   std::string bytes;  // written out as read, so what was validated is what lands in the directory
 };
-
-// Removes the temp directory unless the conversion committed it.
-class TempDirGuard {
- public:
-  explicit TempDirGuard(fs::path path) : path_(std::move(path)) {}
-  ~TempDirGuard() {
-    if (!committed_) {
-      std::error_code ec;
-      fs::remove_all(path_, ec);
-    }
-  }
-  TempDirGuard(const TempDirGuard&) = delete;
-  TempDirGuard& operator=(const TempDirGuard&) = delete;
-  const fs::path& path() const { return path_; }
-  void commit() { committed_ = true; }
-
- private:
-  fs::path path_;
-  bool committed_ = false;
-};
-
-fs::path make_temp_dir_beside(const fs::path& target, const char* tag) {
-  std::string pattern = (target.parent_path() / ("." + target.filename().string() + tag + "XXXXXX")).string();
-  SYMPRUNE_CHECK(mkdtemp(pattern.data()) != nullptr, "cannot create a temporary directory beside '{}': {}",
-                 target.string(), std::strerror(errno));
-  return pattern;
-}
 
 std::string read_small_file(const fs::path& path, const char* what) {
   std::error_code ec;
@@ -225,31 +200,6 @@ void add_tensor(std::vector<TensorToWrite>& out, std::string name, const Tensor&
                  std::as_bytes(std::span<const float>(tensor.data(), static_cast<size_t>(tensor.numel())))});
 }
 
-// Moves `tmp` to `out`. An empty `out` is replaced by rename(2) itself; a non-empty one (--force)
-// is first moved aside so it can be restored if the final rename fails.
-void install_dir(const fs::path& tmp, const fs::path& out, bool replace_non_empty) {
-  std::error_code ec;
-  if (!replace_non_empty) {
-    fs::rename(tmp, out, ec);
-    SYMPRUNE_CHECK(!ec, "cannot move the converted model into '{}': {}", out.string(), ec.message());
-    return;
-  }
-  const fs::path old = make_temp_dir_beside(out, ".old-");
-  fs::rename(out, old, ec);  // replaces the empty placeholder made by mkdtemp
-  if (ec) {
-    fs::remove(old);
-    fail("cannot move the existing '{}' aside: {}", out.string(), ec.message());
-  }
-  fs::rename(tmp, out, ec);
-  if (ec) {
-    std::error_code restore;
-    fs::rename(old, out, restore);
-    fail("cannot move the converted model into '{}': {}", out.string(), ec.message());
-  }
-  fs::remove_all(old, ec);
-  if (ec) log::warn("could not remove the replaced model directory '{}': {}", old.string(), ec.message());
-}
-
 }  // namespace
 
 ConvertLlama2cSummary convert_llama2c(const fs::path& checkpoint, const fs::path& tokenizer,
@@ -263,7 +213,6 @@ ConvertLlama2cSummary convert_llama2c(const fs::path& checkpoint, const fs::path
   std::error_code ec;
   SYMPRUNE_CHECK(fs::is_directory(parent, ec), "parent directory '{}' of the output '{}' does not exist",
                  parent.string(), out_dir.string());
-  bool replace_non_empty = false;
   const auto out_status = fs::symlink_status(out, ec);
   if (fs::exists(out_status)) {
     SYMPRUNE_CHECK(fs::is_directory(out_status), "output '{}' exists and is not a directory",
@@ -276,7 +225,6 @@ ConvertLlama2cSummary convert_llama2c(const fs::path& checkpoint, const fs::path
       SYMPRUNE_CHECK(!is_within(checkpoint, out) && !is_within(tokenizer, out),
                      "output directory '{}' contains the input files; refusing to replace it",
                      out_dir.string());
-      replace_non_empty = true;
     }
   }
 
@@ -309,16 +257,14 @@ ConvertLlama2cSummary convert_llama2c(const fs::path& checkpoint, const fs::path
   add_tensor(tensors, "model.norm.weight", ck.rms_final);
   if (!h.shared_classifier) add_tensor(tensors, "lm_head.weight", ck.wcls);
 
-  TempDirGuard tmp(make_temp_dir_beside(out, ".tmp-"));
+  StagedDirectory tmp(out);
   write_safetensors(tmp.path() / "model.safetensors", tensors, {{"format", "pt"}});
   write_file(tmp.path() / "config.json", make_config(h).dump(2) + "\n");
   const std::string tokenizer_name =
       tok.kind == TokenizerKind::kLlama2c ? "tokenizer.bin" : "tokenizer.model";
   write_file(tmp.path() / tokenizer_name, tok.bytes);
   write_file(tmp.path() / "tokenizer_config.json", make_tokenizer_config(tok.kind, h).dump(2) + "\n");
-  ::chmod(tmp.path().c_str(), 0755);  // mkdtemp makes 0700; a model directory is normally shared
-  install_dir(tmp.path(), out, replace_non_empty);
-  tmp.commit();
+  tmp.install();
 
   ConvertLlama2cSummary summary;
   summary.version = h.version;

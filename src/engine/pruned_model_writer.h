@@ -1,0 +1,45 @@
+#pragma once
+// Writes a pruned copy of a Hugging Face model directory (DESIGN.md §3.5 step 5):
+//  * every tensor keeps its stored name, dtype, shape and shard; for pruned linears the pruned entries
+//    are zero bits (exactly +0.0 in F32/F16/BF16), every other byte is the input's byte;
+//  * each output shard holds the same tensors, in the same order, as the input shard of the same name;
+//    a sharded input's model.safetensors.index.json is copied as is (same names, same weight_map, same
+//    total_size); shard metadata is the input's plus {"format": "pt"} when absent;
+//  * every other top-level file (config.json, tokenizer files, generation_config.json, ...) is copied
+//    byte-identical; other weight formats (pytorch_model*.bin, *.pt, *.pth, *.ckpt, *.h5, *.msgpack) and
+//    subdirectories are not copied;
+//  * everything is written into a temporary directory beside `out` and renamed to `out` at the end, so
+//    on any error nothing appears at `out` (and an existing `out` replaced under force stays intact).
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/masks.h"
+
+namespace symprune::engine {
+
+// Errors (nothing touched) when `out` equals or lies inside `input_dir`, when `input_dir` lies inside
+// `out`, when `out` exists and is not a directory, or when it is a non-empty directory and !force.
+void check_output_dir(const std::filesystem::path& input_dir, const std::filesystem::path& out, bool force);
+
+// A mask kept bit-packed (Mask::pack_bits layout: flat index i is bit i % 8 of byte i / 8), so the
+// masks of a whole model cost one bit per weight until they are written.
+struct PackedMask {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<uint8_t> bits;
+  static PackedMask of(const Mask& mask) { return {mask.rows(), mask.cols(), mask.pack_bits()}; }
+  bool pruned(int64_t flat_index) const {
+    return (bits[static_cast<size_t>(flat_index >> 3)] >> (flat_index & 7)) & 1;
+  }
+};
+
+// masks: stored tensor name (as in the input files) → mask over that tensor's [rows, cols].
+// Returns the written file names (relative to out), sorted.
+std::vector<std::string> write_pruned_model(const std::filesystem::path& input_dir,
+                                            const std::filesystem::path& out,
+                                            const std::map<std::string, PackedMask>& masks, bool force);
+
+}  // namespace symprune::engine

@@ -1,0 +1,87 @@
+"""Shared helpers of the `symprune prune` end-to-end tests (test_prune_*.py): the stories260K model
+converted to a Hugging Face directory, TinyStories validation split in two halves (calibration on the
+first, evaluation on the second, at the line boundary nearest the middle), and readers for the
+pruned output."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file
+
+BIN = os.environ["SYMPRUNE_BIN"]
+DATA = Path(os.environ["SYMPRUNE_DATA"])
+SOURCE = Path(os.environ["SYMPRUNE_SOURCE_DIR"])
+SEQLEN = 256
+
+
+def symprune(*args, check=True):
+    proc = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"symprune {' '.join(map(str, args))} exited {proc.returncode}:\n"
+                             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+class Stories:
+    """stories260K as a HF directory plus the two halves of tinystories_val.txt, under `root`."""
+
+    def __init__(self, root):
+        root = Path(root)
+        self.root = root
+        self.model = root / "stories260K-hf"
+        self.first = root / "first_half.txt"
+        self.second = root / "second_half.txt"
+        subprocess.run([sys.executable, SOURCE / "scripts" / "split_text.py",
+                        DATA / "tinystories" / "tinystories_val.txt", self.first, self.second],
+                       check=True, capture_output=True)
+        symprune("convert-llama2c", "--checkpoint", DATA / "stories260K" / "stories260K.bin",
+                 "--tokenizer", DATA / "stories260K" / "tok512.bin", "--out", self.model)
+
+    def calib_tokens(self, nsamples, seqlen, seed=0):
+        """The windows `symprune prune --calib first_half --nsamples N --seqlen T --seed S` draws."""
+        out = self.root / f"calib_{nsamples}x{seqlen}_s{seed}.u32"
+        if not out.exists():
+            symprune("calib", "--tokenizer", self.model, "--calib", self.first, "--nsamples", nsamples,
+                     "--seqlen", seqlen, "--seed", seed, "--out", out)
+        data = np.fromfile(out, dtype="<u4")
+        assert data.size == nsamples * seqlen
+        return data.reshape(nsamples, seqlen).astype(np.int64)
+
+    def eval_ids(self):
+        out = symprune("tokenize", "--tokenizer", self.model, "--text-file", self.second)
+        return [int(x) for x in out.stdout.strip().split(",")]
+
+
+def linear_names(n_layers=5):
+    names = []
+    for i in range(n_layers):
+        for lin in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+            names.append(f"model.layers.{i}.{lin}.weight")
+    return names
+
+
+def load_tensors(model_dir):
+    """{name: array} over every safetensors file of a directory (sharded or not), in the stored dtype."""
+    model_dir = Path(model_dir)
+    tensors = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        for key, value in load_file(str(path)).items():
+            assert key not in tensors, f"{key} stored twice"
+            tensors[key] = value
+    return tensors
+
+
+def tree_digest(root):
+    """{relative path: sha256} of every file below root (to prove a directory was not touched)."""
+    root = Path(root)
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def read_json(path):
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,125 @@
+"""`symprune prune` on bad input: a clear error naming the problem, a non-zero exit (1 for every
+error symprune itself detects), no crash, and nothing written — no --out directory, no report, no
+temporary left beside them, the input model untouched."""
+import os
+
+import pytest
+
+from prune_support import Stories, symprune, tree_digest
+
+
+@pytest.fixture(scope="module")
+def stories(tmp_path_factory):
+    s = Stories(tmp_path_factory.mktemp("stories"))
+    s.digest = tree_digest(s.model)
+    (s.root / "empty.txt").write_bytes(b"")
+    (s.root / "tiny.txt").write_text("Once upon a time there was a cat.\n")
+    (s.root / "calib_dir").mkdir()
+    return s
+
+
+CALIB = ["--nsamples", "4", "--seqlen", "64"]
+RANGE = ("[0, 1)", "[0,1)", "outside", "range")
+
+# (id, arguments after --model M, --out O, --report R; required words: each entry is a tuple of
+# alternatives, at least one of which must appear (case-insensitive) in stderr; "{model}", "{root}"
+# are replaced by the paths).
+CASES = [
+    ("sparsity-negative", ["--method", "magnitude", "--sparsity", "-0.1"], [("sparsity",), ("-0.1",), RANGE]),
+    ("sparsity-one", ["--method", "magnitude", "--sparsity", "1.0"], [("sparsity",), ("1",), RANGE]),
+    ("sparsity-above-one", ["--method", "magnitude", "--sparsity", "1.5"], [("sparsity",), ("1.5",), RANGE]),
+    ("nm-equal", ["--method", "magnitude", "--nm", "4:4"], [("4:4", "n:m", "--nm"), ("less", "<", "smaller")]),
+    ("nm-greater", ["--method", "magnitude", "--nm", "4:2"], [("4:2", "n:m", "--nm"), ("less", "<", "smaller")]),
+    ("nm-not-dividing", ["--method", "magnitude", "--nm", "3:7"], [("7",), ("64", "172"), ("divid", "multiple")]),
+    ("nm-malformed", ["--method", "magnitude", "--nm", "2-4"], [("2-4",), ("n:m", "--nm")]),
+    ("unknown-method", ["--method", "wandaa", "--sparsity", "0.5"], [("wandaa",), ("magnitude",), ("stochria",)]),
+    ("wanda-without-calib", ["--method", "wanda", "--sparsity", "0.5"], [("calib",), ("wanda",)]),
+    ("ria-without-calib", ["--method", "ria", "--sparsity", "0.5"], [("calib",), ("ria",)]),
+    ("calib-missing", ["--method", "wanda", "--sparsity", "0.5", "--calib", "{root}/no_such_file.txt", *CALIB],
+     [("{root}/no_such_file.txt",)]),
+    ("calib-directory", ["--method", "wanda", "--sparsity", "0.5", "--calib", "{root}/calib_dir", *CALIB],
+     [("{root}/calib_dir",)]),
+    ("calib-empty", ["--method", "wanda", "--sparsity", "0.5", "--calib", "{root}/empty.txt", *CALIB],
+     [("{root}/empty.txt",), ("empty", "window", "token")]),
+    ("calib-too-short", ["--method", "wanda", "--sparsity", "0.5", "--calib", "{root}/tiny.txt", *CALIB],
+     [("{root}/tiny.txt",), ("window", "token")]),
+    ("seqlen-beyond-model", ["--method", "wanda", "--sparsity", "0.5", "--calib", "{root}/first_half.txt",
+                             "--nsamples", "4", "--seqlen", "100000"], [("100000",), ("512",)]),
+]
+
+
+def _listing(path):
+    return sorted(os.listdir(path))
+
+
+def _expect_failure(stories, tmp_path, args, words, rc_is_one=True):
+    out_dir = tmp_path / "out" / "pruned"
+    (tmp_path / "out").mkdir()
+    report = tmp_path / "out" / "report.json"
+    full = ["prune", "--model", stories.model, *[a.format(root=stories.root, model=stories.model) for a in args]]
+    if "--out" not in args:
+        full += ["--out", out_dir]
+    full += ["--report", report]
+    root_before = _listing(stories.root)
+    proc = symprune(*full, check=False)
+    message = proc.stderr.lower()
+    if rc_is_one:
+        assert proc.returncode == 1, (proc.returncode, proc.stderr)
+        assert "symprune: error:" in message, proc.stderr
+    else:  # command-line parse errors: CLI11's own message, exit 1 like every bad input
+        assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    for alternatives in words:
+        alternatives = [w.format(root=stories.root, model=stories.model).lower() for w in alternatives]
+        assert any(w in message for w in alternatives), (alternatives, proc.stderr)
+    assert _listing(tmp_path / "out") == [], "something was written beside --out"
+    assert tree_digest(stories.model) == stories.digest, "the input directory was modified"
+    assert _listing(stories.root) == root_before
+    return proc
+
+
+@pytest.mark.parametrize("args,words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(stories, tmp_path, args, words):
+    _expect_failure(stories, tmp_path, args, words)
+
+
+# Exactly one of --sparsity / --nm: may be enforced by the command-line parser (its own exit code).
+@pytest.mark.parametrize("args", [["--sparsity", "0.5", "--nm", "2:4"], []], ids=["both", "neither"])
+def test_sparsity_xor_nm(stories, tmp_path, args):
+    proc = _expect_failure(stories, tmp_path, ["--method", "magnitude", *args], [("sparsity",), ("nm",)],
+                           rc_is_one=False)
+    assert proc.returncode == 1 or "symprune: error:" not in proc.stderr.lower()
+
+
+def test_unknown_option(stories, tmp_path):
+    _expect_failure(stories, tmp_path, ["--method", "magnitude", "--sparsity", "0.5", "--bogus-option", "3"],
+                    [("--bogus-option",)], rc_is_one=False)
+
+
+def test_out_equal_to_input(stories, tmp_path):
+    _expect_failure(stories, tmp_path, ["--method", "magnitude", "--sparsity", "0.5", "--out", "{model}"],
+                    [("{model}",), ("--out", "output")])
+
+
+def test_out_inside_input(stories, tmp_path):
+    _expect_failure(stories, tmp_path, ["--method", "magnitude", "--sparsity", "0.5", "--out", "{model}/pruned"],
+                    [("{model}",), ("--out", "output"), ("inside", "within", "under")])
+    assert not (stories.model / "pruned").exists()
+
+
+def test_out_inside_input_via_dot_dot(stories, tmp_path):
+    # The same directory spelled differently must still be recognised.
+    _expect_failure(stories, tmp_path, ["--method", "magnitude", "--sparsity", "0.5",
+                                        "--out", "{model}/../" + stories.model.name],
+                    [("--out", "output")])
+
+
+def test_existing_out_without_force(stories, tmp_path):
+    out_dir = tmp_path / "existing"
+    out_dir.mkdir()
+    (out_dir / "keep.txt").write_text("user data")
+    proc = symprune("prune", "--model", stories.model, "--method", "magnitude", "--sparsity", "0.5",
+                    "--out", out_dir, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert str(out_dir) in proc.stderr and "--force" in proc.stderr, proc.stderr
+    assert _listing(out_dir) == ["keep.txt"] and (out_dir / "keep.txt").read_text() == "user data"
+    assert _listing(tmp_path) == ["existing"]

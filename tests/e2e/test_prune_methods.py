@@ -1,0 +1,222 @@
+"""Every pruning method of `symprune prune` at 50 % unstructured and 2:4 on stories260K.
+
+Calibration: 16 windows of 256 tokens from the first half of tinystories_val.txt; evaluation: the
+second half, 40 chunks of 256 tokens. For each run: exit 0; every pruned linear has exactly the
+requested zeros (per output row, or per group of 4 inputs) and every kept weight — and every tensor
+that is not a pruned linear — is bit-identical to the input; non-weight files are byte-identical;
+the input directory is unchanged; the report's sparsity.total and per-layer counts are exact; the
+pruned perplexity is finite and above the dense one. For a few methods the output is loaded with
+transformers' LlamaForCausalLM and its perplexity (same token ids, same chunks) equals symprune's
+within 1e-4 relative.
+"""
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file, save_file
+from transformers import LlamaForCausalLM
+
+from prune_support import SEQLEN, Stories, linear_names, load_tensors, read_json, symprune, tree_digest
+
+NSAMPLES = 16
+EVAL_CHUNKS = 40
+
+# (id, method, extra options). lp: a few (p, strategy) combinations.
+METHODS = [
+    ("magnitude", "magnitude", []),
+    ("wanda", "wanda", []),
+    ("owanda", "owanda", []),
+    ("symwanda", "symwanda", []),
+    ("symwanda-sq", "symwanda-sq", []),
+    ("symmetric", "symmetric", []),
+    ("symmetric-sq", "symmetric-sq", []),
+    ("ri", "ri", []),
+    ("ria", "ria", []),
+    ("ria-row", "ria-row", []),
+    ("ria-col", "ria-col", []),
+    ("lp-p1-s1", "lp", ["--p", "1", "--strategy", "1"]),
+    ("lp-p2-s2", "lp", ["--p", "2", "--strategy", "2"]),
+    ("lp-pinf-s3", "lp", ["--p", "inf", "--strategy", "3"]),
+    ("lp-p2-s4", "lp", ["--p", "2", "--strategy", "4"]),
+    ("lp-pinf-s1", "lp", ["--p", "inf", "--strategy", "1"]),
+    ("stochria", "stochria", ["--beta", "0.5", "--method-seed", "7"]),
+]
+WEIGHT_ONLY = {"magnitude", "symmetric", "symmetric-sq", "ri"}
+PATTERNS = [("50", ["--sparsity", "0.5"]), ("2:4", ["--nm", "2:4"])]
+# Outputs also checked in transformers (slower): a spread of methods and both patterns.
+TRANSFORMERS_CHECKED = {("wanda", "50"), ("ria", "2:4"), ("magnitude", "2:4"), ("stochria", "50"),
+                        ("lp-pinf-s3", "50")}
+
+
+@pytest.fixture(scope="module")
+def stories(tmp_path_factory):
+    s = Stories(tmp_path_factory.mktemp("stories"))
+    s.digest = tree_digest(s.model)
+    s.dense = load_tensors(s.model)
+    return s
+
+
+@pytest.fixture(scope="module")
+def eval_ids(stories):
+    ids = stories.eval_ids()
+    assert ids[0] == 1 and len(ids) >= EVAL_CHUNKS * SEQLEN
+    return ids
+
+
+def transformers_perplexity(model_dir, ids):
+    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    losses = []
+    with torch.no_grad():
+        for i in range(EVAL_CHUNKS):
+            chunk = torch.tensor([ids[i * SEQLEN:(i + 1) * SEQLEN]])
+            logits = model(chunk).logits[0].double()
+            losses.append(torch.nn.functional.cross_entropy(logits[:-1], chunk[0, 1:]).item())
+    return float(np.exp(np.mean(losses)))
+
+
+def check_output(stories, out_dir, nm):
+    """Files, tensors and exact per-row / per-group zero counts; returns {linear: zeros} ."""
+    inputs = sorted(stories.digest)
+    outputs = tree_digest(out_dir)
+    assert sorted(outputs) == inputs  # same files: one model.safetensors, no index, nothing extra
+    for name in inputs:
+        if not name.endswith(".safetensors"):
+            assert outputs[name] == stories.digest[name], f"{name} not copied byte-identical"
+    pruned = load_tensors(out_dir)
+    dense = stories.dense
+    assert sorted(pruned) == sorted(dense)
+    linears = set(linear_names())
+    zeros = {}
+    for name, w in dense.items():
+        p = pruned[name]
+        assert p.dtype == w.dtype and p.shape == w.shape, name
+        if name not in linears:  # embeddings, norms: never pruned
+            assert p.tobytes() == w.tobytes(), f"{name} changed"
+            continue
+        kept = p != 0
+        assert np.array_equal(p[kept].view(np.uint32), w[kept].view(np.uint32)), f"{name}: kept weights changed"
+        zero = ~kept
+        # Per selection group: exactly the requested count, or all of the group's pre-existing zeros
+        # when there are more (a zero weight scores 0 under every method, so it is pruned first).
+        groups, dense_groups = (zero, w == 0) if nm is None else (zero.reshape(-1, nm[1]), (w == 0).reshape(-1, nm[1]))
+        want = int(w.shape[1] * 0.5) if nm is None else nm[0]
+        np.testing.assert_array_equal(groups.sum(axis=1), np.maximum(want, dense_groups.sum(axis=1)), err_msg=name)
+        assert not np.any(dense_groups & ~groups), f"{name}: a dense zero became nonzero"
+        zeros[name] = int(zero.sum())
+    return zeros
+
+
+@pytest.mark.parametrize("pattern,pattern_args", PATTERNS, ids=[p[0] for p in PATTERNS])
+@pytest.mark.parametrize("case,method,options", METHODS, ids=[m[0] for m in METHODS])
+def test_method(stories, eval_ids, tmp_path, case, method, options, pattern, pattern_args):
+    out_dir = tmp_path / "pruned"
+    report_path = tmp_path / "report.json"
+    proc = symprune("prune", "--model", stories.model, "--method", method, *options, *pattern_args,
+                    "--calib", stories.first, "--nsamples", NSAMPLES, "--seqlen", SEQLEN, "--seed", 0,
+                    "--eval", stories.second, "--eval-max-chunks", EVAL_CHUNKS, "--out", out_dir,
+                    "--report", report_path)
+    assert tree_digest(stories.model) == stories.digest, "the input directory was modified"
+    nm = (2, 4) if pattern == "2:4" else None
+    zeros = check_output(stories, out_dir, nm)
+
+    report = read_json(report_path)
+    assert report["config"]["method"] == method and report["config"]["nsamples"] == NSAMPLES
+    assert report["seed"] == 0 and report["fingerprints"]["model"]
+    # Methods that read no activations run no forward pass, so no calibration data is drawn.
+    uses_calibration = method not in WEIGHT_ONLY
+    assert bool(report["fingerprints"].get("calibration")) == uses_calibration
+    assert all(("recon_error" in layer and layer["recon_error"] is not None) == uses_calibration
+               for layer in report["layers"])
+    assert set(report["timings"]) >= {"calibration", "blocks", "scores_masks", "write", "eval", "total"}
+    assert report["sparsity"]["target"] == 0.5
+    total = sum(stories.dense[n].size for n in zeros)
+    assert report["sparsity"]["total"] == pytest.approx(sum(zeros.values()) / total, rel=1e-12, abs=0)
+    assert report["sparsity"]["total"] == pytest.approx(0.5, abs=0)  # no dense zeros in stories260K
+    layers = {f"model.layers.{layer['name']}.weight": layer for layer in report["layers"]}
+    assert sorted(layers) == sorted(zeros)
+    for name, layer in layers.items():
+        w = stories.dense[name]
+        assert layer["shape"] == list(w.shape)
+        assert layer["pruned"] == zeros[name]
+        assert layer["sparsity"] == pytest.approx(zeros[name] / w.size, rel=1e-12)
+
+    ppl = report["perplexity"]
+    assert ppl["seqlen"] == SEQLEN and ppl["chunks"] == EVAL_CHUNKS
+    assert math.isfinite(ppl["dense"]) and math.isfinite(ppl["pruned"])
+    assert 3.0 < ppl["dense"] < ppl["pruned"]
+    for key in ("dense", "pruned"):
+        m = re.search(rf"^perplexity\.{key}: (\S+)$", proc.stdout, re.M)
+        assert m, proc.stdout
+        assert float(m.group(1)) == pytest.approx(ppl[key], rel=1e-5)
+    print(f"\n{case} {pattern}: dense {ppl['dense']:.4f} pruned {ppl['pruned']:.4f}")
+
+    if (case, pattern) in TRANSFORMERS_CHECKED:
+        expected = transformers_perplexity(out_dir, eval_ids)
+        assert abs(ppl["pruned"] - expected) <= 1e-4 * expected, (ppl["pruned"], expected)
+
+
+def test_dense_perplexity_matches_transformers(stories, eval_ids, tmp_path):
+    report_path = tmp_path / "report.json"
+    symprune("prune", "--model", stories.model, "--method", "magnitude", "--sparsity", "0.5",
+             "--eval", stories.second, "--seqlen", SEQLEN, "--eval-max-chunks", EVAL_CHUNKS,
+             "--out", tmp_path / "pruned", "--report", report_path)
+    dense = read_json(report_path)["perplexity"]["dense"]
+    expected = transformers_perplexity(stories.model, eval_ids)
+    assert abs(dense - expected) <= 1e-4 * expected, (dense, expected)
+
+
+def test_ria_equals_lp_p1_s1(stories, tmp_path):
+    # The identity the paper proves (ria = lp with p = 1, strategy S1), on the whole pipeline.
+    common = ["--sparsity", "0.5", "--calib", stories.first, "--nsamples", NSAMPLES, "--seqlen", SEQLEN]
+    symprune("prune", "--model", stories.model, "--method", "ria", *common, "--out", tmp_path / "ria")
+    symprune("prune", "--model", stories.model, "--method", "lp", "--p", "1", "--strategy", "1", *common,
+             "--out", tmp_path / "lp")
+    assert (tmp_path / "ria" / "model.safetensors").read_bytes() == (tmp_path / "lp" / "model.safetensors").read_bytes()
+
+
+def test_sharded_fp16_input_keeps_dtype_and_shards(stories, tmp_path):
+    # An fp16 copy of stories260K in two shards with an index: the output has the same shard files,
+    # the same index, every tensor in fp16, kept weights bit-identical.
+    model = tmp_path / "fp16-sharded"
+    model.mkdir()
+    for name in stories.digest:
+        if not name.endswith(".safetensors"):
+            (model / name).write_bytes((stories.model / name).read_bytes())
+    tensors = {k: v.astype(np.float16) for k, v in stories.dense.items()}
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": [n for n in names if not n.startswith("model.layers.3")
+                                                   and not n.startswith("model.layers.4")]}
+    shards["model-00002-of-00002.safetensors"] = [n for n in names if n not in shards["model-00001-of-00002.safetensors"]]
+    weight_map = {}
+    for shard, members in shards.items():
+        save_file({n: tensors[n] for n in members}, str(model / shard), metadata={"format": "pt"})
+        weight_map.update({n: shard for n in members})
+    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": weight_map}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    before = tree_digest(model)
+
+    out_dir = tmp_path / "pruned"
+    symprune("prune", "--model", model, "--method", "wanda", "--nm", "2:4", "--calib", stories.first,
+             "--nsamples", 4, "--seqlen", SEQLEN, "--out", out_dir)
+    assert tree_digest(model) == before
+    after = tree_digest(out_dir)
+    assert sorted(after) == sorted(before)
+    assert after["config.json"] == before["config.json"]
+    assert json.loads((out_dir / "model.safetensors.index.json").read_text())["weight_map"] == weight_map
+    for shard, members in shards.items():
+        assert sorted(load_file(str(out_dir / shard))) == sorted(members)
+    pruned = load_tensors(out_dir)
+    linears = set(linear_names())
+    for name, w in tensors.items():
+        p = pruned[name]
+        assert p.dtype == np.float16 and p.shape == w.shape, name
+        if name not in linears:
+            assert p.tobytes() == w.tobytes(), name
+            continue
+        kept = p != 0
+        assert np.array_equal(p[kept].view(np.uint16), w[kept].view(np.uint16)), name
+        groups, dense_groups = (~kept).reshape(-1, 4), (w == 0).reshape(-1, 4)
+        np.testing.assert_array_equal(groups.sum(axis=1), np.maximum(2, dense_groups.sum(axis=1)), err_msg=name)

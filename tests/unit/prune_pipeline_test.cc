@@ -1,0 +1,559 @@
+// The layer-wise pruning pipeline and the pruned-model writer on a tiny random LLaMA written to
+// safetensors here (with a 272-token llama2.c tokenizer.bin: specials, 256 bytes, a..m; and a uint16 token
+// file for calibration).
+#include "engine/prune_pipeline.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/masks.h"
+#include "engine/pruned_model_writer.h"
+#include "io/calibration.h"
+#include "io/safetensors.h"
+#include "io/tokenizer.h"
+#include "model/decoder_model.h"
+#include "support/test_support.h"
+
+namespace symprune::engine {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int64_t kVocab = 272, kHidden = 8, kFfn = 12, kLayers = 2, kHeads = 2, kKvHeads = 1;
+const std::vector<std::string> kLinears = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                           "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                           "mlp.down_proj"};
+
+void write_bytes(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+}
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Every file of a directory with its bytes (to prove the input is untouched).
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    files[e.path().filename().string()] = read_bytes(e.path());
+  return files;
+}
+
+// llama2.c tokenizer.bin: max_token_length, then per token (score f32, length i32, bytes).
+std::string llama2c_tokenizer_bytes() {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  for (int b = 0; b < 256; ++b) tokens.push_back(fmt::format("<0x{:02X}>", b));
+  for (char ch = 'a'; tokens.size() < static_cast<size_t>(kVocab); ++ch) tokens.push_back(std::string(1, ch));
+  std::string out;
+  auto put = [&](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
+  const int32_t max_len = 6;
+  put(&max_len, 4);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const float score = -static_cast<float>(i);
+    const int32_t len = static_cast<int32_t>(tokens[i].size());
+    put(&score, 4);
+    put(&len, 4);
+    put(tokens[i].data(), tokens[i].size());
+  }
+  return out;
+}
+
+struct TinyModelOptions {
+  DType dtype = DType::kF32;
+  uint64_t max_shard_bytes = 0;  // 0 = one model.safetensors
+};
+
+fs::path make_tiny_llama(const TinyModelOptions& options = {}) {
+  const auto dir = testing::make_temp_dir("symprune_prune");
+  write_bytes(dir / "config.json", R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 12,
+    "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 272,
+    "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "tie_word_embeddings": false, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+    "torch_dtype": "float32"})");
+  write_bytes(dir / "tokenizer.bin", llama2c_tokenizer_bytes());
+  write_bytes(dir / "generation_config.json", R"({"bos_token_id": 1})");
+  std::mt19937 gen(11);
+  std::normal_distribution<float> dist(0.0f, 0.5f);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  const int64_t hd = kHidden / kHeads;
+  shapes.push_back({"model.embed_tokens.weight", {kVocab, kHidden}});
+  for (int64_t i = 0; i < kLayers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    shapes.push_back({p + "input_layernorm.weight", {kHidden}});
+    shapes.push_back({p + "self_attn.q_proj.weight", {kHeads * hd, kHidden}});
+    shapes.push_back({p + "self_attn.k_proj.weight", {kKvHeads * hd, kHidden}});
+    shapes.push_back({p + "self_attn.v_proj.weight", {kKvHeads * hd, kHidden}});
+    shapes.push_back({p + "self_attn.o_proj.weight", {kHidden, kHeads * hd}});
+    shapes.push_back({p + "post_attention_layernorm.weight", {kHidden}});
+    shapes.push_back({p + "mlp.gate_proj.weight", {kFfn, kHidden}});
+    shapes.push_back({p + "mlp.up_proj.weight", {kFfn, kHidden}});
+    shapes.push_back({p + "mlp.down_proj.weight", {kHidden, kFfn}});
+  }
+  shapes.push_back({"model.norm.weight", {kHidden}});
+  shapes.push_back({"lm_head.weight", {kVocab, kHidden}});
+  std::vector<std::vector<std::byte>> storage;
+  std::vector<io::TensorToWrite> to_write;
+  for (const auto& [name, shape] : shapes) {
+    const bool norm = shape.size() == 1;
+    const int64_t numel = shape_numel(shape);
+    std::vector<std::byte> bytes(static_cast<size_t>(numel * dtype_size(options.dtype)));
+    for (int64_t i = 0; i < numel; ++i) {
+      float v = norm ? 1.0f + 0.1f * dist(gen) : dist(gen);
+      if (v == 0.0f) v = 0.25f;  // no stored zeros: a zero in the output is always a pruned entry
+      if (options.dtype == DType::kF32) {
+        std::memcpy(bytes.data() + i * 4, &v, 4);
+      } else {
+        const uint16_t h = options.dtype == DType::kF16 ? float_to_fp16(v) : float_to_bf16(v);
+        std::memcpy(bytes.data() + i * 2, &h, 2);
+      }
+    }
+    storage.push_back(std::move(bytes));
+    to_write.push_back({name, options.dtype, shape, storage.back()});
+  }
+  if (options.max_shard_bytes > 0)
+    io::write_safetensors_sharded(dir, to_write, {{"format", "pt"}, {"origin", "test"}},
+                                  options.max_shard_bytes);
+  else
+    io::write_safetensors(dir / "model.safetensors", to_write, {{"format", "pt"}, {"origin", "test"}});
+  // Calibration: a uint16 token stream (token files carry their own BOS).
+  std::mt19937 tgen(5);
+  std::uniform_int_distribution<int> tok(0, kVocab - 1);
+  std::string calib;
+  for (int i = 0; i < 600; ++i) {
+    const uint16_t t = static_cast<uint16_t>(i == 0 ? 1 : tok(tgen));
+    calib.append(reinterpret_cast<const char*>(&t), 2);
+  }
+  write_bytes(dir.parent_path() / (dir.filename().string() + "_calib.bin"), calib);
+  return dir;
+}
+
+fs::path calib_of(const fs::path& dir) {
+  return dir.parent_path() / (dir.filename().string() + "_calib.bin");
+}
+
+PruneConfig base_config(const fs::path& model, const fs::path& out, const std::string& method) {
+  PruneConfig c;
+  c.model = model.string();
+  c.method = method;
+  c.sparsity = 0.5;
+  c.calib = calib_of(model).string();
+  c.nsamples = 8;
+  c.seqlen = 16;
+  c.out = out;
+  return c;
+}
+
+void expect_error(const PruneConfig& c, const std::string& message);
+
+bool is_linear(const std::string& name) {
+  for (const auto& l : kLinears)
+    if (name.ends_with(l + ".weight")) return true;
+  return false;
+}
+
+// Checks the output against the input: same names, dtypes, shapes and shards; non-linear tensors
+// bit-identical; in linear tensors each element is either all-zero bits or bit-identical. Returns the
+// pruned-entry count per row of every linear.
+std::map<std::string, std::vector<int64_t>> compare_weights(const fs::path& in_dir, const fs::path& out_dir) {
+  const auto in = io::SafetensorsModel::open_dir(in_dir);
+  const auto out = io::SafetensorsModel::open_dir(out_dir);
+  EXPECT_EQ(in.names(), out.names());
+  EXPECT_EQ(in.weight_map(), out.weight_map());
+  std::map<std::string, std::vector<int64_t>> zeros_per_row;
+  for (const auto& name : in.names()) {
+    const auto& a = in.info(name);
+    const auto& b = out.info(name);
+    EXPECT_EQ(a.dtype, b.dtype) << name;
+    EXPECT_EQ(a.shape, b.shape) << name;
+    const auto x = in.bytes(name), y = out.bytes(name);
+    EXPECT_EQ(x.size(), y.size()) << name;
+    if (!is_linear(name)) {
+      EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size()), 0) << name;
+      continue;
+    }
+    const size_t w = static_cast<size_t>(dtype_size(a.dtype));
+    const int64_t rows = a.shape[0], cols = a.shape[1];
+    std::vector<int64_t>& counts = zeros_per_row[name];
+    counts.assign(static_cast<size_t>(rows), 0);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const std::byte* p = y.data() + static_cast<size_t>(i) * w;
+      bool zero = true;
+      for (size_t k = 0; k < w; ++k) zero = zero && p[k] == std::byte{0};
+      if (zero) {
+        ++counts[static_cast<size_t>(i / cols)];
+      } else {
+        EXPECT_EQ(std::memcmp(p, x.data() + static_cast<size_t>(i) * w, w), 0) << name << " element " << i;
+      }
+    }
+  }
+  return zeros_per_row;
+}
+
+class PrunePipeline : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = make_tiny_llama();
+    work_ = testing::make_temp_dir("symprune_prune_out");
+  }
+  void TearDown() override {
+    fs::remove_all(model_);
+    fs::remove(calib_of(model_));
+    fs::remove_all(work_);
+  }
+  fs::path model_, work_;
+};
+
+TEST_F(PrunePipeline, WandaRowSparsityIsExactAndOtherWeightsAreBitIdentical) {
+  const auto before = snapshot(model_);
+  const auto out = work_ / "pruned";
+  std::vector<int64_t> progress;
+  const PruneResult r = prune_model(base_config(model_, out, "wanda"), [&](const BlockProgress& p) {
+    progress.push_back(p.block * 10 + p.blocks);
+  });
+  EXPECT_EQ(progress, (std::vector<int64_t>{2, 12}));
+  EXPECT_EQ(snapshot(model_), before);  // the input is untouched
+  const auto zeros = compare_weights(model_, out);
+  ASSERT_EQ(zeros.size(), kLinears.size() * kLayers);
+  for (const auto& [name, counts] : zeros) {
+    const int64_t cols = io::SafetensorsModel::open_dir(model_).info(name).shape[1];
+    for (int64_t c : counts) EXPECT_EQ(c, cols / 2) << name;
+  }
+  // Non-weight files are copied byte-identical; only model.safetensors is rewritten.
+  EXPECT_EQ(read_bytes(out / "config.json"), before.at("config.json"));
+  EXPECT_EQ(read_bytes(out / "tokenizer.bin"), before.at("tokenizer.bin"));
+  EXPECT_EQ(read_bytes(out / "generation_config.json"), before.at("generation_config.json"));
+  EXPECT_EQ(io::SafetensorsModel::open_dir(out).metadata().at("origin"), "test");
+  EXPECT_EQ(io::SafetensorsModel::open_dir(out).metadata().at("format"), "pt");
+  // Nothing else was left beside --out (temp dirs are gone).
+  EXPECT_EQ(std::distance(fs::directory_iterator(work_), fs::directory_iterator{}), 1);
+
+  ASSERT_EQ(r.layers.size(), kLinears.size() * kLayers);
+  EXPECT_EQ(r.layers[0].name, "0.self_attn.q_proj");
+  EXPECT_EQ(r.layers.back().name, "1.mlp.down_proj");
+  int64_t total = 0, pruned = 0;
+  for (const auto& l : r.layers) {
+    EXPECT_DOUBLE_EQ(l.sparsity, 0.5) << l.name;
+    EXPECT_EQ(l.pruned, l.shape[0] * l.shape[1] / 2);
+    ASSERT_TRUE(l.recon_error.has_value()) << l.name;
+    EXPECT_GT(*l.recon_error, 0.0) << l.name;
+    EXPECT_LE(*l.recon_error, 1.0) << l.name;
+    total += l.shape[0] * l.shape[1];
+    pruned += l.pruned;
+  }
+  EXPECT_EQ(r.params_total, total);
+  EXPECT_EQ(r.pruned_total, pruned);
+  EXPECT_DOUBLE_EQ(r.sparsity_total(), 0.5);
+  EXPECT_FALSE(r.calibration_fingerprint.empty());
+  const auto report = r.report();
+  EXPECT_EQ(report["config"]["method"], "wanda");
+  EXPECT_EQ(report["config"]["alpha"], 1.0);
+  EXPECT_EQ(report["config"]["calib_format"], "tokens-u16");
+  EXPECT_EQ(report["sparsity"]["target"], 0.5);
+  EXPECT_EQ(report["layers"].size(), 14u);
+  EXPECT_TRUE(report["fingerprints"]["calibration"].is_string());
+  EXPECT_FALSE(report.contains("perplexity"));
+}
+
+// Records every linear input of a block run.
+struct RecordingObserver : model::LinearObserver {
+  std::map<std::string, Tensor> inputs;
+  void on_linear(const model::LinearId& id, const Tensor& input, const Tensor&) override {
+    inputs[id.name] = input;
+  }
+};
+
+// The reconstruction error recomputed directly: X from a dense run of each block on the inputs the pipeline
+// gives it (the pruned previous blocks), ΔW = W − W̃ from the written model, ‖ΔW Xᵀ‖ / ‖W Xᵀ‖ in fp64.
+TEST_F(PrunePipeline, ReconstructionErrorMatchesADirectComputation) {
+  const auto c = base_config(model_, work_ / "recon", "wanda");
+  const PruneResult r = prune_model(c);
+  auto tokenizer = io::load_tokenizer(model_);
+  const io::CalibrationSet calib = io::load_calibration(
+      {.file = c.calib, .nsamples = c.nsamples, .seqlen = c.seqlen, .seed = c.seed}, *tokenizer, kVocab);
+  auto m = model::DecoderModel::open(model_);
+  const auto pruned = io::SafetensorsModel::open_dir(work_ / "recon");
+  Tensor h = m.embed(calib.tokens, c.nsamples, c.seqlen);
+  size_t layer_index = 0;
+  for (int64_t b = 0; b < kLayers; ++b) {
+    RecordingObserver obs;
+    Tensor dense = h;
+    m.run_block(b, dense, c.nsamples, c.seqlen, &obs);
+    for (const auto& name : kLinears) {
+      const Tensor& w = m.block_weights(b).linears.at(name).weight;
+      const Tensor wp = pruned.load_f32("model.layers." + std::to_string(b) + "." + name + ".weight");
+      const Tensor& x = obs.inputs.at(name);
+      const int64_t rows = x.numel() / w.dim(1), mo = w.dim(0), n = w.dim(1);
+      double num = 0, den = 0;
+      for (int64_t t = 0; t < rows; ++t)
+        for (int64_t o = 0; o < mo; ++o) {
+          double y = 0, d = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            y += static_cast<double>(w[o * n + i]) * x[t * n + i];
+            d += static_cast<double>(w[o * n + i] - wp[o * n + i]) * x[t * n + i];
+          }
+          den += y * y;
+          num += d * d;
+        }
+      const LayerResult& l = r.layers.at(layer_index++);
+      ASSERT_EQ(l.name, std::to_string(b) + "." + name);
+      ASSERT_TRUE(l.recon_error.has_value());
+      EXPECT_NEAR(*l.recon_error, std::sqrt(num / den), 1e-4 * std::sqrt(num / den)) << l.name;
+    }
+    for (const auto& name : kLinears)
+      m.set_linear_weight({b, name},
+                          pruned.load_f32("model.layers." + std::to_string(b) + "." + name + ".weight"));
+    m.run_block(b, h, c.nsamples, c.seqlen);
+  }
+}
+
+TEST_F(PrunePipeline, SparsityZeroLeavesEveryWeightAndHasZeroReconstructionError) {
+  auto c = base_config(model_, work_ / "same", "ria");
+  c.sparsity = 0.0;
+  const PruneResult r = prune_model(c);
+  for (const auto& l : r.layers) {
+    EXPECT_EQ(l.pruned, 0);
+    ASSERT_TRUE(l.recon_error.has_value());
+    EXPECT_EQ(*l.recon_error, 0.0);
+  }
+  for (const auto& [name, counts] : compare_weights(model_, work_ / "same"))
+    for (int64_t n : counts) EXPECT_EQ(n, 0) << name;
+}
+
+TEST_F(PrunePipeline, MagnitudeNeedsNoCalibrationAndPrunesTheSmallestPerRow) {
+  auto c = base_config(model_, work_ / "mag", "magnitude");
+  c.calib.clear();
+  const PruneResult r = prune_model(c);
+  EXPECT_TRUE(r.calibration_fingerprint.empty());
+  for (const auto& l : r.layers) EXPECT_FALSE(l.recon_error.has_value()) << l.name;
+  compare_weights(model_, work_ / "mag");
+  const auto in = io::SafetensorsModel::open_dir(model_);
+  const auto out = io::SafetensorsModel::open_dir(work_ / "mag");
+  for (const auto& name : in.names()) {
+    if (!is_linear(name)) continue;
+    const Tensor w = in.load_f32(name), p = out.load_f32(name);
+    const int64_t rows = w.dim(0), cols = w.dim(1);
+    for (int64_t row = 0; row < rows; ++row) {
+      float max_pruned = 0, min_kept = INFINITY;
+      int64_t pruned = 0;
+      for (int64_t col = 0; col < cols; ++col) {
+        const float a = std::fabs(w[row * cols + col]);
+        if (p[row * cols + col] == 0.0f) {
+          max_pruned = std::max(max_pruned, a);
+          ++pruned;
+        } else {
+          min_kept = std::min(min_kept, a);
+        }
+      }
+      EXPECT_EQ(pruned, cols / 2);
+      EXPECT_LE(max_pruned, min_kept) << name << " row " << row;
+    }
+  }
+}
+
+TEST_F(PrunePipeline, LayerGroupAndNmCountsAreExact) {
+  auto c = base_config(model_, work_ / "layer", "wanda");
+  c.sparsity = 0.3;
+  c.group = "layer";
+  for (const auto& l : prune_model(c).layers)
+    EXPECT_EQ(l.pruned, prune_count(l.shape[0] * l.shape[1], 0.3)) << l.name;
+
+  auto nm = base_config(model_, work_ / "nm", "ria");
+  nm.sparsity.reset();
+  nm.nm = "2:4";
+  const PruneResult r = prune_model(nm);
+  EXPECT_DOUBLE_EQ(r.sparsity_target, 0.5);
+  const auto out = io::SafetensorsModel::open_dir(work_ / "nm");
+  for (const auto& name : out.names()) {
+    if (!is_linear(name)) continue;
+    const Tensor p = out.load_f32(name);
+    const int64_t cols = p.dim(1);
+    for (int64_t row = 0; row < p.dim(0); ++row)
+      for (int64_t g = 0; g < cols; g += 4) {
+        int zeros = 0;
+        for (int64_t k = 0; k < 4; ++k) zeros += p[row * cols + g + k] == 0.0f;
+        EXPECT_EQ(zeros, 2) << name << " row " << row << " group " << g;
+      }
+  }
+}
+
+TEST_F(PrunePipeline, CompatWandaMagnitudeUsesTheLayerThresholdRule) {
+  auto c = base_config(model_, work_ / "compat", "magnitude");
+  c.calib.clear();
+  c.compat = "wanda";
+  const PruneResult r = prune_model(c);
+  EXPECT_EQ(r.report()["config"]["group"], "layer");
+  EXPECT_EQ(r.mask_description, describe(MaskSpec::layer(0.5, true)));
+  // "≤ θ" with θ = sorted[k]: at least k + 1 pruned.
+  for (const auto& l : r.layers) EXPECT_GE(l.pruned, prune_count(l.shape[0] * l.shape[1], 0.5) + 1) << l.name;
+
+  // Wanda itself stays per output row; without --seqlen, T = max_position_embeddings (64 here).
+  auto w = base_config(model_, work_ / "compat_wanda", "wanda");
+  w.compat = "wanda";
+  w.seqlen = 0;
+  const PruneResult rw = prune_model(w);
+  EXPECT_EQ(rw.report()["config"]["seqlen"], 64);
+  EXPECT_EQ(rw.report()["config"]["group"], "row");
+  for (const auto& l : rw.layers) EXPECT_EQ(l.pruned, l.shape[0] * (l.shape[1] / 2)) << l.name;
+  // Default mode: 2048, beyond this model's 64 positions.
+  w.compat = "none";
+  w.out = work_ / "default_seqlen";
+  expect_error(w, "--seqlen 2048 exceeds max_position_embeddings 64 of " + (model_ / "config.json").string());
+}
+
+TEST(PrunePipelineDtypes, F16InputStaysF16AndShardingIsKept) {
+  const fs::path model = make_tiny_llama({DType::kF16, 700});
+  const fs::path work = testing::make_temp_dir("symprune_prune_f16");
+  const auto before = snapshot(model);
+  ASSERT_TRUE(before.count("model.safetensors.index.json"));
+  const PruneResult r = prune_model(base_config(model, work / "out", "symwanda"));
+  EXPECT_DOUBLE_EQ(r.sparsity_total(), 0.5);
+  EXPECT_EQ(snapshot(model), before);
+  const auto zeros = compare_weights(model, work / "out");  // same weight_map, dtypes, bits
+  for (const auto& [name, counts] : zeros)
+    for (int64_t n : counts) EXPECT_EQ(n * 2, io::SafetensorsModel::open_dir(model).info(name).shape[1]);
+  const auto out = io::SafetensorsModel::open_dir(work / "out");
+  EXPECT_TRUE(out.sharded());
+  for (const auto& name : out.names()) EXPECT_EQ(out.info(name).dtype, DType::kF16) << name;
+  EXPECT_EQ(read_bytes(work / "out" / "model.safetensors.index.json"),
+            before.at("model.safetensors.index.json"));
+  fs::remove_all(model);
+  fs::remove(calib_of(model));
+  fs::remove_all(work);
+}
+
+// Bad input: the message, and nothing written at --out.
+void expect_error(const PruneConfig& c, const std::string& message) {
+  try {
+    prune_model(c);
+    ADD_FAILURE() << "no error, expected: " << message;
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), message);
+  }
+  EXPECT_FALSE(fs::exists(c.out)) << c.out;
+  for (const auto& e : fs::directory_iterator(c.out.parent_path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+}
+
+TEST_F(PrunePipeline, BadInputErrorsWriteNothing) {
+  const auto out = work_ / "bad";
+  auto c = base_config(model_, out, "wanda");
+  c.sparsity = 1.0;
+  expect_error(c, "--sparsity 1 is outside [0, 1)");
+  c.sparsity = -0.1;
+  expect_error(c, "--sparsity -0.1 is outside [0, 1)");
+
+  c = base_config(model_, out, "wanda");
+  c.sparsity.reset();
+  c.nm = "4:4";
+  expect_error(c, "invalid N:M pattern '4:4': N (4) must be smaller than M (4)");
+  c.nm = "2:5";
+  expect_error(
+      c, "matrix 0.self_attn.q_proj: N:M pattern 2:5 needs the row width to be a multiple of 5, but it is 8");
+  c.sparsity = 0.5;
+  expect_error(c, "give exactly one of --sparsity R (unstructured) or --nm N:M (semi-structured)");
+
+  c = base_config(model_, out, "wandb");
+  expect_error(
+      c,
+      "unknown pruning method 'wandb' (valid methods: magnitude, wanda, owanda, symwanda, symwanda-sq, "
+      "symmetric, symmetric-sq, ri, ria, ria-row, ria-col, lp, stochria)");
+
+  c = base_config(model_, out, "ria");
+  c.calib.clear();
+  expect_error(c, "method ria is activation-aware and needs calibration data: give --calib FILE");
+
+  c = base_config(model_, model_ / "pruned", "magnitude");
+  expect_error(c, "--out " + (model_ / "pruned").string() + " is inside the input model directory " +
+                      model_.string() + "; choose a directory outside it");
+  c = base_config(model_, model_, "magnitude");
+  try {
+    prune_model(c);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--out " + model_.string() +
+                                         " is the same as the input model directory " + model_.string() +
+                                         "; choose a directory outside it");
+  }
+
+  c = base_config(model_, out, "wanda");
+  c.group = "column";
+  expect_error(c, "--group must be row or layer, got 'column'");
+  c = base_config(model_, out, "wanda");
+  c.compat = "sparsegpt";
+  expect_error(c, "--compat must be none, wanda or ria, got 'sparsegpt'");
+  c = base_config(model_, out, "wanda");
+  c.calib = (work_ / "missing.txt").string();
+  try {
+    prune_model(c);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing.txt"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(out));
+}
+
+TEST_F(PrunePipeline, ExistingOutputNeedsForceAndIsReplacedWhole) {
+  const auto out = work_ / "existing";
+  fs::create_directories(out);
+  write_bytes(out / "stale.txt", "old");
+  auto c = base_config(model_, out, "magnitude");
+  c.calib.clear();
+  try {
+    prune_model(c);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--out " + out.string() + " exists and is not empty (use --force to replace it)");
+  }
+  EXPECT_EQ(read_bytes(out / "stale.txt"), "old");
+  c.force = true;
+  prune_model(c);
+  EXPECT_FALSE(fs::exists(out / "stale.txt"));
+  EXPECT_TRUE(fs::exists(out / "model.safetensors"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(work_), fs::directory_iterator{}), 1);
+}
+
+TEST_F(PrunePipeline, TokenFilesNeedNoTokenizerAndTextCalibrationUsesIt) {
+  // Text calibration: the llama2.c tokenizer of the model directory encodes it.
+  write_bytes(work_ / "calib.txt", std::string(300, 'b') + " abc def ghi jkl m");
+  auto text = base_config(model_, work_ / "text", "wanda");
+  text.calib = (work_ / "calib.txt").string();
+  EXPECT_EQ(prune_model(text).report()["config"]["calib_format"], "text");
+  // Token file with no tokenizer anywhere in the model directory.
+  fs::remove(model_ / "tokenizer.bin");
+  const PruneResult r = prune_model(base_config(model_, work_ / "tokens", "ria"));
+  EXPECT_DOUBLE_EQ(r.sparsity_total(), 0.5);
+  EXPECT_FALSE(fs::exists(work_ / "tokens" / "tokenizer.bin"));
+}
+
+TEST_F(PrunePipeline, EvalReportsDenseAndPrunedPerplexity) {
+  // The eval text uses the tokenizer's single-letter tokens.
+  write_bytes(work_ / "eval.txt", std::string(200, 'a') + "bcdefghijklm bcd abc");
+  auto c = base_config(model_, work_ / "ev", "wanda");
+  c.eval = (work_ / "eval.txt").string();
+  c.eval_seqlen = 16;
+  const PruneResult r = prune_model(c);
+  ASSERT_TRUE(r.perplexity.has_value());
+  EXPECT_GT(r.perplexity->chunks, 0);
+  EXPECT_EQ(r.perplexity->seqlen, 16);
+  EXPECT_TRUE(std::isfinite(r.perplexity->dense) && r.perplexity->dense > 1.0);
+  EXPECT_TRUE(std::isfinite(r.perplexity->pruned) && r.perplexity->pruned > 1.0);
+  EXPECT_NE(r.perplexity->dense, r.perplexity->pruned);
+  EXPECT_TRUE(r.report()["perplexity"]["dense"].is_number());
+}
+
+}  // namespace
+}  // namespace symprune::engine
