@@ -1,0 +1,61 @@
+#pragma once
+// DSnoT mask refinement (DESIGN.md §3.4; reference-implementations.md §5.2 unstructured, §5.3 N:M).
+//
+// Only the mask changes, never a weight. Per output row r, with D[r,c] = W[r,c]·μ̃_c, the expected error
+// e_r = Σ_{pruned c} D[r,c] is driven towards 0 by swaps (regrow one pruned g, prune one kept p), at most
+// max_cycles per row; a row stops for good once |e_r| ≤ threshold (tested on the error before the swap),
+// or, with same_sign, once a swap would flip the sign of the initial error.
+//
+// Numerics: D, the regrow key G = D/v^p and the Wanda score |W|·a_c are float (the reference's fp32);
+// e_r is accumulated in double (the reference sums in fp32), so threshold/sign decisions can differ from
+// the reference only at near-ties. Sorts are stable, ascending by (float value, column), NaN last.
+//
+// Deliberate differences from the reference code, all confined to degenerate/tiny cases:
+//  * Prune-candidate list: kept columns in ascending Wanda order, split into those with D <= 0 (also NaN)
+//    in that order followed by those with D > 0 in reversed order. The reference drops D == 0 columns
+//    and duplicates the first kept column instead (its reorder-helper bug); here D == 0 sits with the
+//    negatives.
+//  * Frozen rows really are frozen: the reference keeps advancing the pointers of inactive rows and
+//    replays mask writes that are no-ops for realistic n; here an inactive row is never touched again.
+//  * A swap is made only when the regrow candidate g is currently pruned and the prune candidate p
+//    currently kept, and both pointers are inside their lists. Otherwise (a pointer ran off its list,
+//    wandered into the kept zero-key middle of the regrow list, or crossed the other pointer of its list)
+//    the row stops as if it had met the threshold. The reference would index out of range or change the
+//    row's pruned count there; with this guard the pruned count per row (and the N:M pattern) is
+//    preserved by construction.
+//  * N:M (always same-sign, per §5.3): p = the kept, not yet touched entry of g's M-block with the
+//    smallest Wanda score (ties: lowest column). The reference uses the initial score S_init there, which
+//    equals the Wanda score when the initial mask is Wanda's. A block with no such entry stops the row.
+//
+// Rows are independent, so each row runs its own cycle loop (OpenMP over rows); the result is the same
+// as the reference's lock-step loop over all rows and does not depend on the number of threads.
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "core/masks.h"
+#include "core/tensor.h"
+
+namespace symprune {
+
+struct DsnotOptions {
+  int max_cycles = 50;     // K: swaps per row at most
+  double threshold = 0.1;  // τ: a row stops when |e_r| <= τ (in μ̃ units: per-sequence sums)
+  double var_power = 1.0;  // p_g: regrow key D / v^p_g (0: no division)
+  bool same_sign = false;  // unstructured only; N:M always applies the sign test
+};
+
+struct RefineStats {
+  int64_t swaps = 0;                   // over all rows
+  double mean_abs_error_before = 0.0;  // mean over rows of |e_r| for the input mask
+  double mean_abs_error_after = 0.0;   // same for the refined mask
+};
+
+// W [m, n]; mu = μ̃ (n), var = v (n), act_norm = a_c (n) for the Wanda prune order; mask [m, n] is the
+// initial mask in and the refined mask out. nm selects the §5.3 variant (M must divide n). Throws
+// symprune::Error on shape mismatches or negative max_cycles / NaN or negative threshold.
+RefineStats refine_dsnot(const Tensor& W, const std::vector<double>& mu, const std::vector<double>& var,
+                         const std::vector<double>& act_norm, Mask& mask, const DsnotOptions& options,
+                         std::optional<NmPattern> nm = std::nullopt);
+
+}  // namespace symprune
