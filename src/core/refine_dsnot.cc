@@ -1,9 +1,10 @@
-// DSnoT refinement; see refine_dsnot.h for the semantics and the deliberate differences from the
-// reference code (reference-implementations.md §5.2, §5.3).
+// DSnoT and R²-DSnoT refinement; see refine_dsnot.h for the semantics and the deliberate differences
+// from the reference code (reference-implementations.md §5.2, §5.3).
 #include "core/refine_dsnot.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/error.h"
@@ -31,24 +32,101 @@ std::vector<int64_t> stable_argsort(const std::vector<float>& key, std::vector<i
   return columns;
 }
 
+// Per-matrix inputs shared by every row.
+struct MatrixContext {
+  int64_t n = 0;
+  std::vector<float> mu, var;
+  const std::vector<double>* act_norm = nullptr;
+  std::vector<double> act_pow;     // a_c^α (R²-DSnoT)
+  std::vector<double> col_inv_l1;  // 1/‖W̃[:,c]‖₁, 0 for a zero column (R²-DSnoT)
+  const DsnotOptions* options = nullptr;
+  std::optional<NmPattern> nm;
+};
+
+// ‖W̃[r,:]‖_p of the initially kept entries, and the same norm after adding (grow) or removing
+// (prune) one entry of magnitude x. For p = ∞ removing needs the top two magnitudes.
+class RowNorm {
+ public:
+  RowNorm(const float* w, std::span<const uint8_t> mask, double p) : p_(p) {
+    for (size_t c = 0; c < mask.size(); ++c) {
+      if (mask[c]) continue;
+      const double x = std::fabs(static_cast<double>(w[c]));
+      l1_ += x;
+      sumsq_ += x * x;
+      if (x > max1_) {
+        max2_ = max1_;
+        max1_ = x;
+        argmax_ = static_cast<int64_t>(c);
+      } else if (x > max2_) {
+        max2_ = x;
+      }
+    }
+  }
+  double l1() const { return l1_; }
+  double with(double x) const {
+    if (p_ == 1.0) return l1_ + x;
+    if (p_ == 2.0) return std::sqrt(sumsq_ + x * x);
+    return std::max(max1_, x);
+  }
+  double without(int64_t c, double x) const {
+    if (p_ == 1.0) return std::max(l1_ - x, 0.0);
+    if (p_ == 2.0) return std::sqrt(std::max(sumsq_ - x * x, 0.0));
+    return c == argmax_ ? max2_ : max1_;
+  }
+
+ private:
+  double p_;
+  double l1_ = 0.0, sumsq_ = 0.0, max1_ = 0.0, max2_ = 0.0;
+  int64_t argmax_ = -1;
+};
+
 struct RowResult {
   int64_t swaps = 0;
   double error_before = 0.0;
   double error_after = 0.0;
 };
 
-RowResult refine_row(const float* w, int64_t n, const std::vector<float>& mu, const std::vector<float>& var,
-                     const std::vector<double>& act_norm, std::span<uint8_t> mask,
-                     const DsnotOptions& options, const std::optional<NmPattern>& nm) {
+RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContext& ctx) {
+  const DsnotOptions& options = *ctx.options;
+  const R2Options* r2 = options.r2 ? &*options.r2 : nullptr;
+  const int64_t n = ctx.n;
   const size_t un = static_cast<size_t>(n);
-  std::vector<float> d(un), regrow_key(un), wanda(un);
+  std::vector<float> d(un), regrow_key(un), prune_key(un);
+  std::vector<float> regrow_key_down;  // R²-DSnoT with γ₁ > 0: the e > 0 direction's own order
+  const bool two_regrow_orders = r2 != nullptr && r2->gamma_grow > 0.0;
+  if (two_regrow_orders) regrow_key_down.resize(un);
+  std::optional<RowNorm> norm;
+  double row_inv_l1 = 0.0;
+  if (r2) {
+    norm.emplace(w, mask, r2->reg_p);
+    row_inv_l1 = norm->l1() > 0.0 ? 1.0 / norm->l1() : 0.0;
+  }
   for (size_t c = 0; c < un; ++c) {
-    d[c] = w[c] * mu[c];  // fp32 product, as the reference
-    float g = mask[c] ? d[c] : 0.0f;
-    if (options.var_power != 0.0)
-      g /= (options.var_power == 1.0 ? var[c] : std::pow(var[c], static_cast<float>(options.var_power)));
-    regrow_key[c] = g;  // kept entries are 0, or NaN when v_c == 0 (sorted last, like torch)
-    wanda[c] = static_cast<float>(std::fabs(static_cast<double>(w[c])) * act_norm[c]);
+    d[c] = w[c] * ctx.mu[c];  // fp32 product, as the reference
+    const float v_pow =
+        options.var_power == 1.0 ? ctx.var[c] : std::pow(ctx.var[c], static_cast<float>(options.var_power));
+    const double abs_w = std::fabs(static_cast<double>(w[c]));
+    if (!r2) {
+      float g = mask[c] ? d[c] : 0.0f;
+      if (options.var_power != 0.0) g /= v_pow;
+      regrow_key[c] = g;  // kept entries are 0, or NaN when v_c == 0 (sorted last, like torch)
+      prune_key[c] = static_cast<float>(abs_w * (*ctx.act_norm)[c]);  // the Wanda score
+      continue;
+    }
+    const double relative = row_inv_l1 + ctx.col_inv_l1[c];
+    double g = mask[c] ? static_cast<double>(d[c]) * (r2->grow_relative ? relative : 1.0) : 0.0;
+    if (options.var_power != 0.0) g /= static_cast<double>(v_pow);
+    if (two_regrow_orders && mask[c]) {
+      const double reg = r2->gamma_grow * norm->with(abs_w);
+      regrow_key[c] = static_cast<float>(g - reg);
+      regrow_key_down[c] = static_cast<float>(g + reg);
+    } else {
+      regrow_key[c] = static_cast<float>(g);
+      if (two_regrow_orders) regrow_key_down[c] = static_cast<float>(g);
+    }
+    double p = abs_w * (r2->prune_relative ? relative : 1.0) * ctx.act_pow[c];
+    if (r2->gamma_prune > 0.0) p += r2->gamma_prune * norm->without(static_cast<int64_t>(c), abs_w);
+    prune_key[c] = static_cast<float>(p);
   }
   const std::vector<uint8_t> initial(mask.begin(), mask.end());
 
@@ -56,20 +134,22 @@ RowResult refine_row(const float* w, int64_t n, const std::vector<float>& mu, co
   double e = row_error(d, mask);
   result.error_before = e;
   const int e0 = sign_of(e);
-  const bool same_sign = options.same_sign || nm.has_value();
+  const bool same_sign = options.same_sign || ctx.nm.has_value();
 
   std::vector<int64_t> all(un);
   std::iota(all.begin(), all.end(), int64_t{0});
-  const std::vector<int64_t> regrow = stable_argsort(regrow_key, all);
+  const std::vector<int64_t> regrow_up = stable_argsort(regrow_key, all);
+  const std::vector<int64_t> regrow_down =
+      two_regrow_orders ? stable_argsort(regrow_key_down, all) : regrow_up;
 
-  // Prune candidates (unstructured): kept columns by ascending Wanda score, D <= 0 (and NaN) first in
+  // Prune candidates (unstructured): kept columns by ascending prune key, D <= 0 (and NaN) first in
   // that order, then D > 0 reversed.
   std::vector<int64_t> candidates;
-  if (!nm) {
+  if (!ctx.nm) {
     std::vector<int64_t> kept;
     for (size_t c = 0; c < un; ++c)
       if (!mask[c]) kept.push_back(static_cast<int64_t>(c));
-    kept = stable_argsort(wanda, std::move(kept));
+    kept = stable_argsort(prune_key, std::move(kept));
     std::vector<int64_t> positive;
     for (int64_t c : kept) (d[static_cast<size_t>(c)] > 0.0f ? positive : candidates).push_back(c);
     candidates.insert(candidates.end(), positive.rbegin(), positive.rend());
@@ -78,17 +158,28 @@ RowResult refine_row(const float* w, int64_t n, const std::vector<float>& mu, co
   int64_t a0 = 0, a1 = n - 1, b0 = 0, b1 = static_cast<int64_t>(candidates.size()) - 1;
   for (int cycle = 0; cycle < options.max_cycles; ++cycle) {
     if (!(std::fabs(e) > options.threshold)) break;  // threshold on the error before the swap
-    const int64_t gi = e > 0.0 ? a1-- : a0++;
-    if (gi < 0 || gi >= n) break;
-    const int64_t g = regrow[static_cast<size_t>(gi)];
+    int64_t g = -1;
+    while (true) {
+      const int64_t gi = e > 0.0 ? a1-- : a0++;
+      if (gi < 0 || gi >= n) break;
+      g = (e > 0.0 ? regrow_down : regrow_up)[static_cast<size_t>(gi)];
+      // Two orders: an entry regrown through the other direction is passed over.
+      if (two_regrow_orders && initial[static_cast<size_t>(g)] && !mask[static_cast<size_t>(g)]) {
+        g = -1;
+        continue;
+      }
+      break;
+    }
+    if (g < 0) break;
     int64_t p = -1;
-    if (nm) {
-      // Kept-and-untouched entry of g's block with the smallest Wanda score (lowest column on ties).
-      const int64_t start = g - g % nm->m;
-      for (int64_t c = start; c < start + nm->m; ++c) {
+    if (ctx.nm) {
+      // Kept-and-untouched entry of g's block with the smallest prune key (lowest column on ties).
+      const int64_t start = g - g % ctx.nm->m;
+      for (int64_t c = start; c < start + ctx.nm->m; ++c) {
         const size_t uc = static_cast<size_t>(c);
         if (initial[uc] || mask[uc]) continue;
-        if (p < 0 || score_order_key(wanda[uc]) < score_order_key(wanda[static_cast<size_t>(p)])) p = c;
+        if (p < 0 || score_order_key(prune_key[uc]) < score_order_key(prune_key[static_cast<size_t>(p)]))
+          p = c;
       }
       if (p < 0) break;
     } else {
@@ -112,6 +203,23 @@ RowResult refine_row(const float* w, int64_t n, const std::vector<float>& mu, co
 
 }  // namespace
 
+void validate_dsnot_options(const DsnotOptions& options) {
+  SYMPRUNE_CHECK(options.max_cycles >= 0, "--max-cycles must be >= 0, got {}", options.max_cycles);
+  SYMPRUNE_CHECK(options.threshold >= 0.0, "--refine-threshold must be a number >= 0, got {}",
+                 options.threshold);
+  SYMPRUNE_CHECK(std::isfinite(options.var_power), "--var-power must be finite, got {}", options.var_power);
+  if (!options.r2) return;
+  const R2Options& r2 = *options.r2;
+  SYMPRUNE_CHECK(r2.reg_p == 1.0 || r2.reg_p == 2.0 || r2.reg_p == std::numeric_limits<double>::infinity(),
+                 "--reg-p must be 1, 2 or inf, got {}", r2.reg_p);
+  SYMPRUNE_CHECK(r2.gamma_grow >= 0.0 && std::isfinite(r2.gamma_grow),
+                 "--gamma-grow must be a finite number >= 0, got {}", r2.gamma_grow);
+  SYMPRUNE_CHECK(r2.gamma_prune >= 0.0 && std::isfinite(r2.gamma_prune),
+                 "--gamma-prune must be a finite number >= 0, got {}", r2.gamma_prune);
+  SYMPRUNE_CHECK(r2.alpha >= 0.0 && std::isfinite(r2.alpha),
+                 "--refine-alpha must be a finite number >= 0, got {}", r2.alpha);
+}
+
 RefineStats refine_dsnot(const Tensor& W, const std::vector<double>& mu, const std::vector<double>& var,
                          const std::vector<double>& act_norm, Mask& mask, const DsnotOptions& options,
                          std::optional<NmPattern> nm) {
@@ -128,11 +236,7 @@ RefineStats refine_dsnot(const Tensor& W, const std::vector<double>& mu, const s
   check_len(act_norm, "activation-norm vector (act_norm)");
   SYMPRUNE_CHECK(mask.rows() == m && mask.cols() == n, "DSnoT: mask is [{}, {}] but the weight is {}",
                  mask.rows(), mask.cols(), W.shape_string());
-  SYMPRUNE_CHECK(options.max_cycles >= 0, "DSnoT: max_cycles must be >= 0, got {}", options.max_cycles);
-  SYMPRUNE_CHECK(options.threshold >= 0.0, "DSnoT: threshold must be a number >= 0, got {}",
-                 options.threshold);
-  SYMPRUNE_CHECK(std::isfinite(options.var_power), "DSnoT: var_power must be finite, got {}",
-                 options.var_power);
+  validate_dsnot_options(options);
   if (nm) {
     SYMPRUNE_CHECK(nm->n >= 1 && nm->m > nm->n && n % nm->m == 0,
                    "DSnoT: N:M pattern {}:{} does not fit a weight with {} columns (need 1 <= N < M, M "
@@ -140,12 +244,36 @@ RefineStats refine_dsnot(const Tensor& W, const std::vector<double>& mu, const s
                    nm->n, nm->m, n);
   }
 
-  const std::vector<float> mu_f(mu.begin(), mu.end()), var_f(var.begin(), var.end());
+  MatrixContext ctx;
+  ctx.n = n;
+  ctx.mu.assign(mu.begin(), mu.end());
+  ctx.var.assign(var.begin(), var.end());
+  ctx.act_norm = &act_norm;
+  ctx.options = &options;
+  ctx.nm = nm;
+  if (options.r2) {
+    ctx.act_pow.resize(static_cast<size_t>(n));
+    for (int64_t c = 0; c < n; ++c)
+      ctx.act_pow[static_cast<size_t>(c)] =
+          options.r2->alpha == 1.0 ? act_norm[static_cast<size_t>(c)]
+                                   : std::pow(act_norm[static_cast<size_t>(c)], options.r2->alpha);
+    // Column ℓ1 norms of W̃ (initial kept entries), summed in row order: thread-count independent.
+    std::vector<double> col_l1(static_cast<size_t>(n), 0.0);
+    for (int64_t r = 0; r < m; ++r) {
+      const float* w = W.data() + r * n;
+      const auto row = mask.row(r);
+      for (int64_t c = 0; c < n; ++c)
+        if (!row[static_cast<size_t>(c)])
+          col_l1[static_cast<size_t>(c)] += std::fabs(static_cast<double>(w[c]));
+    }
+    ctx.col_inv_l1.resize(static_cast<size_t>(n));
+    for (size_t c = 0; c < col_l1.size(); ++c) ctx.col_inv_l1[c] = col_l1[c] > 0.0 ? 1.0 / col_l1[c] : 0.0;
+  }
+
   std::vector<RowResult> rows(static_cast<size_t>(m));
 #pragma omp parallel for schedule(dynamic, 16)
   for (int64_t r = 0; r < m; ++r)
-    rows[static_cast<size_t>(r)] =
-        refine_row(W.data() + r * n, n, mu_f, var_f, act_norm, mask.row(r), options, nm);
+    rows[static_cast<size_t>(r)] = refine_row(W.data() + r * n, mask.row(r), ctx);
 
   RefineStats stats;
   for (const RowResult& row : rows) {  // fixed order: independent of the thread count

@@ -1,5 +1,6 @@
 #pragma once
-// DSnoT mask refinement (DESIGN.md §3.4; reference-implementations.md §5.2 unstructured, §5.3 N:M).
+// DSnoT and R²-DSnoT mask refinement (DESIGN.md §3.4; reference-implementations.md §5.2 unstructured,
+// §5.3 N:M).
 //
 // Only the mask changes, never a weight. Per output row r, with D[r,c] = W[r,c]·μ̃_c, the expected error
 // e_r = Σ_{pruned c} D[r,c] is driven towards 0 by swaps (regrow one pruned g, prune one kept p), at most
@@ -27,6 +28,20 @@
 //    smallest Wanda score (ties: lowest column). The reference uses the initial score S_init there, which
 //    equals the Wanda score when the initial mask is Wanda's. A block with no such entry stops the row.
 //
+// R²-DSnoT (options.r2 set) keeps the cycle mechanics and changes only the two keys. With W̃ the
+// initially pruned matrix (kept entries of W) and R[r,c] = 1/‖W̃[r,:]‖₁ + 1/‖W̃[:,c]‖₁ (a zero norm
+// contributes 0, as in the scores):
+//   regrow key  G[r,c] = D[r,c]·(R[r,c] if grow_relative)/v_c^p_g         (pruned c; kept c: 0)
+//   prune key   P[r,c] = |W[r,c]|·(R[r,c] if prune_relative)·a_c^α + γ₂·‖W̃[r,:] − W[r,c]e_c‖_p
+// and the regrow pick adds γ₁·‖W̃[r,:] + W[r,c]e_c‖_p in the direction of the paper's argmax: for e > 0
+// the largest G + γ₁N⁺, for e ≤ 0 the smallest G − γ₁N⁺ (the paper's argmax of sign(e)·G + γ₁N⁺).
+// The paper writes the regularizer as γ‖W̃_q‖_p, which is the same for every candidate of a row; this
+// project evaluates it on the row after the candidate move (DESIGN.md §3.4), so it breaks near-ties in
+// favour of the move that leaves the larger (grow) or the larger remaining (prune) row norm.
+// With γ₁ > 0 the two directions have their own orders; a pointer skips entries already regrown through
+// the other one. Keys come from the initial mask, once per matrix, as in DSnoT. With grow_relative and
+// prune_relative off, γ₁ = γ₂ = 0 and α = 1, R²-DSnoT is DSnoT exactly (tested).
+//
 // Rows are independent, so each row runs its own cycle loop (OpenMP over rows); the result is the same
 // as the reference's lock-step loop over all rows and does not depend on the number of threads.
 #include <cstdint>
@@ -38,12 +53,27 @@
 
 namespace symprune {
 
-struct DsnotOptions {
-  int max_cycles = 50;     // K: swaps per row at most
-  double threshold = 0.1;  // τ: a row stops when |e_r| <= τ (in μ̃ units: per-sequence sums)
-  double var_power = 1.0;  // p_g: regrow key D / v^p_g (0: no division)
-  bool same_sign = false;  // unstructured only; N:M always applies the sign test
+// The R²-DSnoT keys (see above). Defaults: the paper's equations as written (relative factor in both
+// keys, square-root activation), p = 2 (the paper's best norm in every ablation), no regularization.
+struct R2Options {
+  bool grow_relative = true;
+  bool prune_relative = true;
+  double reg_p = 2.0;        // 1, 2 or +inf
+  double gamma_grow = 0.0;   // γ₁ >= 0
+  double gamma_prune = 0.0;  // γ₂ >= 0
+  double alpha = 0.5;        // α_r >= 0: the prune key's a_c^α
 };
+
+struct DsnotOptions {
+  int max_cycles = 50;          // K: swaps per row at most
+  double threshold = 0.1;       // τ: a row stops when |e_r| <= τ (in μ̃ units: per-sequence sums)
+  double var_power = 1.0;       // p_g: regrow key D / v^p_g (0: no division)
+  bool same_sign = false;       // unstructured only; N:M always applies the sign test
+  std::optional<R2Options> r2;  // set: R²-DSnoT keys
+};
+
+// Throws symprune::Error naming the offending option (CLI spelling) when an option is out of range.
+void validate_dsnot_options(const DsnotOptions& options);
 
 struct RefineStats {
   int64_t swaps = 0;                   // over all rows
@@ -53,7 +83,7 @@ struct RefineStats {
 
 // W [m, n]; mu = μ̃ (n), var = v (n), act_norm = a_c (n) for the Wanda prune order; mask [m, n] is the
 // initial mask in and the refined mask out. nm selects the §5.3 variant (M must divide n). Throws
-// symprune::Error on shape mismatches or negative max_cycles / NaN or negative threshold.
+// symprune::Error on shape mismatches or invalid options (validate_dsnot_options).
 RefineStats refine_dsnot(const Tensor& W, const std::vector<double>& mu, const std::vector<double>& var,
                          const std::vector<double>& act_norm, Mask& mask, const DsnotOptions& options,
                          std::optional<NmPattern> nm = std::nullopt);

@@ -6,8 +6,11 @@
 #include <omp.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -280,6 +283,153 @@ TEST(RefineDsnot, NarrowRowsExerciseTheGuards) {
   check_random(MaskSpec::row(0.5), std::nullopt, "row 50% n=16 tau=0 same-sign", 32, 16, options);
 }
 
+// ---- R²-DSnoT (DESIGN.md §3.4) ----
+
+DsnotOptions r2_options(bool grow_relative, bool prune_relative, double alpha, double reg_p = 2.0,
+                        double gamma_grow = 0.0, double gamma_prune = 0.0) {
+  DsnotOptions options;
+  options.r2 = R2Options{grow_relative, prune_relative, reg_p, gamma_grow, gamma_prune, alpha};
+  return options;
+}
+
+const std::vector<double> kOnes4(4, 1.0);
+
+// Row 0 pruned {0,1}: W 0.5 0.4 | kept -0.3 0.2, e = 0.9. Row 1 (e = 0.05, never swaps) keeps c0 = 10
+// and c1 = 0.1, so ‖W̃[:,0]‖₁ = 10, ‖W̃[:,1]‖₁ = 0.1, ‖W̃[0,:]‖₁ = 0.5.
+// DSnoT: g = c0 (G 0.5 > 0.4), p = c2 (the only D < 0), e = 0.9 - 0.3 - 0.5 = 0.1 -> stop: {1,2}.
+// grow-relative: G0 = 0.5·(2 + 0.1) = 1.05, G1 = 0.4·(2 + 10) = 4.8 -> g = c1, p = c2, e = 0.2;
+//   cycle 2: g = c0, p = c3 (next front candidate: D > 0 reversed), e = 0.2 + 0.2 - 0.5 = -0.1 -> {2,3}.
+TEST(RefineR2Dsnot, GrowRelativeReordersTheRegrowList) {
+  Tensor w({2, 4}, {0.5f, 0.4f, -0.3f, 0.2f, 10.0f, 0.1f, 0.02f, 0.03f});
+  const Mask initial = mask_from(2, 4, {{0, 1}, {2, 3}});
+  Mask dsnot = initial, r2 = initial;
+  EXPECT_EQ(refine_dsnot(w, kOnes4, kOnes4, kOnes4, dsnot, DsnotOptions{}).swaps, 1);
+  EXPECT_EQ(pruned_columns(dsnot, 0), (std::vector<int>{1, 2}));
+  EXPECT_EQ(refine_dsnot(w, kOnes4, kOnes4, kOnes4, r2, r2_options(true, false, 1.0)).swaps, 2);
+  EXPECT_EQ(pruned_columns(r2, 0), (std::vector<int>{2, 3}));
+  EXPECT_EQ(pruned_columns(r2, 1), (std::vector<int>{2, 3}));
+}
+
+// Row 0 pruned {0,1}: W -0.5 -0.4 | kept 0.3 0.2, e = -0.9, τ = 0.25. Row 1 (e = 0.05) keeps c2 = 10,
+// c3 = 0.01. DSnoT prunes the positive kept weight with the smallest Wanda score: c3 (0.2):
+// e = -0.9 + 0.2 + 0.5 = -0.2 -> {1,3}. prune-relative: P2 = 0.3·(1/0.5 + 1/10.3) = 0.629,
+// P3 = 0.2·(2 + 1/0.21) = 1.352 -> c2: e = -0.9 + 0.3 + 0.5 = -0.1 -> {1,2}.
+TEST(RefineR2Dsnot, PruneRelativeReordersThePruneList) {
+  Tensor w({2, 4}, {-0.5f, -0.4f, 0.3f, 0.2f, 0.02f, 0.03f, 10.0f, 0.01f});
+  const Mask initial = mask_from(2, 4, {{0, 1}, {0, 1}});
+  Mask dsnot = initial, r2 = initial;
+  DsnotOptions options;
+  options.threshold = 0.25;
+  refine_dsnot(w, kOnes4, kOnes4, kOnes4, dsnot, options);
+  EXPECT_EQ(pruned_columns(dsnot, 0), (std::vector<int>{1, 3}));
+  DsnotOptions relative = r2_options(false, true, 1.0);
+  relative.threshold = 0.25;
+  refine_dsnot(w, kOnes4, kOnes4, kOnes4, r2, relative);
+  EXPECT_EQ(pruned_columns(r2, 0), (std::vector<int>{1, 2}));
+  EXPECT_EQ(pruned_columns(r2, 1), (std::vector<int>{0, 1}));
+}
+
+// Same row 0 as above, one row, a = (1, 1, 0.25, 0.5). Wanda: 0.3·0.25 = 0.075 < 0.2·0.5 = 0.1 -> c2.
+// α = 0.5: 0.3·0.5 = 0.15 > 0.2·0.707 = 0.141 -> c3.
+TEST(RefineR2Dsnot, SquareRootActivationInThePruneKey) {
+  Tensor w({1, 4}, {-0.5f, -0.4f, 0.3f, 0.2f});
+  const std::vector<double> act = {1.0, 1.0, 0.25, 0.5};
+  const Mask initial = mask_from(1, 4, {{0, 1}});
+  Mask dsnot = initial, r2 = initial;
+  DsnotOptions options;
+  options.threshold = 0.25;
+  refine_dsnot(w, kOnes4, kOnes4, act, dsnot, options);
+  EXPECT_EQ(pruned_columns(dsnot, 0), (std::vector<int>{1, 2}));
+  DsnotOptions sqrt_act = r2_options(false, false, 0.5);
+  sqrt_act.threshold = 0.25;
+  refine_dsnot(w, kOnes4, kOnes4, act, r2, sqrt_act);
+  EXPECT_EQ(pruned_columns(r2, 0), (std::vector<int>{1, 3}));
+}
+
+// γ₁ with p = 1, τ = 0.15. Row 0 (e = 0.98 > 0): pruned c0 (W 0.5, μ 1, G 0.5) and c1 (W 1.0, μ 0.48,
+// G 0.48); kept -0.6, 0.4 (‖W̃‖₁ = 1). Largest G + γ₁(1 + |W|): 0.5 + 0.15 < 0.48 + 0.2 -> c1 instead
+// of DSnoT's c0. Row 1 mirrors it (e < 0): smallest G - γ₁(1 + |W|) is c1 (-0.68 < -0.65).
+// Both rows prune c2 (the only kept entry of the needed sign) and stop: DSnoT {1,2}, γ₁ = 0.1 {0,2}.
+TEST(RefineR2Dsnot, GrowRegularizerFollowsTheErrorSign) {
+  Tensor w({2, 4}, {0.5f, 1.0f, -0.6f, 0.4f, -0.5f, -1.0f, 0.6f, -0.4f});
+  const std::vector<double> mu = {1.0, 0.48, 1.0, 1.0};
+  const Mask initial = mask_from(2, 4, {{0, 1}, {0, 1}});
+  for (double gamma : {0.0, 0.1}) {
+    Mask mask = initial;
+    DsnotOptions options = r2_options(false, false, 1.0, 1.0, gamma, 0.0);
+    options.threshold = 0.15;
+    const RefineStats stats = refine_dsnot(w, mu, kOnes4, kOnes4, mask, options);
+    EXPECT_EQ(stats.swaps, 2) << "gamma " << gamma;
+    const std::vector<int> expected = gamma > 0.0 ? std::vector<int>{0, 2} : std::vector<int>{1, 2};
+    EXPECT_EQ(pruned_columns(mask, 0), expected) << "gamma " << gamma;
+    EXPECT_EQ(pruned_columns(mask, 1), expected) << "gamma " << gamma;
+  }
+}
+
+// γ₂ with p = ∞: pruned c0 = -1 (e = -1), kept positives 0.3 (the row maximum), 0.25, 0.1, τ = 0.35.
+// ‖W̃ − W[c]e_c‖_∞: c1 -> 0.25 (the second largest), c2, c3 -> 0.3.
+// γ₂ = 1: keys 0.55, 0.55, 0.40 -> c3 (as DSnoT). γ₂ = 10: 2.8, 3.25, 3.1 -> c1.
+TEST(RefineR2Dsnot, PruneRegularizerInfinityNormUsesTheSecondLargest) {
+  Tensor w({1, 4}, {-1.0f, 0.3f, 0.25f, 0.1f});
+  const Mask initial = mask_from(1, 4, {{0}});
+  for (auto [gamma, pruned] : {std::pair{1.0, 3}, std::pair{10.0, 1}}) {
+    Mask mask = initial;
+    DsnotOptions options = r2_options(false, false, 1.0, std::numeric_limits<double>::infinity(), 0.0, gamma);
+    options.threshold = 0.35;
+    EXPECT_EQ(refine_dsnot(w, kOnes4, kOnes4, kOnes4, mask, options).swaps, 1);
+    EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{pruned})) << "gamma " << gamma;
+  }
+}
+
+// With both relative factors off, no regularization and α = 1 the keys are DSnoT's: identical masks.
+TEST(RefineR2Dsnot, ReducesToDsnotWithoutItsAdditions) {
+  for (const auto& [spec, nm, threshold] :
+       {std::tuple{MaskSpec::row(0.5), std::optional<NmPattern>{}, 0.1},
+        std::tuple{MaskSpec::row(0.7), std::optional<NmPattern>{}, 0.0},
+        std::tuple{MaskSpec::nm(2, 4), std::optional<NmPattern>{NmPattern{2, 4}}, 0.1}}) {
+    for (uint32_t seed = 1; seed <= 3; ++seed) {
+      RandomLayer layer = random_layer(48, 96, seed);
+      layer.var[5] = 0.0;  // NaN / inf keys take the same path too
+      const Mask initial = select_mask(layer.wanda, spec);
+      Mask dsnot = initial, r2 = initial;
+      DsnotOptions plain;
+      plain.threshold = threshold;
+      DsnotOptions reduced = r2_options(false, false, 1.0);
+      reduced.threshold = threshold;
+      const RefineStats a = refine_dsnot(layer.w, layer.mu, layer.var, layer.act, dsnot, plain, nm);
+      const RefineStats b = refine_dsnot(layer.w, layer.mu, layer.var, layer.act, r2, reduced, nm);
+      EXPECT_EQ(dsnot, r2) << describe(spec) << " seed " << seed;
+      EXPECT_EQ(a.swaps, b.swaps);
+      EXPECT_GT(a.swaps, 0);
+    }
+  }
+}
+
+TEST(RefineR2Dsnot, RandomInvariantsForEveryNormAndRegularizer) {
+  check_random(MaskSpec::row(0.5), std::nullopt, "r2 default row 50%", 64, 128, r2_options(true, true, 0.5));
+  check_random(MaskSpec::nm(2, 4), NmPattern{2, 4}, "r2 default 2:4", 64, 128, r2_options(true, true, 0.5));
+  for (double p : {1.0, 2.0, std::numeric_limits<double>::infinity()}) {
+    check_random(MaskSpec::row(0.6), std::nullopt, "r2 grow-rel gammas row 60%", 64, 128,
+                 r2_options(true, false, 0.5, p, 1e-3, 1e-3));
+    check_random(MaskSpec::nm(2, 4), NmPattern{2, 4}, "r2 prune-rel gammas 2:4", 64, 128,
+                 r2_options(false, true, 0.5, p, 1e-3, 1e-3));
+  }
+  // Large γ₁: the two regrow orders differ a lot, so pointers meet entries regrown the other way.
+  DsnotOptions strong = r2_options(true, true, 0.5, 1.0, 10.0, 10.0);
+  strong.threshold = 0.0;
+  check_random(MaskSpec::row(0.5), std::nullopt, "r2 gamma 10 n=16 tau=0", 32, 16, strong, false);
+}
+
+TEST(RefineR2Dsnot, MaxCyclesZeroKeepsTheInitialMask) {
+  RandomLayer layer = random_layer(16, 32, 7);
+  const Mask initial = select_mask(layer.wanda, MaskSpec::row(0.5));
+  Mask mask = initial;
+  DsnotOptions options = r2_options(true, true, 0.5, 2.0, 1e-3, 1e-3);
+  options.max_cycles = 0;
+  EXPECT_EQ(refine_dsnot(layer.w, layer.mu, layer.var, layer.act, mask, options).swaps, 0);
+  EXPECT_EQ(mask, initial);
+}
+
 TEST(RefineDsnot, BadInputErrors) {
   Tensor w({1, 8}, kTwoSwapRow);
   Mask mask(1, 8);
@@ -295,11 +445,28 @@ TEST(RefineDsnot, BadInputErrors) {
   DsnotOptions options;
   options.max_cycles = -1;
   expect_error([&] { refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, options); },
-               "max_cycles must be >= 0, got -1");
+               "--max-cycles must be >= 0, got -1");
   options = {};
   options.threshold = std::nan("");
   expect_error([&] { refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, options); },
-               "threshold must be a number >= 0");
+               "--refine-threshold must be a number >= 0");
+  options = {};
+  options.r2 = R2Options{};
+  options.r2->reg_p = 3;
+  expect_error([&] { refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, options); },
+               "--reg-p must be 1, 2 or inf, got 3");
+  options.r2 = R2Options{};
+  options.r2->gamma_grow = -1e-4;
+  expect_error([&] { refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, options); },
+               "--gamma-grow must be a finite number >= 0");
+  options.r2 = R2Options{};
+  options.r2->gamma_prune = std::nan("");
+  expect_error([&] { refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, options); },
+               "--gamma-prune must be a finite number >= 0");
+  options.r2 = R2Options{};
+  options.r2->alpha = -0.5;
+  expect_error([&] { refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, options); },
+               "--refine-alpha must be a finite number >= 0, got -0.5");
   expect_error(
       [&] {
         refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, {}, NmPattern{2, 3});
