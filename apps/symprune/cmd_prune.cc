@@ -2,6 +2,7 @@
 // statistics, scores, masks, pruned passes, a pruned Hugging Face model out, a report.
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -21,6 +22,7 @@ struct PruneCliOptions {
   double sparsity = 0.0;
   std::string out;
   std::string report;
+  std::string reg_p = "2";
   CLI::Option* alpha_option = nullptr;
   CLI::Option* sparsity_option = nullptr;
 };
@@ -51,28 +53,59 @@ floor(m*n*R) per matrix (--group layer); --nm N:M prunes N of every M consecutiv
 (--group layer uses "<= threshold"), and --seqlen defaults to max_position_embeddings. --compat ria: per layer "<= threshold" unless --group row, and
 RIA's fp16 rounding of the relative-importance term for ri and ria.
 
+Refinement (--refine, after the initial mask, before the pruned pass; only the mask changes):
+  dsnot     DSnoT: per output row, swap one pruned and one kept weight per cycle to drive the expected
+            error e_r = sum over pruned c of W[r,c]*mu_c towards 0 (mu_c: mean per-sequence input sum);
+            regrow by W*mu/var^p (--var-power), prune by the Wanda score split by the sign of W*mu;
+            a row stops for good when |e_r| <= --refine-threshold, after --max-cycles swaps, or (with
+            --same-sign; always for N:M) when a swap would flip the sign of its error.
+  r2dsnot   R2-DSnoT: DSnoT with the relative factor 1/||W~[r,:]||1 + 1/||W~[:,c]||1 in the regrow key
+            (--grow-relative) and the prune key (--prune-relative), a_c^--refine-alpha in the prune key,
+            and lp regularizers gamma*||row after the move||_p (--reg-p, --gamma-grow, --gamma-prune).
+  --refine-skip mlp (default, as DSnoT) refines only the self_attn projections; attn only the MLP;
+  none every linear. Refinement needs --calib, whatever the scoring method.
+
 Output: a Hugging Face directory in the input's dtype and sharding; pruned weights exactly zero, every
 other weight bit-identical; config and tokenizer files copied. stdout: per-layer table (sparsity and
 relative reconstruction error ||(W-W~)X||/||WX|| on the dense calibration inputs), and with --eval
 "perplexity.dense: X" / "perplexity.pruned: Y".
 )";
 
+double parse_reg_p(const std::string& text) {
+  if (text == "inf" || text == "Inf" || text == "infinity") return std::numeric_limits<double>::infinity();
+  if (text == "1") return 1.0;
+  if (text == "2") return 2.0;
+  fail("--reg-p must be 1, 2 or inf, got '{}'", text);
+}
+
 void run_prune(PruneCliOptions& o) {
   engine::PruneConfig& c = o.config;
   if (o.alpha_option->count() > 0) c.alpha = o.alpha;
   if (o.sparsity_option->count() > 0) c.sparsity = o.sparsity;
   c.out = o.out;
+  c.r2.reg_p = parse_reg_p(o.reg_p);
   const auto result = engine::prune_model(c, [](const engine::BlockProgress& p) {
     log::info("block {}/{} done ({:.1f} s)", p.block + 1, p.blocks, p.seconds);
   });
 
-  std::printf("%-28s %-14s %9s %12s\n", "layer", "shape", "sparsity", "recon_error");
+  const bool refined = c.refine != "none";
+  std::printf("%-28s %-14s %9s %12s", "layer", "shape", "sparsity", "recon_error");
+  if (refined) std::printf(" %12s %8s %21s", "recon_initial", "swaps", "mean|e| before->after");
+  std::printf("\n");
   for (const auto& l : result.layers) {
     const std::string shape = fmt::format("[{}, {}]", l.shape.at(0), l.shape.at(1));
-    if (l.recon_error)
-      std::printf("%-28s %-14s %9.4f %12.6f\n", l.name.c_str(), shape.c_str(), l.sparsity, *l.recon_error);
-    else
-      std::printf("%-28s %-14s %9.4f %12s\n", l.name.c_str(), shape.c_str(), l.sparsity, "-");
+    const std::string recon = l.recon_error ? fmt::format("{:.6f}", *l.recon_error) : "-";
+    std::printf("%-28s %-14s %9.4f %12s", l.name.c_str(), shape.c_str(), l.sparsity, recon.c_str());
+    if (refined && l.refine) {
+      const std::string initial = l.recon_error_initial ? fmt::format("{:.6f}", *l.recon_error_initial) : "-";
+      const std::string errors =
+          fmt::format("{:.4g} -> {:.4g}", l.refine->mean_abs_error_before, l.refine->mean_abs_error_after);
+      std::printf(" %12s %8lld %21s", initial.c_str(), static_cast<long long>(l.refine->swaps),
+                  errors.c_str());
+    } else if (refined) {
+      std::printf(" %12s %8s %21s", "-", "skipped", "-");
+    }
+    std::printf("\n");
   }
   std::printf("sparsity.total: %.6f (%lld of %lld weights, target %.4f, %s)\n", result.sparsity_total(),
               static_cast<long long>(result.pruned_total), static_cast<long long>(result.params_total),
@@ -115,6 +148,25 @@ void add_prune(CLI::App& app) {
   nm->excludes(group);
   sub->add_option("--compat", c.compat,
                   "none (default), wanda or ria: reproduce that tool's mask rules (see below)");
+  sub->add_option("--refine", c.refine, "mask refinement: none (default), dsnot or r2dsnot (see below)");
+  sub->add_option("--refine-skip", c.refine_skip,
+                  "linears left unrefined: mlp (default, as DSnoT), attn or none");
+  sub->add_option("--max-cycles", c.refine_options.max_cycles,
+                  "refinement: swaps per row at most (default 50)");
+  sub->add_option("--refine-threshold", c.refine_options.threshold,
+                  "refinement: a row stops when |e_r| <= this (default 0.1, in per-sequence-sum units)");
+  sub->add_option("--var-power", c.refine_options.var_power,
+                  "refinement: regrow key divides by var^this (default 1; 0 = no division)");
+  sub->add_flag("--same-sign", c.refine_options.same_sign,
+                "refinement: stop a row before a swap flips the sign of its error (always on for N:M)");
+  sub->add_flag("--grow-relative,!--no-grow-relative", c.r2.grow_relative,
+                "r2dsnot: relative factor in the regrow key (default on)");
+  sub->add_flag("--prune-relative,!--no-prune-relative", c.r2.prune_relative,
+                "r2dsnot: relative factor in the prune key (default on)");
+  sub->add_option("--reg-p", o->reg_p, "r2dsnot: regularizer norm 1, 2 or inf (default 2)");
+  sub->add_option("--gamma-grow", c.r2.gamma_grow, "r2dsnot: regrow regularization weight (default 0)");
+  sub->add_option("--gamma-prune", c.r2.gamma_prune, "r2dsnot: prune regularization weight (default 0)");
+  sub->add_option("--refine-alpha", c.r2.alpha, "r2dsnot: prune key activation exponent (default 0.5)");
   sub->add_option("--calib", c.calib,
                   "calibration data: C4-style JSONL (.jsonl/.json, optionally .gz), plain text, or token "
                   "file (.bin); required by activation-aware methods");

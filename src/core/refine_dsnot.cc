@@ -129,6 +129,9 @@ RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContex
     prune_key[c] = static_cast<float>(p);
   }
   const std::vector<uint8_t> initial(mask.begin(), mask.end());
+  // N:M: the reference's S' = +inf entries, never prune candidates: the initially pruned ones and every
+  // weight pruned by a swap (also after it was regrown again).
+  std::vector<uint8_t> touched = initial;
 
   RowResult result;
   double e = row_error(d, mask);
@@ -163,21 +166,26 @@ RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContex
       const int64_t gi = e > 0.0 ? a1-- : a0++;
       if (gi < 0 || gi >= n) break;
       g = (e > 0.0 ? regrow_down : regrow_up)[static_cast<size_t>(gi)];
-      // Two orders: an entry regrown through the other direction is passed over.
-      if (two_regrow_orders && initial[static_cast<size_t>(g)] && !mask[static_cast<size_t>(g)]) {
+      // Passed over: NaN keys (0/0 from a zero-variance channel; no information, sorted last) and, with two
+      // orders, entries already regrown through the other direction.
+      const bool nan_key = std::isnan(regrow_key[static_cast<size_t>(g)]);
+      const bool regrown = initial[static_cast<size_t>(g)] && !mask[static_cast<size_t>(g)];
+      if (nan_key || (two_regrow_orders && regrown)) {
         g = -1;
         continue;
       }
       break;
     }
     if (g < 0) break;
+    // Sign guard (the paper's Δ < 0 condition): the regrown weight must move e towards 0.
+    if (!(e > 0.0 ? d[static_cast<size_t>(g)] > 0.0f : d[static_cast<size_t>(g)] < 0.0f)) break;
     int64_t p = -1;
     if (ctx.nm) {
       // Kept-and-untouched entry of g's block with the smallest prune key (lowest column on ties).
       const int64_t start = g - g % ctx.nm->m;
       for (int64_t c = start; c < start + ctx.nm->m; ++c) {
         const size_t uc = static_cast<size_t>(c);
-        if (initial[uc] || mask[uc]) continue;
+        if (touched[uc]) continue;
         if (p < 0 || score_order_key(prune_key[uc]) < score_order_key(prune_key[static_cast<size_t>(p)]))
           p = c;
       }
@@ -186,6 +194,10 @@ RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContex
       const int64_t pi = e < 0.0 ? b1-- : b0++;
       if (pi < 0 || pi >= static_cast<int64_t>(candidates.size())) break;
       p = candidates[static_cast<size_t>(pi)];
+      // Sign guard: for e >= 0 the pruned weight must have D <= 0, for e < 0 D > 0. Only a row with
+      // fewer kept weights of the needed sign than cycles gets here; the reference's pointer would then
+      // run into the other sign's part of the list and prune its highest-scoring weights.
+      if (e < 0.0 ? !(d[static_cast<size_t>(p)] > 0.0f) : d[static_cast<size_t>(p)] > 0.0f) break;
     }
     // Guard: only a genuine swap (g pruned now, p kept now) keeps the row's pruned count.
     if (!mask[static_cast<size_t>(g)] || mask[static_cast<size_t>(p)]) break;
@@ -194,6 +206,7 @@ RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContex
     if (same_sign && sign_of(e_after) != e0) break;
     mask[static_cast<size_t>(p)] = 1;
     mask[static_cast<size_t>(g)] = 0;
+    touched[static_cast<size_t>(p)] = 1;
     e = e_after;
     ++result.swaps;
   }

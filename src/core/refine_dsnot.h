@@ -11,21 +11,27 @@
 // e_r is accumulated in double (the reference sums in fp32), so threshold/sign decisions can differ from
 // the reference only at near-ties. Sorts are stable, ascending by (float value, column), NaN last.
 //
-// Deliberate differences from the reference code, all confined to degenerate/tiny cases:
+// Deliberate differences from the reference code (none of them arises at realistic widths):
 //  * Prune-candidate list: kept columns in ascending Wanda order, split into those with D <= 0 (also NaN)
 //    in that order followed by those with D > 0 in reversed order. The reference drops D == 0 columns
 //    and duplicates the first kept column instead (its reorder-helper bug); here D == 0 sits with the
 //    negatives.
 //  * Frozen rows really are frozen: the reference keeps advancing the pointers of inactive rows and
 //    replays mask writes that are no-ops for realistic n; here an inactive row is never touched again.
-//  * A swap is made only when the regrow candidate g is currently pruned and the prune candidate p
-//    currently kept, and both pointers are inside their lists. Otherwise (a pointer ran off its list,
-//    wandered into the kept zero-key middle of the regrow list, or crossed the other pointer of its list)
-//    the row stops as if it had met the threshold. The reference would index out of range or change the
-//    row's pruned count there; with this guard the pruned count per row (and the N:M pattern) is
-//    preserved by construction.
+//  * A swap is made only when the regrow candidate g is currently pruned, the prune candidate p currently
+//    kept, both pointers are inside their lists, and both move e towards 0 (D[g] has the sign of e,
+//    D[p] the opposite sign or 0: the paper's Δ < 0 condition). Otherwise the row stops as if it had met
+//    the threshold. The reference code checks none of this: its pointers run on into the other sign's
+//    part of the lists (pruning the highest-scoring kept weights of the wrong sign), into the kept
+//    zero-key middle of the regrow list, or off the end (index error), which changes the row's pruned
+//    count. For realistic n (about n/2 candidates per sign, at most 50 cycles) none of this happens;
+//    on narrow rows (stories260K, n = 64) the sign test is what stops most rows. With these guards the
+//    pruned count per row (and the N:M pattern) is preserved by construction.
+//  * Regrow keys that are NaN (0/0: D = 0 on a zero-variance channel) carry no information and are passed
+//    over; the reference sorts them last, where an e > 0 row starts.
 //  * N:M (always same-sign, per §5.3): p = the kept, not yet touched entry of g's M-block with the
-//    smallest Wanda score (ties: lowest column). The reference uses the initial score S_init there, which
+//    smallest Wanda score (ties: lowest column); "touched" = initially pruned or pruned by a swap, even if
+//    regrown later (the reference's S' = +inf). The reference uses the initial score S_init there, which
 //    equals the Wanda score when the initial mask is Wanda's. A block with no such entry stops the row.
 //
 // R²-DSnoT (options.r2 set) keeps the cycle mechanics and changes only the two keys. With W̃ the
@@ -36,8 +42,9 @@
 // and the regrow pick adds γ₁·‖W̃[r,:] + W[r,c]e_c‖_p in the direction of the paper's argmax: for e > 0
 // the largest G + γ₁N⁺, for e ≤ 0 the smallest G − γ₁N⁺ (the paper's argmax of sign(e)·G + γ₁N⁺).
 // The paper writes the regularizer as γ‖W̃_q‖_p, which is the same for every candidate of a row; this
-// project evaluates it on the row after the candidate move (DESIGN.md §3.4), so it breaks near-ties in
-// favour of the move that leaves the larger (grow) or the larger remaining (prune) row norm.
+// project evaluates it on the row after the candidate move (DESIGN.md §3.4): it favours regrowing the
+// weight that makes the row norm larger and pruning the one that leaves it smaller (MagR's ℓ∞ shrinks
+// the largest weights), and with the paper's γ ≤ 1e-3 it mostly breaks near-ties.
 // With γ₁ > 0 the two directions have their own orders; a pointer skips entries already regrown through
 // the other one. Keys come from the initial mask, once per matrix, as in DSnoT. With grow_relative and
 // prune_relative off, γ₁ = γ₂ = 0 and α = 1, R²-DSnoT is DSnoT exactly (tested).

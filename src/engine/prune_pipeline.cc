@@ -225,6 +225,63 @@ ResolvedMask resolve_mask(const PruneConfig& c, ScoreMethod method) {
   return r;
 }
 
+// DSnoT's --skip_layer rule (reference notes §5.1): attention projections are the "self_attn.*"
+// linears of both families; everything else (LLaMA mlp.*, OPT fc1/fc2) is the MLP.
+bool refine_skips(const std::string& skip, const std::string& linear) {
+  const bool attention = linear.rfind("self_attn.", 0) == 0;
+  return (skip == "mlp" && !attention) || (skip == "attn" && attention);
+}
+
+// NaN/Inf in a linear's dense-pass inputs poison every statistic and mask downstream: name the first one.
+void check_finite_stats(const ActivationStats& stats, const std::string& linear, int64_t block) {
+  for (size_t c = 0; c < stats.in_sumsq.size(); ++c) {
+    SYMPRUNE_CHECK(
+        std::isfinite(stats.in_sumsq[c]) && std::isfinite(stats.in_sum[c]),
+        "non-finite activations (NaN or Inf) reach the input of {} (input channel {}) in the dense "
+        "pass of block {}: the weights of the blocks before it or the calibration data make the "
+        "fp32 forward overflow",
+        linear, c, block);
+  }
+  for (size_t r = 0; r < stats.out_sumsq.size(); ++r)
+    SYMPRUNE_CHECK(std::isfinite(stats.out_sumsq[r]),
+                   "non-finite activations (NaN or Inf) in the output of {} (output channel {}) in the dense "
+                   "pass of block {}",
+                   linear, r, block);
+}
+
+struct RefineInputs {
+  std::vector<double> mu, var, act_norm;
+};
+
+RefineInputs refine_inputs(const ActivationStats& stats) {
+  const int64_t n = static_cast<int64_t>(stats.in_sumsq.size());
+  RefineInputs in;
+  in.mu.resize(static_cast<size_t>(n));
+  in.var.resize(static_cast<size_t>(n));
+  in.act_norm.resize(static_cast<size_t>(n));
+  for (int64_t c = 0; c < n; ++c) {
+    in.mu[static_cast<size_t>(c)] = stats.input_mean_sum(c);
+    in.var[static_cast<size_t>(c)] = stats.input_variance(c);
+    in.act_norm[static_cast<size_t>(c)] = stats.input_norm(c);
+  }
+  return in;
+}
+
+nlohmann::json refine_config_json(const PruneConfig& c, const DsnotOptions& o) {
+  if (c.refine == "none") return nullptr;
+  nlohmann::json j = {{"method", c.refine},       {"skip", c.refine_skip},    {"max_cycles", o.max_cycles},
+                      {"threshold", o.threshold}, {"var_power", o.var_power}, {"same_sign", o.same_sign}};
+  if (o.r2) {
+    j["grow_relative"] = o.r2->grow_relative;
+    j["prune_relative"] = o.r2->prune_relative;
+    j["reg_p"] = std::isinf(o.r2->reg_p) ? nlohmann::json("inf") : nlohmann::json(o.r2->reg_p);
+    j["gamma_grow"] = o.r2->gamma_grow;
+    j["gamma_prune"] = o.r2->gamma_prune;
+    j["alpha"] = o.r2->alpha;
+  }
+  return j;
+}
+
 }  // namespace
 
 nlohmann::json PruneResult::report() const {
@@ -236,6 +293,16 @@ nlohmann::json PruneResult::report() const {
          {"sparsity", l.sparsity},
          {"pruned", l.pruned},
          {"recon_error", l.recon_error ? nlohmann::json(*l.recon_error) : nlohmann::json()}});
+    if (l.refine) {
+      layer_list.back()["refine"] = {
+          {"swaps", l.refine->swaps},
+          {"mean_abs_error_before", l.refine->mean_abs_error_before},
+          {"mean_abs_error_after", l.refine->mean_abs_error_after},
+          {"recon_error_initial",
+           l.recon_error_initial ? nlohmann::json(*l.recon_error_initial) : nlohmann::json()}};
+    } else {
+      layer_list.back()["refine"] = nullptr;
+    }
   }
   nlohmann::json j = {
       {"command", "prune"},
@@ -257,6 +324,7 @@ nlohmann::json PruneResult::report() const {
        {{"calibration", timings.calibration},
         {"blocks", timings.blocks},
         {"scores_masks", timings.scores_masks},
+        {"refine", timings.refine},
         {"write", timings.write},
         {"eval", timings.eval},
         {"total", timings.total}}},
@@ -287,10 +355,23 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
   validate_score_options(method, base);
   const ResolvedMask mask = resolve_mask(c, method);
   base.compat_ria_fp16 = mask.compat_ria_fp16;
-  const bool needs_stats = score_method_needs_stats(method, base);
-  SYMPRUNE_CHECK(!needs_stats || !c.calib.empty(),
+  SYMPRUNE_CHECK(c.refine == "none" || c.refine == "dsnot" || c.refine == "r2dsnot",
+                 "--refine must be none, dsnot or r2dsnot, got '{}'", c.refine);
+  SYMPRUNE_CHECK(c.refine_skip == "mlp" || c.refine_skip == "attn" || c.refine_skip == "none",
+                 "--refine-skip must be mlp, attn or none, got '{}'", c.refine_skip);
+  const bool refining = c.refine != "none";
+  DsnotOptions refine_options = c.refine_options;
+  refine_options.r2.reset();
+  if (c.refine == "r2dsnot") refine_options.r2 = c.r2;
+  validate_dsnot_options(refine_options);
+  const bool scores_need_stats = score_method_needs_stats(method, base);
+  SYMPRUNE_CHECK(!scores_need_stats || !c.calib.empty(),
                  "method {} is activation-aware and needs calibration data: give --calib FILE",
                  score_method_name(method));
+  SYMPRUNE_CHECK(!refining || !c.calib.empty(),
+                 "--refine {} reads activation statistics and needs calibration data: give --calib FILE",
+                 c.refine);
+  const bool needs_stats = scores_need_stats || refining;
   SYMPRUNE_CHECK(c.nsamples >= 1, "--nsamples must be at least 1, got {}", c.nsamples);
   SYMPRUNE_CHECK(c.seqlen >= 0, "--seqlen must be at least 1, got {}", c.seqlen);
   SYMPRUNE_CHECK(c.eval_seqlen >= 0, "--eval-seqlen must be at least 2, got {}", c.eval_seqlen);
@@ -370,6 +451,7 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
       {"mask", result.mask_description},
       {"compat", c.compat},
       {"compat_ria_fp16", mask.compat_ria_fp16},
+      {"refine", refine_config_json(c, refine_options)},
       {"calib", c.calib.empty() ? nlohmann::json() : nlohmann::json(c.calib)},
       {"calib_used", needs_stats},
       {"calib_format", c.calib_format},
@@ -436,6 +518,7 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
     const auto ts = Clock::now();
     const model::BlockWeights& weights = model.block_weights(b);
     std::vector<std::pair<model::LinearId, Tensor>> pruned_weights;
+    double refine_seconds = 0.0;
     for (const auto& name : model.linear_names()) {
       const model::LinearId id{b, name};
       const Tensor& w = weights.linears.at(name).weight;
@@ -443,18 +526,26 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
       options.block = b;
       options.matrix_name = id.to_string();
       const ActivationStats* stats = observer ? &observer->stats(name) : nullptr;
-      const Tensor scores = compute_scores(method, w, stats, options);
+      if (stats) check_finite_stats(*stats, id.to_string(), b);
+      const Tensor scores = compute_scores(method, w, scores_need_stats ? stats : nullptr, options);
       Mask m = select_mask(scores, mask.spec, options.matrix_name);
       LayerResult layer;
       layer.name = id.to_string();
       layer.shape = w.shape();
+      const Gram* gram = observer ? observer->gram(name) : nullptr;
+      SYMPRUNE_ASSERT(!observer || gram != nullptr, "no Gram matrix for {}", layer.name);
+      if (refining && !refine_skips(c.refine_skip, name)) {
+        layer.recon_error_initial = reconstruction_error(backend, w, m, *gram);
+        const auto tr = Clock::now();
+        const RefineInputs in = refine_inputs(*stats);
+        std::optional<NmPattern> nm;
+        if (mask.spec.kind == MaskSpec::kNM) nm = NmPattern{mask.spec.n, mask.spec.m};
+        layer.refine = refine_dsnot(w, in.mu, in.var, in.act_norm, m, refine_options, nm);
+        refine_seconds += seconds_since(tr);
+      }
       layer.pruned = m.count();
       layer.sparsity = m.sparsity();
-      if (observer) {
-        const Gram* gram = observer->gram(name);
-        SYMPRUNE_ASSERT(gram != nullptr, "no Gram matrix for {}", layer.name);
-        layer.recon_error = reconstruction_error(backend, w, m, *gram);
-      }
+      if (gram) layer.recon_error = reconstruction_error(backend, w, m, *gram);
       result.pruned_total += layer.pruned;
       result.params_total += w.numel();
       result.layers.push_back(layer);
@@ -469,7 +560,8 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
     }
     // All linears were scored from the dense block; now the block becomes the pruned one.
     for (auto& [id, w] : pruned_weights) model.set_linear_weight(id, std::move(w));
-    result.timings.scores_masks += seconds_since(ts);
+    result.timings.refine += refine_seconds;
+    result.timings.scores_masks += seconds_since(ts) - refine_seconds;
     if (needs_stats) {
       const auto t = Clock::now();
       observer.reset();

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "core/refine_dsnot.h"
+
 namespace symprune::engine {
 
 struct PruneConfig {
@@ -42,6 +44,14 @@ struct PruneConfig {
   std::string group;               // "row", "layer", or "" = the default for the compat mode
   std::string nm;                  // "N:M" or ""
   std::string compat = "none";     // none, wanda, ria
+
+  // Mask refinement after the initial mask, before the pruned pass (DESIGN.md §3.4): "none", "dsnot" or
+  // "r2dsnot". refine_skip: "mlp" (DSnoT's default: only the attention projections are refined), "attn"
+  // or "none". For "r2dsnot" the pipeline sets refine_options.r2 from r2.
+  std::string refine = "none";
+  std::string refine_skip = "mlp";
+  DsnotOptions refine_options;
+  R2Options r2;
 
   std::string calib;  // calibration file ("" = none)
   std::string calib_format = "auto";
@@ -64,6 +74,10 @@ struct LayerResult {
   int64_t pruned = 0;
   double sparsity = 0.0;
   std::optional<double> recon_error;  // absent when no forward pass ran
+  // Refinement (absent when the matrix was not refined): swaps, mean |e_r| before/after, and the
+  // reconstruction error of the initial mask (recon_error is then the refined mask's).
+  std::optional<RefineStats> refine;
+  std::optional<double> recon_error_initial;
 };
 
 struct PerplexityPair {
@@ -74,7 +88,7 @@ struct PerplexityPair {
 };
 
 struct PruneTimings {
-  double calibration = 0, blocks = 0, scores_masks = 0, write = 0, eval = 0, total = 0;
+  double calibration = 0, blocks = 0, scores_masks = 0, refine = 0, write = 0, eval = 0, total = 0;
 };
 
 struct PruneResult {

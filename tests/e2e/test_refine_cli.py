@@ -1,0 +1,76 @@
+"""`symprune prune --refine`: invariants of the pruned output and the report on stories260K.
+
+- --max-cycles 0 leaves the initial mask: the output is byte-identical to the unrefined run.
+- Refinement never changes a weight value and keeps the per-row count (and the 2:4 pattern).
+- --refine-skip picks the refined linears (mlp: only self_attn.*; attn: only mlp.*; none: all), and the
+  report carries swaps, mean |e| before/after and the initial mask's reconstruction error, which in
+  block 0 (same inputs) equals the unrefined run's reconstruction error of the same linear.
+"""
+import numpy as np
+import pytest
+
+from prune_support import Stories, load_tensors, read_json, symprune, tree_digest
+
+CALIB = ["--nsamples", "16", "--seqlen", "128", "--seed", "0"]
+
+
+@pytest.fixture(scope="module")
+def stories(tmp_path_factory):
+    return Stories(tmp_path_factory.mktemp("stories"))
+
+
+def run(stories, out, *extra):
+    symprune("prune", "--model", stories.model, "--method", "wanda", "--calib", stories.first, *CALIB,
+             "--out", out, "--report", f"{out}.json", *extra)
+    return load_tensors(out), {layer["name"]: layer for layer in read_json(f"{out}.json")["layers"]}
+
+
+@pytest.mark.parametrize("mask", [["--sparsity", "0.6"], ["--nm", "2:4"]], ids=["60%", "2:4"])
+def test_max_cycles_zero_is_the_initial_mask(stories, tmp_path, mask):
+    run(stories, tmp_path / "plain", *mask)
+    run(stories, tmp_path / "zero", *mask, "--refine", "r2dsnot", "--refine-skip", "none", "--max-cycles", "0")
+    assert tree_digest(tmp_path / "plain") == tree_digest(tmp_path / "zero")
+
+
+@pytest.mark.parametrize("skip,refined_prefix", [("mlp", ("self_attn.",)), ("attn", ("mlp.",)),
+                                                 ("none", ("self_attn.", "mlp."))])
+@pytest.mark.parametrize("mask", [["--sparsity", "0.6"], ["--nm", "2:4"]], ids=["60%", "2:4"])
+def test_refinement_changes_only_the_mask(stories, tmp_path, skip, refined_prefix, mask):
+    dense = load_tensors(stories.model)
+    plain, plain_report = run(stories, tmp_path / "plain", *mask)
+    refined, report = run(stories, tmp_path / "refined", *mask, "--refine", "dsnot", "--refine-skip", skip)
+    total_swaps = 0
+    for name, layer in report.items():
+        key = f"model.layers.{name}.weight"
+        w, p, r = dense[key], plain[key] == 0, refined[key] == 0
+        assert np.array_equal(refined[key][~r], w[~r]), name  # kept weights untouched
+        assert np.array_equal(p.sum(axis=1), r.sum(axis=1)), name  # count per row unchanged
+        if mask[0] == "--nm":
+            assert np.all(r.reshape(-1, 4).sum(axis=1) == 2), name
+        linear = name.split(".", 1)[1]
+        if linear.startswith(refined_prefix):
+            info = layer["refine"]
+            assert info is not None, name
+            total_swaps += info["swaps"]
+            # Block 0 has the same inputs in both runs (later blocks see those changed by the refined
+            # blocks before them): there the plain run's mask is this run's initial mask.
+            if name.startswith("0."):
+                assert info["recon_error_initial"] == pytest.approx(plain_report[name]["recon_error"], rel=1e-12)
+                # Each swap moves two entries (a weight pruned by one swap may be regrown by a later one).
+                assert 0 < int((p != r).sum()) <= 2 * info["swaps"] or info["swaps"] == 0 and np.array_equal(p, r)
+        else:
+            assert layer["refine"] is None, name
+            if name.startswith("0."):
+                assert np.array_equal(p, r), name  # skipped linears keep the initial mask
+    assert total_swaps > 0
+
+
+def test_report_records_the_refinement_config(stories, tmp_path):
+    run(stories, tmp_path / "r2", "--sparsity", "0.5", "--refine", "r2dsnot", "--no-grow-relative",
+        "--reg-p", "inf", "--gamma-prune", "1e-3", "--same-sign")
+    config = read_json(tmp_path / "r2.json")["config"]["refine"]
+    assert config == {"method": "r2dsnot", "skip": "mlp", "max_cycles": 50, "threshold": 0.1, "var_power": 1.0,
+                      "same_sign": True, "grow_relative": False, "prune_relative": True, "reg_p": "inf",
+                      "gamma_grow": 0.0, "gamma_prune": 1e-3, "alpha": 0.5}
+    timings = read_json(tmp_path / "r2.json")["timings"]
+    assert timings["refine"] > 0
