@@ -142,3 +142,24 @@ def test_existing_out_without_force(stories, tmp_path):
     assert str(out_dir) in proc.stderr and "--force" in proc.stderr, proc.stderr
     assert _listing(out_dir) == ["keep.txt"] and (out_dir / "keep.txt").read_text() == "user data"
     assert _listing(tmp_path) == ["existing"]
+
+
+def test_non_finite_activations_are_named(stories, tmp_path):
+    # Finite but huge weights in block 0's v_proj overflow the fp32 forward: the attention output (the input
+    # of o_proj) becomes Inf/NaN. The run must stop naming that linear instead of writing NaN-scored masks.
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    model = tmp_path / "overflow-model"
+    shutil.copytree(stories.model, model)
+    (weights_file,) = model.glob("*.safetensors")
+    tensors = load_file(str(weights_file))
+    tensors["model.layers.0.self_attn.v_proj.weight"][:] = 3e38
+    save_file(tensors, str(weights_file), metadata={"format": "pt"})
+    proc = symprune("prune", "--model", model, "--method", "wanda", "--sparsity", "0.5", "--calib",
+                    stories.first, *CALIB, "--out", tmp_path / "out", check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "non-finite activations (NaN or Inf)" in proc.stderr, proc.stderr
+    assert "0.self_attn.o_proj" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
