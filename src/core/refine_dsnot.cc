@@ -216,6 +216,22 @@ RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContex
 
 }  // namespace
 
+std::vector<double> initial_column_l1(const Tensor& W, const Mask& mask) {
+  SYMPRUNE_CHECK(W.rank() == 2 && mask.rows() == W.dim(0) && mask.cols() == W.dim(1),
+                 "initial_column_l1: mask [{}, {}] does not match the weight {}", mask.rows(), mask.cols(),
+                 W.shape_string());
+  const int64_t m = W.dim(0), n = W.dim(1);
+  std::vector<double> col_l1(static_cast<size_t>(n), 0.0);
+  for (int64_t r = 0; r < m; ++r) {
+    const float* w = W.data() + r * n;
+    const auto row = mask.row(r);
+    for (int64_t c = 0; c < n; ++c)
+      if (!row[static_cast<size_t>(c)])
+        col_l1[static_cast<size_t>(c)] += std::fabs(static_cast<double>(w[c]));
+  }
+  return col_l1;
+}
+
 void validate_dsnot_options(const DsnotOptions& options) {
   SYMPRUNE_CHECK(options.max_cycles >= 0, "--max-cycles must be >= 0, got {}", options.max_cycles);
   SYMPRUNE_CHECK(options.threshold >= 0.0, "--refine-threshold must be a number >= 0, got {}",
@@ -235,7 +251,7 @@ void validate_dsnot_options(const DsnotOptions& options) {
 
 RefineStats refine_dsnot(const Tensor& W, const std::vector<double>& mu, const std::vector<double>& var,
                          const std::vector<double>& act_norm, Mask& mask, const DsnotOptions& options,
-                         std::optional<NmPattern> nm) {
+                         std::optional<NmPattern> nm, const std::vector<double>* column_l1) {
   SYMPRUNE_CHECK(W.rank() == 2, "DSnoT: weight must be a matrix [rows, cols], got shape {}",
                  W.shape_string());
   const int64_t m = W.dim(0), n = W.dim(1);
@@ -270,15 +286,11 @@ RefineStats refine_dsnot(const Tensor& W, const std::vector<double>& mu, const s
       ctx.act_pow[static_cast<size_t>(c)] =
           options.r2->alpha == 1.0 ? act_norm[static_cast<size_t>(c)]
                                    : std::pow(act_norm[static_cast<size_t>(c)], options.r2->alpha);
-    // Column ℓ1 norms of W̃ (initial kept entries), summed in row order: thread-count independent.
-    std::vector<double> col_l1(static_cast<size_t>(n), 0.0);
-    for (int64_t r = 0; r < m; ++r) {
-      const float* w = W.data() + r * n;
-      const auto row = mask.row(r);
-      for (int64_t c = 0; c < n; ++c)
-        if (!row[static_cast<size_t>(c)])
-          col_l1[static_cast<size_t>(c)] += std::fabs(static_cast<double>(w[c]));
-    }
+    if (column_l1 != nullptr)
+      SYMPRUNE_CHECK(static_cast<int64_t>(column_l1->size()) == n,
+                     "DSnoT: column_l1 has {} entries but the weight {} has {} columns", column_l1->size(),
+                     W.shape_string(), n);
+    const std::vector<double> col_l1 = column_l1 != nullptr ? *column_l1 : initial_column_l1(W, mask);
     ctx.col_inv_l1.resize(static_cast<size_t>(n));
     for (size_t c = 0; c < col_l1.size(); ++c) ctx.col_inv_l1[c] = col_l1[c] > 0.0 ? 1.0 / col_l1[c] : 0.0;
   }

@@ -91,8 +91,17 @@ struct RefineStats {
 // W [m, n]; mu = μ̃ (n), var = v (n), act_norm = a_c (n) for the Wanda prune order; mask [m, n] is the
 // initial mask in and the refined mask out. nm selects the §5.3 variant (M must divide n). Throws
 // symprune::Error on shape mismatches or invalid options (validate_dsnot_options).
+//
+// Row partitions (distributed / per-device runs): W and mask may hold any contiguous slice of a matrix's
+// rows; the result for those rows is the same as in a whole-matrix call. The only quantity that crosses
+// rows is R²-DSnoT's column norm ‖W̃[:,c]‖₁: pass the whole matrix's (the sum of every slice's
+// initial_column_l1, e.g. all-reduced) as column_l1; without it the slice's own columns are used.
 RefineStats refine_dsnot(const Tensor& W, const std::vector<double>& mu, const std::vector<double>& var,
                          const std::vector<double>& act_norm, Mask& mask, const DsnotOptions& options,
-                         std::optional<NmPattern> nm = std::nullopt);
+                         std::optional<NmPattern> nm = std::nullopt,
+                         const std::vector<double>* column_l1 = nullptr);
+
+// Σ_r |W[r,c]| over the kept entries of `mask` (‖W̃[:,c]‖₁), summed in row order.
+std::vector<double> initial_column_l1(const Tensor& W, const Mask& mask);
 
 }  // namespace symprune

@@ -465,6 +465,48 @@ TEST(RefineR2Dsnot, MaxCyclesZeroKeepsTheInitialMask) {
   EXPECT_EQ(mask, initial);
 }
 
+// A row partition (as a distributed run holds it) refines exactly like the whole matrix once R²-DSnoT gets
+// the whole matrix's column norms: the per-slice column sums add up to them.
+TEST(RefineR2Dsnot, RowPartitionsMatchTheWholeMatrix) {
+  RandomLayer layer = random_layer(40, 64, 11);
+  const Mask initial = select_mask(layer.wanda, MaskSpec::row(0.5));
+  const DsnotOptions options = r2_options(true, true, 0.5, 2.0, 1e-3, 1e-3);
+  Mask whole = initial;
+  refine_dsnot(layer.w, layer.mu, layer.var, layer.act, whole, options);
+  const int64_t split = 17, n = 64;
+  auto slice = [&](int64_t begin, int64_t end) {
+    Tensor w({end - begin, n});
+    Mask mask(end - begin, n);
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        w[(r - begin) * n + c] = layer.w[r * n + c];
+        mask.set(r - begin, c, initial.pruned(r, c));
+      }
+    return std::pair{w, mask};
+  };
+  auto [w0, m0] = slice(0, split);
+  auto [w1, m1] = slice(split, 40);
+  std::vector<double> col = initial_column_l1(w0, m0);
+  const std::vector<double> col1 = initial_column_l1(w1, m1);
+  for (size_t c = 0; c < col.size(); ++c) col[c] += col1[c];
+  const std::vector<double> expected = initial_column_l1(layer.w, initial);
+  for (size_t c = 0; c < col.size(); ++c) EXPECT_NEAR(col[c], expected[c], 1e-12 * expected[c]);
+  refine_dsnot(w0, layer.mu, layer.var, layer.act, m0, options, std::nullopt, &expected);
+  refine_dsnot(w1, layer.mu, layer.var, layer.act, m1, options, std::nullopt, &expected);
+  int64_t changed = 0;
+  for (int64_t r = 0; r < 40; ++r)
+    for (int64_t c = 0; c < n; ++c) {
+      const bool part = r < split ? m0.pruned(r, c) : m1.pruned(r - split, c);
+      EXPECT_EQ(part, whole.pruned(r, c)) << r << "," << c;
+      changed += whole.pruned(r, c) != initial.pruned(r, c);
+    }
+  EXPECT_GT(changed, 0);
+  // The slice's own column norms differ: without column_l1 the keys (and here the masks) change.
+  Mask own = slice(0, split).second;
+  refine_dsnot(w0, layer.mu, layer.var, layer.act, own, options);
+  EXPECT_NE(own, m0);
+}
+
 TEST(RefineDsnot, BadInputErrors) {
   Tensor w({1, 8}, kTwoSwapRow);
   Mask mask(1, 8);
