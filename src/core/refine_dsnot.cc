@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -24,13 +25,62 @@ double row_error(const std::vector<float>& d, std::span<const uint8_t> pruned) {
   return e;
 }
 
-// Columns sorted stably ascending by float value (torch order: NaN last, -0.0 == +0.0).
-std::vector<int64_t> stable_argsort(const std::vector<float>& key, std::vector<int64_t> columns) {
-  std::stable_sort(columns.begin(), columns.end(), [&](int64_t a, int64_t b) {
-    return score_order_key(key[static_cast<size_t>(a)]) < score_order_key(key[static_cast<size_t>(b)]);
-  });
+// The stable ascending order of a float key (torch order: NaN last, -0.0 == +0.0) is the order of the
+// 64-bit composite (score_order_key << 32 | column), a total order on plain integers, so partial
+// selections (nth_element) reproduce the full stable sort exactly and cheaply.
+uint64_t order_of(float key, int64_t column) {
+  return (static_cast<uint64_t>(score_order_key(key)) << 32) | static_cast<uint64_t>(column);
+}
+int64_t column_of(uint64_t order) {
+  return static_cast<int64_t>(order & 0xffffffffu);
+}
+
+// The `count` smallest orders, ascending, as columns (all of them if count >= size).
+std::vector<int64_t> smallest(std::vector<uint64_t> orders, size_t count) {
+  if (count < orders.size()) {
+    std::nth_element(orders.begin(), orders.begin() + static_cast<std::ptrdiff_t>(count), orders.end());
+    orders.resize(count);
+  }
+  std::sort(orders.begin(), orders.end());
+  std::vector<int64_t> columns(orders.size());
+  std::transform(orders.begin(), orders.end(), columns.begin(), column_of);
   return columns;
 }
+
+// Positions [0, front) and [n − back, n) of the order of `key` over all n columns: a row's regrow
+// pointers never get further than 2·max_cycles (+ the NaN keys passed over) from their end, so sorting
+// the whole row (n log n, the dominant cost at n = 4096) is not needed.
+class OrderWindow {
+ public:
+  OrderWindow(const std::vector<float>& key, size_t front, size_t back) : n_(key.size()) {
+    std::vector<uint64_t> orders(n_);
+    for (size_t c = 0; c < n_; ++c) orders[c] = order_of(key[c], static_cast<int64_t>(c));
+    if (front + back >= n_) {
+      front_ = smallest(std::move(orders), n_);
+      return;
+    }
+    std::nth_element(orders.begin(), orders.begin() + static_cast<std::ptrdiff_t>(front), orders.end());
+    front_ = smallest(
+        std::vector<uint64_t>(orders.begin(), orders.begin() + static_cast<std::ptrdiff_t>(front)), front);
+    // The largest `back` of the rest, descending: back_[j] is position n − 1 − j.
+    auto rest = orders.begin() + static_cast<std::ptrdiff_t>(front);
+    std::nth_element(rest, rest + static_cast<std::ptrdiff_t>(back), orders.end(), std::greater<>());
+    std::sort(rest, rest + static_cast<std::ptrdiff_t>(back), std::greater<>());
+    back_.resize(back);
+    std::transform(rest, rest + static_cast<std::ptrdiff_t>(back), back_.begin(), column_of);
+  }
+  // The column at position i of the order, or -1 outside the window.
+  int64_t at(int64_t i) const {
+    const size_t ui = static_cast<size_t>(i);
+    if (ui < front_.size()) return front_[ui];
+    const size_t from_end = n_ - 1 - ui;
+    return from_end < back_.size() ? back_[from_end] : -1;
+  }
+
+ private:
+  size_t n_;
+  std::vector<int64_t> front_, back_;
+};
 
 // Per-matrix inputs shared by every row.
 struct MatrixContext {
@@ -139,33 +189,40 @@ RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContex
   const int e0 = sign_of(e);
   const bool same_sign = options.same_sign || ctx.nm.has_value();
 
-  std::vector<int64_t> all(un);
-  std::iota(all.begin(), all.end(), int64_t{0});
-  const std::vector<int64_t> regrow_up = stable_argsort(regrow_key, all);
-  const std::vector<int64_t> regrow_down =
-      two_regrow_orders ? stable_argsort(regrow_key_down, all) : regrow_up;
+  // Regrow lists: each pointer moves at most once per cycle plus once per entry passed over (NaN keys at
+  // the back; with two orders, at most one regrown entry per earlier swap).
+  const size_t cycles = static_cast<size_t>(options.max_cycles);
+  const size_t nan_keys = static_cast<size_t>(
+      std::count_if(regrow_key.begin(), regrow_key.end(), [](float k) { return std::isnan(k); }));
+  const OrderWindow regrow_up(regrow_key, 2 * cycles + 1, 2 * cycles + nan_keys + 1);
+  std::optional<OrderWindow> regrow_down_own;
+  if (two_regrow_orders) regrow_down_own.emplace(regrow_key_down, 2 * cycles + 1, 2 * cycles + nan_keys + 1);
+  const OrderWindow& regrow_down = two_regrow_orders ? *regrow_down_own : regrow_up;
 
-  // Prune candidates (unstructured): kept columns by ascending prune key, D <= 0 (and NaN) first in
-  // that order, then D > 0 reversed.
-  std::vector<int64_t> candidates;
+  // Prune candidates (unstructured): the reference's list is the kept columns by ascending prune key,
+  // D <= 0 (and NaN) first in that order, then D > 0 reversed; its front pointer (e >= 0) walks the first
+  // part, its back pointer (e < 0) the second from its smallest key, each at most once per cycle, and
+  // leaving its part stops the row (sign guard). So only the `cycles` smallest of each part are needed.
+  std::vector<int64_t> prune_nonpositive, prune_positive;
   if (!ctx.nm) {
-    std::vector<int64_t> kept;
+    std::vector<uint64_t> nonpositive, positive;
     for (size_t c = 0; c < un; ++c)
-      if (!mask[c]) kept.push_back(static_cast<int64_t>(c));
-    kept = stable_argsort(prune_key, std::move(kept));
-    std::vector<int64_t> positive;
-    for (int64_t c : kept) (d[static_cast<size_t>(c)] > 0.0f ? positive : candidates).push_back(c);
-    candidates.insert(candidates.end(), positive.rbegin(), positive.rend());
+      if (!mask[c])
+        (d[c] > 0.0f ? positive : nonpositive).push_back(order_of(prune_key[c], static_cast<int64_t>(c)));
+    prune_nonpositive = smallest(std::move(nonpositive), cycles);
+    prune_positive = smallest(std::move(positive), cycles);
   }
 
-  int64_t a0 = 0, a1 = n - 1, b0 = 0, b1 = static_cast<int64_t>(candidates.size()) - 1;
+  int64_t a0 = 0, a1 = n - 1;
+  size_t next_nonpositive = 0, next_positive = 0;
   for (int cycle = 0; cycle < options.max_cycles; ++cycle) {
     if (!(std::fabs(e) > options.threshold)) break;  // threshold on the error before the swap
     int64_t g = -1;
     while (true) {
       const int64_t gi = e > 0.0 ? a1-- : a0++;
       if (gi < 0 || gi >= n) break;
-      g = (e > 0.0 ? regrow_down : regrow_up)[static_cast<size_t>(gi)];
+      g = (e > 0.0 ? regrow_down : regrow_up).at(gi);
+      if (g < 0) break;  // outside the window: unreachable (see above), but never read past it
       // Passed over: NaN keys (0/0 from a zero-variance channel; no information, sorted last) and, with two
       // orders, entries already regrown through the other direction.
       const bool nan_key = std::isnan(regrow_key[static_cast<size_t>(g)]);
@@ -191,13 +248,13 @@ RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContex
       }
       if (p < 0) break;
     } else {
-      const int64_t pi = e < 0.0 ? b1-- : b0++;
-      if (pi < 0 || pi >= static_cast<int64_t>(candidates.size())) break;
-      p = candidates[static_cast<size_t>(pi)];
-      // Sign guard: for e >= 0 the pruned weight must have D <= 0, for e < 0 D > 0. Only a row with
-      // fewer kept weights of the needed sign than cycles gets here; the reference's pointer would then
+      // Sign guard: for e >= 0 the pruned weight must have D <= 0, for e < 0 D > 0. A part runs out only
+      // in a row with fewer kept weights of the needed sign than cycles; the reference's pointer would then
       // run into the other sign's part of the list and prune its highest-scoring weights.
-      if (e < 0.0 ? !(d[static_cast<size_t>(p)] > 0.0f) : d[static_cast<size_t>(p)] > 0.0f) break;
+      const std::vector<int64_t>& part = e < 0.0 ? prune_positive : prune_nonpositive;
+      size_t& next = e < 0.0 ? next_positive : next_nonpositive;
+      if (next >= part.size()) break;
+      p = part[next++];
     }
     // Guard: only a genuine swap (g pruned now, p kept now) keeps the row's pruned count.
     if (!mask[static_cast<size_t>(g)] || mask[static_cast<size_t>(p)]) break;

@@ -86,6 +86,13 @@ CASES = [
                  ["--no-prune-relative", "--reg-p", "inf", "--gamma-grow", "0.05", "--gamma-prune", "0.05"],
                  dref.Options(r2=True, prune_relative=False, reg_p=np.inf, gamma_grow=0.05, gamma_prune=0.05),
                  "mlp", id="wanda50-r2dsnot-inf-gammas"),
+    # Few cycles: symprune then materializes only the ends of each row's regrow order (2K+1 positions,
+    # plus NaN keys) and the K smallest prune candidates of each sign; the masks must not change.
+    pytest.param("wanda", 0.6, None, "dsnot", ["--refine-skip", "none", "--max-cycles", "4"],
+                 dref.Options(max_cycles=4), "none", id="wanda60-dsnot-4cycles"),
+    pytest.param("ria", None, (2, 4), "r2dsnot",
+                 ["--refine-skip", "none", "--max-cycles", "6", "--gamma-grow", "0.5", "--reg-p", "1"],
+                 dref.Options(r2=True, max_cycles=6, gamma_grow=0.5, reg_p=1.0), "none", id="ria2:4-r2dsnot-6cycles"),
 ]
 
 
