@@ -50,14 +50,16 @@ def run_one(binary, work, model, first, second, label, extra, setting, mask_args
     return label, setting, ppl, time.time() - start
 
 
-def main():
+def prepare(prefix):
+    """Parses BUILD_DIR OUT.md [--jobs]; converts stories260K and splits TinyStories into a temp dir.
+    Returns (args, binary, work dir, model, first half, second half, dense perplexity)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("build_dir")
     parser.add_argument("out_md")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     binary = str(Path(args.build_dir).resolve() / "apps" / "symprune")
-    work = Path(tempfile.mkdtemp(prefix="s260k_table_"))
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     first, second = work / "first.txt", work / "second.txt"
     subprocess.run([sys.executable, ROOT / "scripts" / "split_text.py", DATA / "tinystories" / "tinystories_val.txt",
                     first, second], check=True, capture_output=True)
@@ -65,7 +67,19 @@ def main():
     subprocess.run([binary, "convert-llama2c", "--checkpoint", DATA / "stories260K" / "stories260K.bin",
                     "--tokenizer", DATA / "stories260K" / "tok512.bin", "--out", model], check=True,
                    capture_output=True)
-    dense = eval_ppl(binary, model, second)
+    return args, binary, work, model, first, second, eval_ppl(binary, model, second)
+
+
+def write_results(out_md, lines, dense, results, work):
+    Path(out_md).write_text("\n".join(lines) + "\n")
+    Path(out_md).with_suffix(".json").write_text(json.dumps(
+        {"dense": dense, "pruned": {f"{k[0]} @ {k[1]}": v for k, v in sorted(results.items())}}, indent=2) + "\n")
+    subprocess.run(["rm", "-rf", str(work)], check=True)
+    print("\n".join(lines))
+
+
+def main():
+    args, binary, work, model, first, second, dense = prepare("s260k_table_")
     results = {}
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_one, binary, work, model, first, second, label, extra, setting, mask_args)
@@ -83,11 +97,7 @@ def main():
              "|---|" + "---:|" * len(SETTINGS)]
     for label, _ in METHODS:
         lines.append(f"| {label} | " + " | ".join(f"{results[(label, s)]:.3f}" for s, _ in SETTINGS) + " |")
-    Path(args.out_md).write_text("\n".join(lines) + "\n")
-    Path(args.out_md).with_suffix(".json").write_text(json.dumps(
-        {"dense": dense, "pruned": {f"{k[0]} @ {k[1]}": v for k, v in sorted(results.items())}}, indent=2) + "\n")
-    subprocess.run(["rm", "-rf", str(work)], check=True)
-    print("\n".join(lines))
+    write_results(args.out_md, lines, dense, results, work)
 
 
 if __name__ == "__main__":

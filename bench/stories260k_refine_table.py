@@ -10,16 +10,12 @@ Wanda's. Writes a Markdown table and the raw JSON beside it.
 
 usage: bench/stories260k_refine_table.py BUILD_DIR OUT.md [--jobs 2]
 """
-import argparse
 import concurrent.futures
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stories260k_ppl_table import DATA, ROOT, eval_ppl, run_one  # noqa: E402
+from stories260k_ppl_table import prepare, run_one, write_results  # noqa: E402
 
 BASES = ["magnitude", "wanda", "ria"]
 WANDA_BEST = ["--no-prune-relative", "--reg-p", "2", "--gamma-grow", "0", "--gamma-prune", "1e-4"]
@@ -38,21 +34,7 @@ SETTINGS = [("60%", ["--sparsity", "0.6"]), ("70%", ["--sparsity", "0.7"]), ("2:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("build_dir")
-    parser.add_argument("out_md")
-    parser.add_argument("--jobs", type=int, default=2)
-    args = parser.parse_args()
-    binary = str(Path(args.build_dir).resolve() / "apps" / "symprune")
-    work = Path(tempfile.mkdtemp(prefix="s260k_refine_"))
-    first, second = work / "first.txt", work / "second.txt"
-    subprocess.run([sys.executable, ROOT / "scripts" / "split_text.py", DATA / "tinystories" / "tinystories_val.txt",
-                    first, second], check=True, capture_output=True)
-    model = work / "stories260K-hf"
-    subprocess.run([binary, "convert-llama2c", "--checkpoint", DATA / "stories260K" / "stories260K.bin",
-                    "--tokenizer", DATA / "stories260K" / "tok512.bin", "--out", model], check=True,
-                   capture_output=True)
-    dense = eval_ppl(binary, model, second)
+    args, binary, work, model, first, second, dense = prepare("s260k_refine_")
     rows = [(f"{base} + {name}", base, make(base)) for base in BASES for name, make in REFINES]
     results = {}
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
@@ -74,12 +56,7 @@ def main():
              "|---|" + "---:|" * len(SETTINGS)]
     for label, _, _ in rows:
         lines.append(f"| {label} | " + " | ".join(f"{results[(label, s)]:.3f}" for s, _ in SETTINGS) + " |")
-    Path(args.out_md).write_text("\n".join(lines) + "\n")
-    Path(args.out_md).with_suffix(".json").write_text(json.dumps(
-        {"dense": dense, "pruned": {f"{k[0]} @ {k[1]}": v for k, v in sorted(results.items())}}, indent=2) + "\n")
-    subprocess.run(["rm", "-rf", str(work)], check=True)
-    print("\n".join(lines))
-
+    write_results(args.out_md, lines, dense, results, work)
 
 if __name__ == "__main__":
     main()

@@ -17,27 +17,11 @@ from transformers import LlamaForCausalLM
 import transformers.models.llama.modeling_llama as modeling_llama
 
 import prune_reference as ref
-from prune_support import SEQLEN, Stories, linear_names, load_tensors, read_json, symprune
+from prune_support import SEQLEN, linear_names, load_tensors, read_json, symprune
 
-NSAMPLES = 32
+from conftest import REFERENCE_NSAMPLES as NSAMPLES
 TIE_RTOL = 1e-6
 MAX_DISAGREEMENT_FRACTION = 1e-4
-
-
-@pytest.fixture(scope="module")
-def stories(tmp_path_factory):
-    return Stories(tmp_path_factory.mktemp("stories"))
-
-
-@pytest.fixture(scope="module")
-def reference_model(stories):
-    config, weights = ref.load_model(stories.model)
-    return ref.Llama(config, weights)
-
-
-@pytest.fixture(scope="module")
-def calib_tokens(stories):
-    return stories.calib_tokens(NSAMPLES, SEQLEN)
 
 
 def _transformers_fp64(model_dir, monkeypatch, exact):

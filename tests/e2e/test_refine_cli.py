@@ -9,14 +9,9 @@
 import numpy as np
 import pytest
 
-from prune_support import Stories, load_tensors, read_json, symprune, tree_digest
+from prune_support import load_tensors, read_json, symprune, tree_digest
 
 CALIB = ["--nsamples", "16", "--seqlen", "128", "--seed", "0"]
-
-
-@pytest.fixture(scope="module")
-def stories(tmp_path_factory):
-    return Stories(tmp_path_factory.mktemp("stories"))
 
 
 def run(stories, out, *extra):

@@ -13,25 +13,9 @@ import pytest
 
 import dsnot_reference as dref
 import prune_reference as ref
-from prune_support import SEQLEN, Stories, linear_names, load_tensors, read_json, symprune
+from prune_support import SEQLEN, linear_names, load_tensors, read_json, symprune
 
-NSAMPLES = 32
-
-
-@pytest.fixture(scope="module")
-def stories(tmp_path_factory):
-    return Stories(tmp_path_factory.mktemp("stories"))
-
-
-@pytest.fixture(scope="module")
-def reference_model(stories):
-    config, weights = ref.load_model(stories.model)
-    return ref.Llama(config, weights)
-
-
-@pytest.fixture(scope="module")
-def calib_tokens(stories):
-    return stories.calib_tokens(NSAMPLES, SEQLEN)
+from conftest import REFERENCE_NSAMPLES as NSAMPLES
 
 
 def skipped(skip, name):
