@@ -69,3 +69,30 @@ def test_report_records_the_refinement_config(stories, tmp_path):
                       "gamma_grow": 0.0, "gamma_prune": 1e-3, "alpha": 0.5}
     timings = read_json(tmp_path / "r2.json")["timings"]
     assert timings["refine"] > 0
+
+
+@pytest.mark.parametrize("skip,refined", [("mlp", {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                    "self_attn.out_proj"}),
+                                          ("attn", {"fc1", "fc2"})])
+def test_opt_skip_rules(tmp_path, skip, refined):
+    # OPT names its MLP fc1/fc2 (no "mlp." prefix): DSnoT's rule is "not self_attn" (reference §5.1).
+    import torch
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(3)
+    cfg = OPTConfig(vocab_size=128, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                    max_position_embeddings=256, word_embed_proj_dim=64, init_std=0.2)
+    OPTForCausalLM(cfg).eval().save_pretrained(tmp_path / "opt", safe_serialization=True)
+    tokens = np.random.default_rng(0).integers(0, 128, size=64 * 40).astype("<u4")
+    tokens.tofile(tmp_path / "calib.bin")
+    symprune("prune", "--model", tmp_path / "opt", "--method", "wanda", "--sparsity", "0.6", "--calib",
+             tmp_path / "calib.bin", "--calib-format", "tokens-u32", "--nsamples", "8", "--seqlen", "64",
+             "--refine", "dsnot", "--refine-skip", skip, "--out", tmp_path / "out", "--report", tmp_path / "r.json")
+    layers = read_json(tmp_path / "r.json")["layers"]
+    assert len(layers) == 12
+    swaps = 0
+    for layer in layers:
+        linear = layer["name"].split(".", 1)[1]
+        assert (layer["refine"] is not None) == (linear in refined), layer["name"]
+        swaps += layer["refine"]["swaps"] if layer["refine"] else 0
+    assert swaps > 0
