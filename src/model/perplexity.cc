@@ -79,6 +79,11 @@ PerplexityResult evaluate_perplexity(DecoderModel& model, std::span<const int32_
 #pragma omp parallel for reduction(+ : total) schedule(static) if (rows * vocab >= kParallelMinElements)
         for (int64_t r = 0; r < rows; ++r) total += row_nll(logits.data() + r * vocab, vocab, next[r]);
       }
+      // NaN/Inf logits would only show up as a NaN perplexity at the end: name the chunk instead.
+      SYMPRUNE_CHECK(std::isfinite(total),
+                     "perplexity: chunk {} (tokens {}..{}) has a non-finite loss: the model's fp32 forward "
+                     "produces NaN or Inf (overflowing or corrupt weights)",
+                     c0 + s, (c0 + s) * T, (c0 + s + 1) * T - 1);
       result.chunk_nll.push_back(total / static_cast<double>(T - 1));
     }
     if (progress) progress(c0 + n, chunks);

@@ -144,9 +144,9 @@ def test_existing_out_without_force(stories, tmp_path):
     assert _listing(tmp_path) == ["existing"]
 
 
-def test_non_finite_activations_are_named(stories, tmp_path):
-    # Finite but huge weights in block 0's v_proj overflow the fp32 forward: the attention output (the input
-    # of o_proj) becomes Inf/NaN. The run must stop naming that linear instead of writing NaN-scored masks.
+def _overflowing_model(stories, tmp_path):
+    """A copy of stories260K whose block-0 v_proj is finite but huge (3e38): the fp32 forward overflows and
+    the attention output (the input of o_proj) becomes Inf/NaN."""
     import shutil
 
     from safetensors.numpy import load_file, save_file
@@ -157,6 +157,20 @@ def test_non_finite_activations_are_named(stories, tmp_path):
     tensors = load_file(str(weights_file))
     tensors["model.layers.0.self_attn.v_proj.weight"][:] = 3e38
     save_file(tensors, str(weights_file), metadata={"format": "pt"})
+    return model
+
+
+def test_non_finite_perplexity_is_an_error(stories, tmp_path):
+    proc = symprune("eval", "--model", _overflowing_model(stories, tmp_path), "--text", stories.second,
+                    "--seqlen", "64", "--max-chunks", "2", "--report", tmp_path / "eval.json", check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "perplexity: chunk 0 (tokens 0..63) has a non-finite loss" in proc.stderr, proc.stderr
+    assert not (tmp_path / "eval.json").exists()
+
+
+def test_non_finite_activations_are_named(stories, tmp_path):
+    # The pruning run must stop naming the first linear with non-finite inputs, not write NaN-scored masks.
+    model = _overflowing_model(stories, tmp_path)
     proc = symprune("prune", "--model", model, "--method", "wanda", "--sparsity", "0.5", "--calib",
                     stories.first, *CALIB, "--out", tmp_path / "out", check=False)
     assert proc.returncode == 1, proc.stderr
