@@ -101,6 +101,40 @@ size_t find_invalid_utf8(std::string_view s) {
   return std::string_view::npos;
 }
 
+// `s` in double quotes for error messages, as fmt's debug format would print it: valid UTF-8 is kept,
+// quotes, backslashes and control characters are escaped, bytes that are not UTF-8 become \xNN. fmt's own
+// debug format must not see untrusted bytes: Debian's libfmt 9 code inside libspdlog aborts on some invalid
+// UTF-8 ("negative value"; found by fuzzing a merges.txt, tests/fuzz/regressions/gpt2_bpe/).
+std::string quote_bytes(std::string_view s) {
+  std::string out = "\"";
+  auto escape_byte = [&out](unsigned char c) { out += fmt::format("\\x{:02x}", c); };
+  while (!s.empty()) {
+    const size_t bad = find_invalid_utf8(s);
+    for (const char ch : s.substr(0, bad)) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += ch;
+      } else if (c == '\n') {
+        out += "\\n";
+      } else if (c == '\r') {
+        out += "\\r";
+      } else if (c == '\t') {
+        out += "\\t";
+      } else if (c < 0x20 || c == 0x7F) {
+        escape_byte(c);
+      } else {
+        out += ch;
+      }
+    }
+    if (bad == std::string_view::npos) break;
+    escape_byte(static_cast<unsigned char>(s[bad]));
+    s.remove_prefix(bad + 1);
+  }
+  out += '"';
+  return out;
+}
+
 // Rust's char::is_whitespace (Unicode White_Space), used by added tokens' lstrip/rstrip.
 bool is_unicode_whitespace(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
@@ -154,8 +188,8 @@ class Regex {
     if (!code_) {
       std::array<PCRE2_UCHAR, 256> message{};
       pcre2_get_error_message(error, message.data(), message.size());
-      fail("{}: pre-tokenizer regex {:?} does not compile at offset {}: {}", source, pattern, error_offset,
-           reinterpret_cast<const char*>(message.data()));
+      fail("{}: pre-tokenizer regex {} does not compile at offset {}: {}", source, quote_bytes(pattern),
+           error_offset, reinterpret_cast<const char*>(message.data()));
     }
     jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
   }
@@ -257,8 +291,8 @@ class BpeTokenizer final : public Tokenizer {
     }
     if (config_.unk_token) {
       const auto it = config_.vocab.find(*config_.unk_token);
-      SYMPRUNE_CHECK(it != config_.vocab.end(), "{}: unk_token {:?} is not in the vocabulary", config_.source,
-                     *config_.unk_token);
+      SYMPRUNE_CHECK(it != config_.vocab.end(), "{}: unk_token {} is not in the vocabulary", config_.source,
+                     quote_bytes(*config_.unk_token));
       unk_id_ = it->second;
     }
     merges_.reserve(config_.merges.size() * 2);
@@ -267,8 +301,9 @@ class BpeTokenizer final : public Tokenizer {
       const auto ia = config_.vocab.find(a), ib = config_.vocab.find(b), iab = config_.vocab.find(a + b);
       const auto& missing = ia == config_.vocab.end() ? a : ib == config_.vocab.end() ? b : a + b;
       SYMPRUNE_CHECK(ia != config_.vocab.end() && ib != config_.vocab.end() && iab != config_.vocab.end(),
-                     "{}: {} {} ({:?} {:?}) references token {:?}, which is not in the vocabulary",
-                     config_.merges_source, config_.merge_label, config_.merge_lines[rank], a, b, missing);
+                     "{}: {} {} ({} {}) references token {}, which is not in the vocabulary",
+                     config_.merges_source, config_.merge_label, config_.merge_lines[rank], quote_bytes(a),
+                     quote_bytes(b), quote_bytes(missing));
       // Later duplicates win, as in tokenizers' HashMap collect.
       merges_[pair_key(ia->second, ib->second)] = {static_cast<uint32_t>(rank), iab->second};
     }
@@ -640,7 +675,8 @@ void parse_pre_tokenizer(const json& pre, BpeConfig& config, const std::string& 
     } else if (type == "Split") {
       const std::string behavior = s.value("behavior", "");
       SYMPRUNE_CHECK(behavior == "Isolated" || behavior == "Removed",
-                     "{}: Split pre-tokenizer behavior {:?} is not supported; {}", path, behavior, supported);
+                     "{}: Split pre-tokenizer behavior {} is not supported; {}", path, quote_bytes(behavior),
+                     supported);
       SYMPRUNE_CHECK(!s.value("invert", false), "{}: inverted Split pre-tokenizers are not supported; {}",
                      path, supported);
       step.kind = behavior == "Isolated" ? PreTokenizerStep::Kind::kSplitIsolated
@@ -654,15 +690,22 @@ void parse_pre_tokenizer(const json& pre, BpeConfig& config, const std::string& 
         fail("{}: Split pre-tokenizer has no Regex or String pattern", path);
       }
     } else {
-      fail("{}: pre-tokenizer {:?} is not supported; {}", path, type.empty() ? describe(s) : type, supported);
+      fail("{}: pre-tokenizer {} is not supported; {}", path, quote_bytes(type.empty() ? describe(s) : type),
+           supported);
     }
     config.pre_steps.push_back(std::move(step));
   }
 }
 
+// The id -> token table is dense, so one huge id would allocate gigabytes; real vocabularies have at most
+// a few hundred thousand ids (Gemma: 256,000).
+constexpr int64_t kMaxTokenId = (int64_t{1} << 22) - 1;
+
 int32_t checked_id(const json& value, const std::string& path, const std::string& what) {
-  SYMPRUNE_CHECK(value.is_number_integer() && value.get<int64_t>() >= 0 && value.get<int64_t>() < (1ll << 31),
-                 "{}: {} has id {}, expected a non-negative integer", path, what, value.dump());
+  SYMPRUNE_CHECK(
+      value.is_number_integer() && value.get<int64_t>() >= 0 && value.get<int64_t>() <= kMaxTokenId,
+      "{}: {} has id {}, expected a non-negative integer (at most {})", path, what, value.dump(),
+      kMaxTokenId);
   return static_cast<int32_t>(value.get<int64_t>());
 }
 
@@ -671,15 +714,15 @@ void parse_vocab(const json& vocab, BpeConfig& config, const std::string& path) 
   SYMPRUNE_CHECK(!vocab.empty(), "{}: vocab is empty", path);
   config.vocab.reserve(vocab.size() * 2);
   for (const auto& [token, id] : vocab.items())
-    config.vocab.emplace(token, checked_id(id, path, fmt::format("vocab token {:?}", token)));
+    config.vocab.emplace(token, checked_id(id, path, fmt::format("vocab token {}", quote_bytes(token))));
 }
 
 void add_merge_line(std::string_view line, size_t number, BpeConfig& config) {
   const size_t space = line.find(' ');
   SYMPRUNE_CHECK(space != std::string_view::npos && line.find(' ', space + 1) == std::string_view::npos &&
                      space > 0 && space + 1 < line.size(),
-                 "{}: {} {} {:?} is not two tokens separated by one space", config.merges_source,
-                 config.merge_label, number, std::string(line));
+                 "{}: {} {} {} is not two tokens separated by one space", config.merges_source,
+                 config.merge_label, number, quote_bytes(line));
   config.merges.emplace_back(std::string(line.substr(0, space)), std::string(line.substr(space + 1)));
   config.merge_lines.push_back(number);
 }
@@ -709,8 +752,8 @@ std::optional<int32_t> template_bos(const json& processor, const std::string& pa
   const json special = processor.value("special_tokens", json::object());
   SYMPRUNE_CHECK(special.contains(name) && special[name].contains("ids") && special[name]["ids"].is_array() &&
                      special[name]["ids"].size() == 1,
-                 "{}: TemplateProcessing special token {:?} has no single id", path, name);
-  return checked_id(special[name]["ids"][0], path, fmt::format("special token {:?}", name));
+                 "{}: TemplateProcessing special token {} has no single id", path, quote_bytes(name));
+  return checked_id(special[name]["ids"][0], path, fmt::format("special token {}", quote_bytes(name)));
 }
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json_impl(const std::filesystem::path& tokenizer_json) {
@@ -723,9 +766,9 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json_impl(const std::filesystem::pa
   const std::string type = model.value("type", "");
   SYMPRUNE_CHECK(
       type == "BPE",
-      "{}: tokenizer model type {:?} is not supported; supported tokenizer.json files are byte-level BPE "
+      "{}: tokenizer model type {} is not supported; supported tokenizer.json files are byte-level BPE "
       "(GPT-2, OPT, LLaMA-3); use tokenizer.model for SentencePiece models",
-      path, type.empty() ? describe(model) : type);
+      path, quote_bytes(type.empty() ? describe(model) : type));
   BpeConfig config;
   config.source = path;
   config.kind = "bpe-tokenizer.json";
@@ -772,7 +815,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json_impl(const std::filesystem::pa
                    "{}: added token {} has no content/id", path, a.dump().substr(0, 80));
     AddedToken t;
     t.content = a["content"];
-    t.id = checked_id(a["id"], path, fmt::format("added token {:?}", t.content));
+    t.id = checked_id(a["id"], path, fmt::format("added token {}", quote_bytes(t.content)));
     t.special = a.value("special", false);
     t.lstrip = a.value("lstrip", false);
     t.rstrip = a.value("rstrip", false);

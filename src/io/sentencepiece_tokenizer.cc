@@ -2,6 +2,7 @@
 // Python `sentencepiece` package exactly.
 #include <sentencepiece_processor.h>
 
+#include <exception>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -19,7 +20,14 @@ class SentencePieceTokenizer final : public Tokenizer {
     SYMPRUNE_CHECK(in.good(), "cannot open SentencePiece model {}", model_file.string());
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     SYMPRUNE_CHECK(!bytes.empty(), "SentencePiece model {} is empty", model_file.string());
-    const auto status = processor_.LoadFromSerializedProto(bytes);
+    sentencepiece::util::Status status;
+    try {
+      status = processor_.LoadFromSerializedProto(bytes);
+    } catch (const std::exception& e) {
+      // libsentencepiece reports some corrupt models by throwing from its bundled darts_clone (a piece
+      // starting with NUL: "failed to insert key: zero-length key"), not by its Status (found by fuzzing).
+      fail("SentencePiece model {} could not be loaded: {}", model_file.string(), e.what());
+    }
     SYMPRUNE_CHECK(status.ok(), "SentencePiece model {} could not be loaded: {}", model_file.string(),
                    status.ToString());
     SYMPRUNE_CHECK(processor_.GetPieceSize() > 0, "SentencePiece model {} has no pieces",
