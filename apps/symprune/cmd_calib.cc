@@ -13,6 +13,7 @@
 
 #include "command.h"
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/calibration.h"
 #include "io/tokenizer.h"
 
@@ -28,32 +29,15 @@ struct CalibCommandOptions {
   std::string out;
 };
 
-// All-or-nothing: the ids go to a temporary file beside the target, renamed when complete.
+// All-or-nothing (io::write_file_atomically): a failed write (disk full, file too large) names the file
+// and its cause and leaves nothing behind.
 void write_tokens_u32(const std::filesystem::path& out, const std::vector<int32_t>& tokens) {
-  const auto tmp = std::filesystem::path(out.string() + ".tmp-" + std::to_string(::getpid()));
-  {
-    std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
-    SYMPRUNE_CHECK(file.good(), "{}: cannot create the output file", out.string());
-    std::string bytes(tokens.size() * 4, '\0');
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      const auto v = static_cast<uint32_t>(tokens[i]);
-      for (int b = 0; b < 4; ++b) bytes[4 * i + b] = static_cast<char>((v >> (8 * b)) & 0xffu);
-    }
-    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    file.close();
-    if (!file.good()) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      fail("{}: error writing the output file", out.string());
-    }
+  std::string bytes(tokens.size() * 4, '\0');
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto v = static_cast<uint32_t>(tokens[i]);
+    for (int b = 0; b < 4; ++b) bytes[4 * i + b] = static_cast<char>((v >> (8 * b)) & 0xffu);
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, out, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    fail("{}: cannot move the output into place: {}", out.string(), ec.message());
-  }
+  io::write_file_atomically(out, bytes);
 }
 
 void add_calib(CLI::App& app) {

@@ -2,6 +2,7 @@
 // statistics, scores, masks, pruned passes, a pruned Hugging Face model out, a report.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <string>
@@ -84,6 +85,14 @@ void run_prune(PruneCliOptions& o) {
   if (o.sparsity_option->count() > 0) c.sparsity = o.sparsity;
   c.out = o.out;
   c.r2.reg_p = parse_reg_p(o.reg_p);
+  // The report is written last; a report path that cannot work must fail before hours of pruning, and a
+  // report write that fails after all must not leave a new model directory behind.
+  if (!o.report.empty()) {
+    const std::filesystem::path parent = std::filesystem::path(o.report).parent_path();
+    SYMPRUNE_CHECK(parent.empty() || std::filesystem::is_directory(parent),
+                   "--report {}: directory {} does not exist", o.report, parent.string());
+  }
+  const bool out_existed = std::filesystem::exists(c.out);
   const auto result = engine::prune_model(c, [](const engine::BlockProgress& p) {
     log::info("block {}/{} done ({:.1f} s)", p.block + 1, p.blocks, p.seconds);
   });
@@ -114,11 +123,17 @@ void run_prune(PruneCliOptions& o) {
     std::printf("perplexity.dense: %.6f\n", result.perplexity->dense);
     std::printf("perplexity.pruned: %.6f\n", result.perplexity->pruned);
   }
-  std::printf("wrote %s (%.2f s)\n", c.out.string().c_str(), result.timings.total);
   if (!o.report.empty()) {
-    io::write_file_atomically(o.report, result.report().dump(2) + "\n");
+    try {
+      io::write_file_atomically(o.report, result.report().dump(2) + "\n");
+    } catch (const Error&) {
+      std::error_code ignored;
+      if (!out_existed) std::filesystem::remove_all(c.out, ignored);
+      throw;
+    }
     log::info("wrote {}", o.report);
   }
+  std::printf("wrote %s (%.2f s)\n", c.out.string().c_str(), result.timings.total);
 }
 
 void add_prune(CLI::App& app) {

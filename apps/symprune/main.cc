@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -20,6 +21,9 @@ std::vector<CommandRegistration>& command_registry() {
 
 int main(int argc, char** argv) {
   using namespace symprune;
+  // Past RLIMIT_FSIZE the kernel sends SIGXFSZ, which kills silently and leaves temporaries behind;
+  // ignored, write() fails with EFBIG and the writers report it and clean up like any other error.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"symprune: post-training pruning of large language models (LLaMA, OPT)", "symprune"};
   app.require_subcommand(1);
   std::string log_level;

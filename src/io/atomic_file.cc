@@ -96,6 +96,13 @@ StagedDirectory::~StagedDirectory() {
   fs::remove_all(path_, ec);
 }
 
+std::string StagedDirectory::as_target(std::string message) const {
+  const std::string from = path_.string(), to = target_.string();
+  for (size_t at = message.find(from); at != std::string::npos; at = message.find(from, at + to.size()))
+    message.replace(at, from.size(), to);
+  return message;
+}
+
 void StagedDirectory::install() {
   std::error_code ec;
   if (!fs::exists(target_, ec)) {

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <functional>
+#include <string>
 #include <string_view>
 
 namespace symprune::io {
@@ -29,6 +30,9 @@ class StagedDirectory {
   // Moves the staged directory onto the target. An existing target is moved aside first, restored
   // if the final rename fails, and removed only once the new directory is in place.
   void install();
+  // `message` with the staged directory's path replaced by the target's: errors name the file the user
+  // asked for (out/model.safetensors), not a temporary that no longer exists when they are printed.
+  std::string as_target(std::string message) const;
 
  private:
   std::filesystem::path target_;

@@ -137,8 +137,9 @@ void write_file(const fs::path& path, const std::string& bytes) {
   }
   const bool synced = ::fsync(fd) == 0;
   const int err = errno;
-  ::close(fd);
+  const bool closed = ::close(fd) == 0;  // NFS and quotas may report a failed write only here
   SYMPRUNE_CHECK(synced, "cannot flush '{}': {}", path.string(), std::strerror(err));
+  SYMPRUNE_CHECK(closed, "cannot close '{}': {}", path.string(), std::strerror(errno));
 }
 
 bool is_within(const fs::path& inner, const fs::path& outer) {
@@ -213,6 +214,9 @@ ConvertLlama2cSummary convert_llama2c(const fs::path& checkpoint, const fs::path
   std::error_code ec;
   SYMPRUNE_CHECK(fs::is_directory(parent, ec), "parent directory '{}' of the output '{}' does not exist",
                  parent.string(), out_dir.string());
+  SYMPRUNE_CHECK(::access(parent.c_str(), W_OK | X_OK) == 0,
+                 "cannot write in '{}', the parent of the output '{}': {}", parent.string(), out_dir.string(),
+                 std::strerror(errno));
   const auto out_status = fs::symlink_status(out, ec);
   if (fs::exists(out_status)) {
     SYMPRUNE_CHECK(fs::is_directory(out_status), "output '{}' exists and is not a directory",
@@ -258,12 +262,16 @@ ConvertLlama2cSummary convert_llama2c(const fs::path& checkpoint, const fs::path
   if (!h.shared_classifier) add_tensor(tensors, "lm_head.weight", ck.wcls);
 
   StagedDirectory tmp(out);
-  write_safetensors(tmp.path() / "model.safetensors", tensors, {{"format", "pt"}});
-  write_file(tmp.path() / "config.json", make_config(h).dump(2) + "\n");
   const std::string tokenizer_name =
       tok.kind == TokenizerKind::kLlama2c ? "tokenizer.bin" : "tokenizer.model";
-  write_file(tmp.path() / tokenizer_name, tok.bytes);
-  write_file(tmp.path() / "tokenizer_config.json", make_tokenizer_config(tok.kind, h).dump(2) + "\n");
+  try {
+    write_safetensors(tmp.path() / "model.safetensors", tensors, {{"format", "pt"}});
+    write_file(tmp.path() / "config.json", make_config(h).dump(2) + "\n");
+    write_file(tmp.path() / tokenizer_name, tok.bytes);
+    write_file(tmp.path() / "tokenizer_config.json", make_tokenizer_config(tok.kind, h).dump(2) + "\n");
+  } catch (const Error& e) {
+    throw Error(tmp.as_target(e.what()));  // name out/..., not the staged directory removed on the way out
+  }
   tmp.install();
 
   ConvertLlama2cSummary summary;

@@ -316,7 +316,9 @@ SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     const std::string ext = entry.path().extension().string();
-    if (ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".ckpt" ||
+    // llama2.c's tokenizer.bin and HF's training_args.bin are .bin files but not weights.
+    const bool weights_bin = ext == ".bin" && !name.starts_with("tokenizer") && name != "training_args.bin";
+    if (weights_bin || ext == ".pt" || ext == ".pth" || ext == ".ckpt" ||
         name == "pytorch_model.bin.index.json")
       pickles.push_back(name);
     if (ext == ".safetensors") other_safetensors.push_back(name);

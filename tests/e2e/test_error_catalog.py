@@ -1,0 +1,841 @@
+"""docs/errors.md is the catalogue of user-facing errors; this file holds one trigger per entry.
+
+Each trigger builds a bad input under tmp_path and runs the symprune CLI. The test asserts exit code 1,
+that stderr contains the documented message (placeholders `<...>` match anything), and that the run
+changed nothing: every file and directory under tmp_path (inputs and the would-be outputs) is exactly
+as before, and so is the shared stories260K model. Every id documented has a trigger and every trigger
+is documented, so the catalogue and the tests cannot drift apart."""
+import json
+import os
+import re
+import resource
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from prune_support import BIN, SOURCE, Stories, tree_digest
+
+DOC = SOURCE / "docs" / "errors.md"
+CALIB = ["--nsamples", "4", "--seqlen", "64"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The catalogue
+# ---------------------------------------------------------------------------------------------------
+
+def parse_catalog(text):
+    """{id: message} from `### E-ID` headings, each followed by a `Message: ``...``` line."""
+    entries = {}
+    for match in re.finditer(r"^### (E-[A-Z0-9-]+)[ \t]*\n(.*?)(?=^#{2,3} |\Z)", text, re.M | re.S):
+        error_id, body = match.groups()
+        assert error_id not in entries, f"{error_id} documented twice"
+        message = re.search(r"^Message: ``(.+?)``[ \t]*$", body, re.M)
+        assert message, f"{error_id}: no `Message: ``...``` line"
+        for field in ("Cause:", "Fix:"):
+            assert field in body, f"{error_id}: no {field}"
+        entries[error_id] = message.group(1).strip()
+    return entries
+
+
+def message_regex(message):
+    """The documented message as a regex: <placeholders> match anything (within one message)."""
+    parts = re.split(r"<[a-z][a-z0-9 _/.-]*>", message)
+    return re.compile(".*?".join(re.escape(p) for p in parts), re.S)
+
+
+CATALOG = parse_catalog(DOC.read_text())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Helpers to build bad inputs
+# ---------------------------------------------------------------------------------------------------
+
+class Case:
+    """A command line (paths as str/Path) and an optional RLIMIT_FSIZE for the child."""
+
+    def __init__(self, *args, fsize=None, cleanup=None):
+        self.args = [str(a) for a in args]
+        self.fsize = fsize
+        self.cleanup = cleanup  # called after the run (e.g. to unmount)
+
+
+def copy_model(env, tmp, name="model"):
+    dst = tmp / name
+    shutil.copytree(env.model, dst)
+    return dst
+
+
+def edit_config(model, **changes):
+    path = model / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    path.write_text(json.dumps(config, indent=2))
+
+
+def write_raw_safetensors(path, header, data=b"", header_len=None):
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    length = len(text) if header_len is None else header_len
+    path.write_bytes(struct.pack("<Q", length) + text + data)
+
+
+def one_tensor_file(path, entry, data_len=16):
+    write_raw_safetensors(path, {"w": entry}, b"\0" * data_len)
+
+
+def shard_model(env, tmp, weight_map_edit=None):
+    """The stories model as one shard plus an index; weight_map_edit(map) may change the map."""
+    model = copy_model(env, tmp)
+    shard = "model-00001-of-00001.safetensors"
+    (model / "model.safetensors").rename(model / shard)
+    names = sorted(load_file(str(model / shard)).keys())
+    weight_map = {n: shard for n in names}
+    if weight_map_edit:
+        weight_map_edit(weight_map)
+    (model / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return model
+
+
+def edit_tensors(env, tmp, edit):
+    model = copy_model(env, tmp)
+    tensors = load_file(str(model / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    return model
+
+
+def prune(env, tmp, *args, model=None, method=("--method", "magnitude", "--sparsity", "0.5")):
+    out = tmp / "out"
+    out.mkdir(exist_ok=True)
+    return Case("prune", "--model", model or env.model, *method, *args, "--out", out / "pruned", "--report",
+                out / "report.json")
+
+
+def tokenize(tokenizer):
+    return Case("tokenize", "--tokenizer", tokenizer, "--text", "Once upon a time")
+
+
+def calib_prune(env, tmp, calib, *extra):
+    return prune(env, tmp, "--calib", calib, *(extra or CALIB), method=("--method", "wanda", "--sparsity", "0.5"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Triggers: TRIGGERS[id](env, tmp) -> Case
+# ---------------------------------------------------------------------------------------------------
+
+TRIGGERS = {}
+
+
+def trigger(error_id):
+    def register(fn):
+        assert error_id not in TRIGGERS, error_id
+        TRIGGERS[error_id] = fn
+        return fn
+    return register
+
+
+# --- model resolution ------------------------------------------------------------------------------
+
+@trigger("E-MODEL-NOT-FOUND")
+def _(env, tmp):
+    return prune(env, tmp, model=tmp / "no_such_model")
+
+
+@trigger("E-MODEL-NO-CONFIG")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    (model / "config.json").unlink()
+    return prune(env, tmp, model=model)
+
+
+# --- safetensors -----------------------------------------------------------------------------------
+
+@trigger("E-ST-NO-WEIGHTS")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    (model / "model.safetensors").unlink()
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-PICKLE-ONLY")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    (model / "model.safetensors").unlink()
+    (model / "pytorch_model.bin").write_bytes(b"PK\x03\x04" + b"\0" * 64)
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-PICKLE")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    (model / "model.safetensors").write_bytes(b"\x80\x02}q\x00(X\x05\x00\x00\x00model" + b"\0" * 64)
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-TRUNCATED")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    (model / "model.safetensors").write_bytes(b"\x10\0\0")
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-HEADER-TOO-BIG")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    write_raw_safetensors(model / "model.safetensors", b"{}", header_len=1 << 40)
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-HEADER-PAST-END")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    data = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(data[:100])
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-HEADER-NOT-OBJECT")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    write_raw_safetensors(model / "model.safetensors", b"[1, 2, 3]")
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-HEADER-INVALID-JSON")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    write_raw_safetensors(model / "model.safetensors", b'{"w": {"dtype": "F32", ')
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-BAD-DTYPE")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    one_tensor_file(model / "model.safetensors", {"dtype": "F64", "shape": [2], "data_offsets": [0, 16]})
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-OFFSETS-REVERSED")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    one_tensor_file(model / "model.safetensors", {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]})
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-OUT-OF-RANGE")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    one_tensor_file(model / "model.safetensors", {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]})
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-SIZE-MISMATCH")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    one_tensor_file(model / "model.safetensors", {"dtype": "F32", "shape": [3], "data_offsets": [0, 16]})
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-OVERLAP")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    write_raw_safetensors(model / "model.safetensors",
+                          {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                           "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}, b"\0" * 16)
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-NEGATIVE-SHAPE")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    one_tensor_file(model / "model.safetensors", {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]})
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-SHARD-TRAVERSAL")
+def _(env, tmp):
+    (tmp / "outside.safetensors").write_bytes(b"")
+    model = shard_model(env, tmp, lambda m: m.update({"model.norm.weight": "../outside.safetensors"}))
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-SHARD-ABSOLUTE")
+def _(env, tmp):
+    model = shard_model(env, tmp, lambda m: m.update({"model.norm.weight": str(tmp / "abs.safetensors")}))
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-SHARD-MISSING")
+def _(env, tmp):
+    model = shard_model(env, tmp, lambda m: m.update({"model.norm.weight": "model-00002-of-00002.safetensors"}))
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-INDEX-MISSING-TENSOR")
+def _(env, tmp):
+    model = shard_model(env, tmp, lambda m: m.update({"model.layers.9.extra.weight": next(iter(m.values()))}))
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-INDEX-EMPTY")
+def _(env, tmp):
+    model = shard_model(env, tmp, lambda m: m.clear())
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-SHARDS-WITHOUT-INDEX")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    (model / "model.safetensors").rename(model / "model-00001-of-00002.safetensors")
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-TENSOR-MISSING")
+def _(env, tmp):
+    model = edit_tensors(env, tmp, lambda t: t.pop("model.layers.2.mlp.up_proj.weight"))
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-SHAPE-MISMATCH")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    edit_config(model, intermediate_size=176)
+    return prune(env, tmp, model=model)
+
+
+# --- non-finite weights and activations ------------------------------------------------------------
+
+@trigger("E-WEIGHT-NONFINITE")
+def _(env, tmp):
+    def poison(tensors):
+        w = tensors["model.layers.1.self_attn.v_proj.weight"].copy()
+        w[3, 5] = np.nan
+        tensors["model.layers.1.self_attn.v_proj.weight"] = w
+    return prune(env, tmp, model=edit_tensors(env, tmp, poison))
+
+
+@trigger("E-ACTIVATION-NONFINITE")
+def _(env, tmp):
+    def poison(tensors):
+        w = tensors["model.layers.0.input_layernorm.weight"].copy()
+        w[0] = np.inf
+        tensors["model.layers.0.input_layernorm.weight"] = w
+    model = edit_tensors(env, tmp, poison)
+    return prune(env, tmp, "--calib", env.first, *CALIB, model=model,
+                 method=("--method", "wanda", "--sparsity", "0.5"))
+
+
+# --- config.json -----------------------------------------------------------------------------------
+
+@trigger("E-JSON-INVALID")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    (model / "config.json").write_text('{"model_type": "llama",')
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-JSON-TOO-DEEP")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    (model / "config.json").write_text("[" * 100 + "]" * 100)
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-CFG-NOT-OBJECT")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    (model / "config.json").write_text("[1, 2]")
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-CFG-NO-MODEL-TYPE")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    edit_config(model, model_type=None)
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-CFG-MODEL-TYPE")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    edit_config(model, model_type="gpt_neox")
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-CFG-NOT-INTEGER")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    edit_config(model, num_hidden_layers="five")
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-CFG-NOT-POSITIVE")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    edit_config(model, hidden_size=0)
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-CFG-HEADS")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    edit_config(model, num_attention_heads=7)
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-CFG-KV-HEADS")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    edit_config(model, num_key_value_heads=3)
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-CFG-ACTIVATION")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    edit_config(model, hidden_act="gelu")
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-CFG-ROPE-SCALING")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    edit_config(model, rope_scaling={"type": "yarn", "factor": 4.0})
+    return prune(env, tmp, model=model)
+
+
+# --- tokenizers ------------------------------------------------------------------------------------
+
+@trigger("E-TOK-NONE")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    (model / "tokenizer.bin").unlink()
+    return tokenize(model)
+
+
+@trigger("E-TOK-NOT-FOUND")
+def _(env, tmp):
+    return tokenize(tmp / "no_such_tokenizer.model")
+
+
+@trigger("E-TOK-UNKNOWN-FORMAT")
+def _(env, tmp):
+    (tmp / "tokenizer.txt").write_text("hello")
+    return tokenize(tmp / "tokenizer.txt")
+
+
+@trigger("E-TOK-SENTENCEPIECE")
+def _(env, tmp):
+    (tmp / "tokenizer.model").write_bytes(b"\xff\xfe not a protobuf \x01\x02\x03" * 4)
+    return tokenize(tmp / "tokenizer.model")
+
+
+@trigger("E-TOK-LLAMA2C-TRUNCATED")
+def _(env, tmp):
+    data = (env.model / "tokenizer.bin").read_bytes()
+    (tmp / "tokenizer.bin").write_bytes(data[:1000])
+    return tokenize(tmp / "tokenizer.bin")
+
+
+@trigger("E-TOK-JSON-MALFORMED")
+def _(env, tmp):
+    (tmp / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": ')
+    return tokenize(tmp / "tokenizer.json")
+
+
+@trigger("E-TOK-JSON-UNSUPPORTED")
+def _(env, tmp):
+    (tmp / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {"a": 0}}}))
+    return tokenize(tmp / "tokenizer.json")
+
+
+@trigger("E-TOK-GPT2-PAIR")
+def _(env, tmp):
+    (tmp / "vocab.json").write_text(json.dumps({"a": 0}))
+    return tokenize(tmp / "vocab.json")
+
+
+# --- calibration data ------------------------------------------------------------------------------
+
+@trigger("E-CAL-NEEDED")
+def _(env, tmp):
+    return prune(env, tmp, method=("--method", "wanda", "--sparsity", "0.5"))
+
+
+@trigger("E-CAL-NOT-FOUND")
+def _(env, tmp):
+    return calib_prune(env, tmp, tmp / "no_such_calib.txt")
+
+
+@trigger("E-CAL-EMPTY")
+def _(env, tmp):
+    (tmp / "empty.txt").write_bytes(b"")
+    return calib_prune(env, tmp, tmp / "empty.txt")
+
+
+@trigger("E-CAL-TOO-SHORT")
+def _(env, tmp):
+    (tmp / "tiny.txt").write_text("Once upon a time there was a cat.\n")
+    return calib_prune(env, tmp, tmp / "tiny.txt")
+
+
+@trigger("E-CAL-NO-LONG-DOCUMENT")
+def _(env, tmp):
+    (tmp / "short.jsonl").write_text("".join(json.dumps({"text": f"A cat number {i}."}) + "\n" for i in range(5)))
+    return calib_prune(env, tmp, tmp / "short.jsonl")
+
+
+@trigger("E-CAL-JSONL-INVALID")
+def _(env, tmp):
+    (tmp / "bad.jsonl").write_text('{"text": "fine"}\n{"text": broken\n')
+    return calib_prune(env, tmp, tmp / "bad.jsonl")
+
+
+@trigger("E-CAL-JSONL-NO-TEXT")
+def _(env, tmp):
+    (tmp / "bad.jsonl").write_text('{"text": "fine"}\n{"content": "no text field"}\n')
+    return calib_prune(env, tmp, tmp / "bad.jsonl")
+
+
+@trigger("E-CAL-JSONL-TEXT-TYPE")
+def _(env, tmp):
+    (tmp / "bad.jsonl").write_text('{"text": 42}\n')
+    return calib_prune(env, tmp, tmp / "bad.jsonl")
+
+
+@trigger("E-CAL-JSONL-BLANK")
+def _(env, tmp):
+    (tmp / "blank.jsonl").write_text("\n  \n\t\n")
+    return calib_prune(env, tmp, tmp / "blank.jsonl")
+
+
+@trigger("E-CAL-TOKENS-WIDTH")
+def _(env, tmp):
+    (tmp / "tokens.bin").write_bytes(b"\x01\x00\x02")
+    return calib_prune(env, tmp, tmp / "tokens.bin")
+
+
+@trigger("E-CAL-TOKEN-RANGE")
+def _(env, tmp):
+    np.full(1000, 7, dtype="<u2").tofile(tmp / "tokens.bin")
+    data = np.fromfile(tmp / "tokens.bin", dtype="<u2")
+    data[500] = 60000
+    data.tofile(tmp / "tokens.bin")
+    return calib_prune(env, tmp, tmp / "tokens.bin")
+
+
+@trigger("E-CAL-FORMAT")
+def _(env, tmp):
+    return calib_prune(env, tmp, env.first, *CALIB, "--calib-format", "csv")
+
+
+@trigger("E-CAL-NSAMPLES")
+def _(env, tmp):
+    return calib_prune(env, tmp, env.first, "--nsamples", "0", "--seqlen", "64")
+
+
+@trigger("E-CAL-SEQLEN-TOO-LONG")
+def _(env, tmp):
+    return calib_prune(env, tmp, env.first, "--nsamples", "4", "--seqlen", "100000")
+
+
+# --- prune options ---------------------------------------------------------------------------------
+
+@trigger("E-OPT-SPARSITY-RANGE")
+def _(env, tmp):
+    return prune(env, tmp, method=("--method", "magnitude", "--sparsity", "1.5"))
+
+
+@trigger("E-OPT-NM-SYNTAX")
+def _(env, tmp):
+    return prune(env, tmp, method=("--method", "magnitude", "--nm", "2-4"))
+
+
+@trigger("E-OPT-NM-ORDER")
+def _(env, tmp):
+    return prune(env, tmp, method=("--method", "magnitude", "--nm", "4:2"))
+
+
+@trigger("E-OPT-NM-DIVIDES")
+def _(env, tmp):
+    return prune(env, tmp, method=("--method", "magnitude", "--nm", "3:7"))
+
+
+@trigger("E-OPT-SPARSITY-XOR-NM")
+def _(env, tmp):
+    return prune(env, tmp, method=("--method", "magnitude", "--sparsity", "0.5", "--nm", "2:4"))
+
+
+@trigger("E-OPT-UNKNOWN-METHOD")
+def _(env, tmp):
+    return prune(env, tmp, method=("--method", "wandaa", "--sparsity", "0.5"))
+
+
+@trigger("E-OPT-GROUP")
+def _(env, tmp):
+    return prune(env, tmp, "--group", "column")
+
+
+@trigger("E-OPT-COMPAT")
+def _(env, tmp):
+    return prune(env, tmp, "--compat", "sparsegpt")
+
+
+@trigger("E-OPT-UNKNOWN")
+def _(env, tmp):
+    return prune(env, tmp, "--bogus-option", "3")
+
+
+@trigger("E-OPT-NOT-A-NUMBER")
+def _(env, tmp):
+    return prune(env, tmp, method=("--method", "magnitude", "--sparsity", "half"))
+
+
+# --- recipes ---------------------------------------------------------------------------------------
+
+@trigger("E-RECIPE-UNKNOWN-KEY")
+def _(env, tmp):
+    (tmp / "recipe.toml").write_text('method = "magnitude"\nsparsity = 0.5\nsparsty = 0.6\n')
+    return prune(env, tmp, "--recipe", tmp / "recipe.toml", method=())
+
+
+@trigger("E-RECIPE-TOML-SYNTAX")
+def _(env, tmp):
+    (tmp / "recipe.toml").write_text('method = "magnitude\n')
+    return prune(env, tmp, "--recipe", tmp / "recipe.toml", method=())
+
+
+@trigger("E-RECIPE-YAML-SYNTAX")
+def _(env, tmp):
+    (tmp / "recipe.yaml").write_text("method: [magnitude\nsparsity: 0.5\n")
+    return prune(env, tmp, "--recipe", tmp / "recipe.yaml", method=())
+
+
+@trigger("E-RECIPE-DUPLICATE")
+def _(env, tmp):
+    (tmp / "recipe.toml").write_text('method = "magnitude"\nsparsity = 0.5\nmethod = "wanda"\n')
+    return prune(env, tmp, "--recipe", tmp / "recipe.toml", method=())
+
+
+@trigger("E-RECIPE-BAD-VALUE")
+def _(env, tmp):
+    (tmp / "recipe.toml").write_text('method = "magnitude"\nsparsity = "lots"\n')
+    return prune(env, tmp, "--recipe", tmp / "recipe.toml", method=())
+
+
+# --- output ----------------------------------------------------------------------------------------
+
+@trigger("E-OUT-EXISTS")
+def _(env, tmp):
+    (tmp / "existing").mkdir()
+    (tmp / "existing" / "keep.txt").write_text("user data")
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "existing")
+
+
+@trigger("E-OUT-NOT-DIRECTORY")
+def _(env, tmp):
+    (tmp / "file").write_text("user data")
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out", tmp / "file")
+
+
+@trigger("E-OUT-INSIDE-INPUT")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    return Case("prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out", model / "pruned")
+
+
+@trigger("E-OUT-CONTAINS-INPUT")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    return Case("prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out", tmp)
+
+
+@trigger("E-OUT-PARENT-MISSING")
+def _(env, tmp):
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "a" / "b" / "pruned")
+
+
+@trigger("E-OUT-PARENT-NOT-DIRECTORY")
+def _(env, tmp):
+    (tmp / "file").write_text("user data")
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "file" / "pruned")
+
+
+@trigger("E-OUT-UNWRITABLE")
+def _(env, tmp):
+    # As root only a read-only file system refuses writes: bind-mount a directory read-only.
+    point = tmp / "ro"
+    point.mkdir()
+    if subprocess.run(["mount", "--bind", point, point], capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    unmount = lambda: subprocess.run(["umount", point], check=True)  # noqa: E731
+    if subprocess.run(["mount", "-o", "remount,bind,ro", point], capture_output=True).returncode != 0:
+        unmount()
+        pytest.skip("cannot remount read-only here")
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                point / "pruned", cleanup=unmount)
+
+
+@trigger("E-OUT-DISK-FULL")
+def _(env, tmp):
+    (tmp / "out").mkdir()
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "out" / "pruned", fsize=64 << 10)
+
+
+@trigger("E-REPORT-DIR-MISSING")
+def _(env, tmp):
+    return Case("eval", "--model", env.model, "--text", env.second, "--seqlen", "64", "--max-chunks", "2",
+                "--report", tmp / "no_such_dir" / "report.json")
+
+
+@trigger("E-CONVERT-OUT-EXISTS")
+def _(env, tmp):
+    (tmp / "existing").mkdir()
+    (tmp / "existing" / "keep.txt").write_text("user data")
+    return Case("convert-llama2c", "--checkpoint", env.data / "stories260K" / "stories260K.bin", "--tokenizer",
+                env.data / "stories260K" / "tok512.bin", "--out", tmp / "existing")
+
+
+# --- llama2.c checkpoints --------------------------------------------------------------------------
+
+def convert(env, tmp, checkpoint):
+    (tmp / "out").mkdir()
+    return Case("convert-llama2c", "--checkpoint", checkpoint, "--tokenizer",
+                env.data / "stories260K" / "tok512.bin", "--out", tmp / "out" / "converted")
+
+
+@trigger("E-L2C-NOT-FOUND")
+def _(env, tmp):
+    return convert(env, tmp, tmp / "no_such.bin")
+
+
+@trigger("E-L2C-SIZE")
+def _(env, tmp):
+    data = (env.data / "stories260K" / "stories260K.bin").read_bytes()
+    (tmp / "cut.bin").write_bytes(data[:len(data) - 1000])
+    return convert(env, tmp, tmp / "cut.bin")
+
+
+@trigger("E-L2C-HEADER")
+def _(env, tmp):
+    data = bytearray((env.data / "stories260K" / "stories260K.bin").read_bytes())
+    data[8:12] = struct.pack("<i", 0)  # n_layers
+    (tmp / "bad.bin").write_bytes(bytes(data))
+    return convert(env, tmp, tmp / "bad.bin")
+
+
+# --- eval ------------------------------------------------------------------------------------------
+
+@trigger("E-EVAL-TOO-SHORT")
+def _(env, tmp):
+    (tmp / "tiny.txt").write_text("Once upon a time.\n")
+    return Case("eval", "--model", env.model, "--text", tmp / "tiny.txt", "--seqlen", "64")
+
+
+@trigger("E-EVAL-NONFINITE")
+def _(env, tmp):
+    def overflow(tensors):
+        tensors["model.layers.0.self_attn.v_proj.weight"] = np.full_like(
+            tensors["model.layers.0.self_attn.v_proj.weight"], 3e38)
+    model = edit_tensors(env, tmp, overflow)
+    return Case("eval", "--model", model, "--text", env.second, "--seqlen", "64", "--max-chunks", "1")
+
+
+# --- refinement ------------------------------------------------------------------------------------
+
+def refine_prune(env, tmp, *args):
+    return prune(env, tmp, "--calib", env.first, *CALIB, *args, method=("--method", "wanda", "--sparsity", "0.5"))
+
+
+for _id, _args in [("E-REFINE-METHOD", ["--refine", "dsnoot"]),
+                   ("E-REFINE-SKIP", ["--refine", "dsnot", "--refine-skip", "ffn"]),
+                   ("E-REFINE-MAX-CYCLES", ["--refine", "dsnot", "--max-cycles=-1"]),
+                   ("E-REFINE-THRESHOLD", ["--refine", "dsnot", "--refine-threshold=-0.5"]),
+                   ("E-REFINE-VAR-POWER", ["--refine", "dsnot", "--var-power", "inf"]),
+                   ("E-REFINE-REG-P", ["--refine", "r2dsnot", "--reg-p", "3"]),
+                   ("E-REFINE-GAMMA-GROW", ["--refine", "r2dsnot", "--gamma-grow=-1e-4"]),
+                   ("E-REFINE-GAMMA-PRUNE", ["--refine", "r2dsnot", "--gamma-prune", "nan"]),
+                   ("E-REFINE-ALPHA", ["--refine", "r2dsnot", "--refine-alpha=-0.5"])]:
+    trigger(_id)(lambda env, tmp, _args=_args: refine_prune(env, tmp, *_args))
+
+
+@trigger("E-REFINE-NO-CALIB")
+def _(env, tmp):
+    return prune(env, tmp, "--refine", "dsnot")
+
+
+@trigger("E-OUT-REPORT-DIR")
+def _(env, tmp):
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "pruned", "--report", tmp / "no_such_dir" / "report.json")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    s = Stories(tmp_path_factory.mktemp("stories"))
+    s.data = Path(os.environ["SYMPRUNE_DATA"])
+    s.digest = tree_digest(s.model)
+    return s
+
+
+def snapshot(root):
+    """Every file (with its digest) and every directory below root, dotfiles included."""
+    root = Path(root)
+    entries = {str(p.relative_to(root)): "dir" for p in root.rglob("*") if p.is_dir()}
+    entries.update(tree_digest(root))
+    return entries
+
+
+def run_case(case):
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (case.fsize, case.fsize))
+    return subprocess.run([BIN, *case.args], capture_output=True, text=True,
+                          preexec_fn=limit if case.fsize else None)
+
+
+def test_catalog_and_triggers_match():
+    assert set(CATALOG) == set(TRIGGERS), (
+        f"documented without a trigger: {sorted(set(CATALOG) - set(TRIGGERS))}; "
+        f"triggers without an entry: {sorted(set(TRIGGERS) - set(CATALOG))}")
+
+
+def test_catalog_ids_are_stable_names():
+    for error_id in CATALOG:
+        assert re.fullmatch(r"E-[A-Z0-9]+(-[A-Z0-9]+)+", error_id), error_id
+
+
+@pytest.mark.parametrize("error_id", sorted(TRIGGERS))
+def test_trigger(env, tmp_path, error_id):
+    if error_id not in CATALOG:
+        pytest.fail(f"{error_id} has a trigger but no entry in {DOC}")
+    case = TRIGGERS[error_id](env, tmp_path)
+    before = snapshot(tmp_path)
+    try:
+        proc = run_case(case)
+    finally:
+        if case.cleanup:
+            case.cleanup()
+    if os.environ.get("SYMPRUNE_CATALOG_DUMP"):
+        print(f"\n[{error_id}] rc={proc.returncode}\n{proc.stderr}")
+    assert proc.returncode == 1, (error_id, proc.returncode, proc.stderr)
+    pattern = message_regex(CATALOG[error_id])
+    assert pattern.search(proc.stderr), (error_id, CATALOG[error_id], proc.stderr)
+    assert snapshot(tmp_path) == before, f"{error_id}: files were created, changed or removed"
+    assert tree_digest(env.model) == env.digest, "the shared model was modified"
