@@ -87,11 +87,7 @@ void run_prune(PruneCliOptions& o) {
   c.r2.reg_p = parse_reg_p(o.reg_p);
   // The report is written last; a report path that cannot work must fail before hours of pruning, and a
   // report write that fails after all must not leave a new model directory behind.
-  if (!o.report.empty()) {
-    const std::filesystem::path parent = std::filesystem::path(o.report).parent_path();
-    SYMPRUNE_CHECK(parent.empty() || std::filesystem::is_directory(parent),
-                   "--report {}: directory {} does not exist", o.report, parent.string());
-  }
+  if (!o.report.empty()) io::check_output_file_directory(o.report);
   const bool out_existed = std::filesystem::exists(c.out);
   const auto result = engine::prune_model(c, [](const engine::BlockProgress& p) {
     log::info("block {}/{} done ({:.1f} s)", p.block + 1, p.blocks, p.seconds);

@@ -30,9 +30,14 @@ void write_all(int fd, const void* data, size_t size, const fs::path& path) {
   }
 }
 
-void write_file_atomically(const fs::path& path, const std::function<void(int, const fs::path&)>& body) {
+void check_output_file_directory(const fs::path& path) {
   const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
   SYMPRUNE_CHECK(fs::is_directory(parent), "{}: directory {} does not exist", path.string(), parent.string());
+}
+
+void write_file_atomically(const fs::path& path, const std::function<void(int, const fs::path&)>& body) {
+  check_output_file_directory(path);
+  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
   std::string temp_name = ".";  // built by append: GCC 12 warns falsely (-Wrestrict) on "." + string
   temp_name += path.filename().string();
   temp_name += ".tmp.XXXXXX";
@@ -65,9 +70,8 @@ void write_file_atomically(const fs::path& path, const std::function<void(int, c
 }
 
 void write_file_atomically(const fs::path& path, std::string_view contents) {
-  write_file_atomically(path, [&](int fd, const fs::path& target) {
-    write_all(fd, contents.data(), contents.size(), target);
-  });
+  write_file_atomically(
+      path, [&](int fd, const fs::path& target) { write_all(fd, contents.data(), contents.size(), target); });
 }
 
 namespace {

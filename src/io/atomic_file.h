@@ -12,6 +12,10 @@ namespace symprune::io {
 // Writes all `size` bytes to `fd`, retrying short writes and EINTR; errors name `path`.
 void write_all(int fd, const void* data, size_t size, const std::filesystem::path& path);
 
+// Throws symprune::Error "<path>: directory <dir> does not exist" unless the directory that is to hold
+// the file `path` exists (write_file_atomically checks it; callers may check it early, before long work).
+void check_output_file_directory(const std::filesystem::path& path);
+
 // Calls `body(fd, path)` on a fresh temp file beside `path`, then makes it `path` (mode 0644).
 void write_file_atomically(const std::filesystem::path& path,
                            const std::function<void(int fd, const std::filesystem::path& path)>& body);

@@ -777,12 +777,6 @@ def _(env, tmp):
     return prune(env, tmp, "--refine", "dsnot")
 
 
-@trigger("E-OUT-REPORT-DIR")
-def _(env, tmp):
-    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
-                tmp / "pruned", "--report", tmp / "no_such_dir" / "report.json")
-
-
 # ---------------------------------------------------------------------------------------------------
 # Tests
 # ---------------------------------------------------------------------------------------------------

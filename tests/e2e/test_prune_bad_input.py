@@ -177,3 +177,17 @@ def test_non_finite_activations_are_named(stories, tmp_path):
     assert "non-finite activations (NaN or Inf)" in proc.stderr, proc.stderr
     assert "0.self_attn.o_proj" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_report_directory_is_checked_before_pruning(stories, tmp_path):
+    # Checked up front (io::check_output_file_directory, the atomic writer's own check), so the run stops
+    # before any pruning and leaves no model behind.
+    out = tmp_path / "pruned"
+    proc = symprune("prune", "--model", stories.model, "--method", "magnitude", "--sparsity", "0.5", "--out", out,
+                    "--report", tmp_path / "no_such_dir" / "report.json", check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert f"{tmp_path / 'no_such_dir' / 'report.json'}: directory {tmp_path / 'no_such_dir'} does not exist" \
+        in proc.stderr, proc.stderr
+    assert "block 1/" not in proc.stderr  # no block was pruned
+    assert not out.exists()
+    assert tree_digest(stories.model) == stories.digest
