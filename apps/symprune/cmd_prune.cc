@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <limits>
 #include <memory>
 #include <string>
 
@@ -23,7 +22,6 @@ struct PruneCliOptions {
   double sparsity = 0.0;
   std::string out;
   std::string report;
-  std::string reg_p = "2";
   CLI::Option* alpha_option = nullptr;
   CLI::Option* sparsity_option = nullptr;
 };
@@ -72,19 +70,11 @@ relative reconstruction error ||(W-W~)X||/||WX|| on the dense calibration inputs
 "perplexity.dense: X" / "perplexity.pruned: Y".
 )";
 
-double parse_reg_p(const std::string& text) {
-  if (text == "inf" || text == "Inf" || text == "infinity") return std::numeric_limits<double>::infinity();
-  if (text == "1") return 1.0;
-  if (text == "2") return 2.0;
-  fail("--reg-p must be 1, 2 or inf, got '{}'", text);
-}
-
 void run_prune(PruneCliOptions& o) {
   engine::PruneConfig& c = o.config;
   if (o.alpha_option->count() > 0) c.alpha = o.alpha;
   if (o.sparsity_option->count() > 0) c.sparsity = o.sparsity;
   c.out = o.out;
-  c.r2.reg_p = parse_reg_p(o.reg_p);
   // The report is written last; a report path that cannot work must fail before hours of pruning, and a
   // report write that fails after all must not leave a new model directory behind.
   if (!o.report.empty()) io::check_output_file_directory(o.report);
@@ -174,7 +164,7 @@ void add_prune(CLI::App& app) {
                 "r2dsnot: relative factor in the regrow key (default on)");
   sub->add_flag("--prune-relative,!--no-prune-relative", c.r2.prune_relative,
                 "r2dsnot: relative factor in the prune key (default on)");
-  sub->add_option("--reg-p", o->reg_p, "r2dsnot: regularizer norm 1, 2 or inf (default 2)");
+  sub->add_option("--reg-p", c.r2.reg_p, "r2dsnot: regularizer norm 1, 2 or inf (default 2)");
   sub->add_option("--gamma-grow", c.r2.gamma_grow, "r2dsnot: regrow regularization weight (default 0)");
   sub->add_option("--gamma-prune", c.r2.gamma_prune, "r2dsnot: prune regularization weight (default 0)");
   sub->add_option("--refine-alpha", c.r2.alpha, "r2dsnot: prune key activation exponent (default 0.5)");
