@@ -11,10 +11,12 @@
 #include <string>
 #include <system_error>
 
+#include "cli_checks.h"
 #include "command.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/calibration.h"
+#include "io/output_dir.h"
 #include "io/tokenizer.h"
 
 namespace symprune::app {
@@ -56,8 +58,8 @@ void add_calib(CLI::App& app) {
       ->required();
   sub->add_option("--nsamples", options->calib.nsamples, "number of windows N")->capture_default_str();
   sub->add_option("--seqlen", options->calib.seqlen, "tokens per window T")->capture_default_str();
-  sub->add_option("--seed", options->calib.seed, "seed of the Python-compatible generator")
-      ->capture_default_str();
+  add_python_seed_option(sub, "--seed", options->calib.seed,
+                         "seed of the Python-compatible generator, random.seed(S) semantics (default 0)");
   sub->add_option("--calib-format", options->calib.format,
                   "auto (by file name), jsonl, text, tokens-u16 or tokens-u32")
       ->capture_default_str();
@@ -67,6 +69,12 @@ void add_calib(CLI::App& app) {
   sub->add_option("--out", options->out, "write the N×T token ids as little-endian uint32 to this file");
   sub->callback([options] {
     options->calib.file = options->calib_file;
+    if (!options->out.empty()) {
+      io::InputFootprint inputs;
+      inputs.add_file(options->calib_file);
+      inputs.add_file(options->tokenizer);
+      io::check_output_file(options->out, inputs, "--out");
+    }
     const auto tokenizer = io::load_tokenizer(options->tokenizer);
     const io::CalibrationSet set = io::load_calibration(options->calib, *tokenizer, options->vocab_size);
     if (!options->out.empty()) write_tokens_u32(options->out, set.tokens);

@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "io/atomic_file.h"
 #include "io/model_resolver.h"
+#include "io/output_dir.h"
 #include "io/tokenizer.h"
 #include "model/decoder_model.h"
 #include "model/fingerprint.h"
@@ -51,6 +52,14 @@ void run_eval(const EvalOptions& o) {
   const auto start = std::chrono::steady_clock::now();
   set_cpu_threads(o.threads);
   const io::ResolvedModel resolved = io::resolve_model(o.model);
+  // The report is written last: a path that cannot work fails now, not after the whole evaluation.
+  if (!o.report.empty()) {
+    io::InputFootprint inputs;
+    inputs.add_model_directory(resolved.dir);
+    inputs.add_file(o.text);
+    inputs.add_file(o.tokenizer);
+    io::check_output_file(o.report, inputs, "--report");
+  }
   SYMPRUNE_CHECK(o.seqlen >= 2, "--seqlen must be at least 2, got {}", o.seqlen);
   // Cheap checks before loading weights: tokenizer, text, sequence length.
   const auto tokenizer =

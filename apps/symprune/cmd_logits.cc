@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/model_resolver.h"
+#include "io/output_dir.h"
 #include "model/decoder_model.h"
 
 namespace symprune::app {
@@ -48,13 +49,16 @@ void run_logits(const LogitsOptions& o) {
   set_cpu_threads(o.threads);
   const std::vector<int32_t> ids = parse_ids(o.ids);
   const io::ResolvedModel resolved = io::resolve_model(o.model);
+  io::InputFootprint inputs;
+  inputs.add_model_directory(resolved.dir);
+  io::check_output_file(o.out, inputs, "--out");
   model::DecoderModel model = model::DecoderModel::open(resolved.dir);
   const int64_t T = static_cast<int64_t>(ids.size());
   const Tensor logits = model.forward(ids, 1, T);
   const std::filesystem::path out(o.out);
   // x86-64 and aarch64 hosts are little-endian, which is the documented file format.
-  io::write_file_atomically(
-      out, std::string_view(reinterpret_cast<const char*>(logits.data()), static_cast<size_t>(logits.numel()) * 4));
+  io::write_file_atomically(out, std::string_view(reinterpret_cast<const char*>(logits.data()),
+                                                  static_cast<size_t>(logits.numel()) * 4));
   std::printf("wrote %s: %lld x %lld fp32 logits\n", out.string().c_str(), static_cast<long long>(T),
               static_cast<long long>(model.vocab_size()));
 }

@@ -2,19 +2,42 @@
 // statistics, scores, masks, pruned passes, a pruned Hugging Face model out, a report.
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <memory>
 #include <string>
 
+#include "cli_checks.h"
 #include "command.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/prune_pipeline.h"
-#include "io/atomic_file.h"
 #include "recipe_config.h"
 
 namespace symprune::app {
 namespace {
+
+// A boolean set by two flags, "--x" and "--no-x" (a recipe may say `x = false` too). Registered as two
+// flags rather than CLI11's "--x,!--no-x", whose help line "--x,--no-x{false}" reads as "default off".
+struct Switch {
+  bool* value = nullptr;
+  bool on = false, off = false;
+  CLI::Option *on_option = nullptr, *off_option = nullptr;
+  void resolve() const {
+    if (off_option->count() > 0) *value = !off;
+    if (on_option->count() > 0) *value = on;
+  }
+};
+
+// `switches` keeps the flags' storage (a deque: elements never move).
+void add_switch(CLI::App* sub, std::deque<Switch>& switches, const std::string& on, const std::string& off,
+                bool& value, const std::string& description) {
+  Switch& s = switches.emplace_back();
+  s.value = &value;
+  s.on_option = sub->add_flag(on, s.on, description);
+  s.off_option = sub->add_flag(off, s.off, "the opposite of " + on);
+  s.on_option->excludes(s.off_option);
+}
 
 struct PruneCliOptions {
   engine::PruneConfig config;
@@ -24,6 +47,8 @@ struct PruneCliOptions {
   std::string report;
   CLI::Option* alpha_option = nullptr;
   CLI::Option* sparsity_option = nullptr;
+  CLI::Option* recipe_option = nullptr;
+  std::deque<Switch> switches;
 };
 
 constexpr const char* kMethodsHelp = R"(
@@ -74,14 +99,11 @@ void run_prune(PruneCliOptions& o) {
   engine::PruneConfig& c = o.config;
   if (o.alpha_option->count() > 0) c.alpha = o.alpha;
   if (o.sparsity_option->count() > 0) c.sparsity = o.sparsity;
+  for (const auto& sw : o.switches) sw.resolve();
   c.out = o.out;
-  // The report is written last; a report path that cannot work must fail before hours of pruning, and a
-  // report write that fails after all must not leave a new model directory behind.
-  if (!o.report.empty()) io::check_output_file_directory(o.report);
-  const bool out_existed = std::filesystem::exists(c.out);
-  const auto result = engine::prune_model(c, [](const engine::BlockProgress& p) {
-    log::info("block {}/{} done ({:.1f} s)", p.block + 1, p.blocks, p.seconds);
-  });
+  c.report = o.report;  // checked before pruning, written by the pipeline at the end
+  if (o.recipe_option->count() > 0) c.input_files.push_back(o.recipe_option->as<std::string>());
+  const auto result = engine::prune_model(c);
 
   const bool refined = c.refine != "none";
   std::printf("%-28s %-14s %9s %12s", "layer", "shape", "sparsity", "recon_error");
@@ -108,16 +130,6 @@ void run_prune(PruneCliOptions& o) {
   if (result.perplexity) {
     std::printf("perplexity.dense: %.6f\n", result.perplexity->dense);
     std::printf("perplexity.pruned: %.6f\n", result.perplexity->pruned);
-  }
-  if (!o.report.empty()) {
-    try {
-      io::write_file_atomically(o.report, result.report().dump(2) + "\n");
-    } catch (const Error&) {
-      std::error_code ignored;
-      if (!out_existed) std::filesystem::remove_all(c.out, ignored);
-      throw;
-    }
-    log::info("wrote {}", o.report);
   }
   std::printf("wrote %s (%.2f s)\n", c.out.string().c_str(), result.timings.total);
 }
@@ -160,10 +172,11 @@ void add_prune(CLI::App& app) {
                   "refinement: regrow key divides by var^this (default 1; 0 = no division)");
   sub->add_flag("--same-sign", c.refine_options.same_sign,
                 "refinement: stop a row before a swap flips the sign of its error (always on for N:M)");
-  sub->add_flag("--grow-relative,!--no-grow-relative", c.r2.grow_relative,
-                "r2dsnot: relative factor in the regrow key (default on)");
-  sub->add_flag("--prune-relative,!--no-prune-relative", c.r2.prune_relative,
-                "r2dsnot: relative factor in the prune key (default on)");
+  // One flag per spelling: CLI11 prints a negatable pair as "--x,--no-x{false}", which reads as "off".
+  add_switch(sub, o->switches, "--grow-relative", "--no-grow-relative", c.r2.grow_relative,
+             "r2dsnot: relative factor in the regrow key (default on)");
+  add_switch(sub, o->switches, "--prune-relative", "--no-prune-relative", c.r2.prune_relative,
+             "r2dsnot: relative factor in the prune key (default on)");
   sub->add_option("--reg-p", c.r2.reg_p, "r2dsnot: regularizer norm 1, 2 or inf (default 2)");
   sub->add_option("--gamma-grow", c.r2.gamma_grow, "r2dsnot: regrow regularization weight (default 0)");
   sub->add_option("--gamma-prune", c.r2.gamma_prune, "r2dsnot: prune regularization weight (default 0)");
@@ -177,7 +190,9 @@ void add_prune(CLI::App& app) {
   sub->add_option(
       "--seqlen", c.seqlen,
       "tokens per calibration window (default 2048; with --compat wanda: max_position_embeddings)");
-  sub->add_option("--seed", c.seed, "calibration sampling seed, Python random.seed semantics (default 0)");
+  add_python_seed_option(sub, "--seed", c.seed,
+                         "calibration sampling seed with Python's random.seed(S) semantics (default 0; a "
+                         "negative S is |S|, as in Python)");
   sub->add_option("--out", o->out, "output directory (Hugging Face layout); must not lie inside the input")
       ->required();
   sub->add_flag("--force", c.force, "replace an existing non-empty --out");
@@ -188,7 +203,7 @@ void add_prune(CLI::App& app) {
   sub->add_option("--eval-max-chunks", c.eval_max_chunks, "evaluate only the first K chunks (0 = all)");
   sub->add_option("--report", o->report, "write the JSON report here (atomically)");
   sub->add_option("--threads", c.threads, "CPU threads (0 = default)");
-  add_recipe_option(sub);
+  o->recipe_option = add_recipe_option(sub);
   sub->footer(kMethodsHelp);
   sub->callback([o] { run_prune(*o); });
 }

@@ -1,13 +1,19 @@
 // symprune: prune large language models after training. Subcommands live in cmd_*.cc.
-#include <CLI/CLI.hpp>
+#include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <new>
 
+#include "cli_checks.h"
 #include "command.h"
+#include "core/build_info.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/log.h"
 
 namespace symprune::app {
@@ -19,26 +25,56 @@ std::vector<CommandRegistration>& command_registry() {
 
 }  // namespace symprune::app
 
+namespace {
+
+// Idle OpenMP threads spin (libgomp's default active wait policy) and take the CPUs that OpenBLAS's own
+// threads need: on a 2-core machine the default thread count ran ~2.5x slower than --threads 1. libgomp
+// reads OMP_WAIT_POLICY once, when it is loaded, so the passive policy is set by re-executing this
+// binary with it; a policy the user set is left alone.
+void use_passive_openmp_waits(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  if (::setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
+  ::execv("/proc/self/exe", argv);  // returns only on failure: run on with the default policy
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace symprune;
+  use_passive_openmp_waits(argv);
   // Past RLIMIT_FSIZE the kernel sends SIGXFSZ, which kills silently and leaves temporaries behind;
   // ignored, write() fails with EFBIG and the writers report it and clean up like any other error.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Before any other thread starts: SIGINT/SIGTERM/SIGHUP then stop the run at a safe point.
+  interrupt::install();
   CLI::App app{"symprune: post-training pruning of large language models (LLaMA, OPT)", "symprune"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", fmt::format("symprune {} (commit {}, {} build)", build_info::kVersion,
+                                                build_info::kGitCommit, build_info::kBuildType));
+  // Options of the top level (--log-level) may also come after the subcommand.
+  app.fallthrough();
   std::string log_level;
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off (env SYMPRUNE_LOG_LEVEL)");
   auto& registry = app::command_registry();
   std::sort(registry.begin(), registry.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   for (const auto& command : registry) command.add(app);
+  app::add_numeric_checks(app);
   app.parse_complete_callback([&] { log::init(0, log_level); });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help/--version exit 0; every command-line error exits 1 like any other bad input.
     return app.exit(e) == 0 ? 0 : 1;
+  } catch (const interrupt::Interrupted& e) {
+    std::fprintf(stderr, "symprune: %s\n", e.what());
+    return e.exit_code();
   } catch (const Error& e) {
     std::fprintf(stderr, "symprune: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "symprune: error: out of memory: the run needs more memory than this machine or job allows "
+                 "(lower --nsamples, --seqlen or --threads, or run on a larger machine)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "symprune: error: %s\n", e.what());

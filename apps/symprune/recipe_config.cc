@@ -402,8 +402,8 @@ void apply_recipe(CLI::App& subcommand, const std::filesystem::path& path) {
   }
 }
 
-void add_recipe_option(CLI::App* subcommand) {
-  subcommand
+CLI::Option* add_recipe_option(CLI::App* subcommand) {
+  return subcommand
       ->add_option_function<std::string>(
           "--recipe", [subcommand](const std::string& file) { apply_recipe(*subcommand, file); },
           "TOML or YAML file with prune options (flat `key = value` / `key: value`); CLI flags override it")

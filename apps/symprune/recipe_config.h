@@ -36,6 +36,6 @@ void apply_recipe(CLI::App& subcommand, const std::filesystem::path& path);
 
 // Registers `--recipe FILE` on `subcommand`; call it after the subcommand's other options (any order works,
 // but then --help lists it last).
-void add_recipe_option(CLI::App* subcommand);
+CLI::Option* add_recipe_option(CLI::App* subcommand);
 
 }  // namespace symprune::app

@@ -72,8 +72,10 @@ class Backend {
 
 // The process-wide CPU backend (OpenBLAS sgemm for every matrix product, OpenMP for the rest).
 Backend& cpu_backend();
-// Threads used by the CPU backend (OpenMP and OpenBLAS); n <= 0 leaves the defaults.
+// Threads used by the CPU backend (OpenMP and OpenBLAS); 0 leaves the defaults (one per CPU). Throws
+// symprune::Error (naming --threads) outside 0..max_cpu_threads().
 void set_cpu_threads(int n);
+int max_cpu_threads();
 int cpu_threads();
 
 }  // namespace symprune

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -12,13 +13,17 @@
 #include "core/activation_stats.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/fault.h"
+#include "core/interrupt.h"
 #include "core/log.h"
 #include "core/masks.h"
 #include "core/scores.h"
+#include "core/system_memory.h"
 #include "engine/pruned_model_writer.h"
 #include "io/calibration.h"
 #include "io/model_layout.h"
 #include "io/model_resolver.h"
+#include "io/output_dir.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
 #include "model/decoder_model.h"
@@ -232,6 +237,39 @@ bool refine_skips(const std::string& skip, const std::string& linear) {
   return (skip == "mlp" && !attention) || (skip == "attn" && attention);
 }
 
+std::string utc_timestamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char buffer[32];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return buffer;
+}
+
+// Logs evaluation batches: "dense perplexity: chunks 64/777 (5.1 s, ETA 57.0 s)".
+model::PerplexityProgress eval_progress(const char* which, Clock::time_point start) {
+  return [which, start](int64_t done, int64_t total) {
+    const double elapsed = seconds_since(start);
+    log::info("{} perplexity: chunks {}/{} ({:.1f} s, ETA {:.1f} s)", which, done, total, elapsed,
+              elapsed / static_cast<double>(done) * static_cast<double>(total - done));
+  };
+}
+
+// The calibration hidden states dominate memory: H and the dense pass's copy of it, N·T·d floats each, plus
+// the token ids. Checked before any work, so an impossible --nsamples is a message, not a bad_alloc.
+void check_calibration_memory(int64_t nsamples, int64_t seqlen, int64_t hidden_size) {
+  const double tokens = static_cast<double>(nsamples) * static_cast<double>(seqlen);
+  const double needed = tokens * (2.0 * static_cast<double>(hidden_size) + 1.0) * sizeof(float);
+  const auto available = available_memory_bytes();
+  if (!available) return;
+  SYMPRUNE_CHECK(
+      needed <= static_cast<double>(*available),
+      "--nsamples {} x --seqlen {} needs about {} for the calibration hidden states ({} tokens x {} "
+      "values x 4 bytes, twice), but only {} of memory is available: lower --nsamples or --seqlen",
+      nsamples, seqlen, format_bytes(needed), static_cast<int64_t>(tokens), hidden_size,
+      format_bytes(static_cast<double>(*available)));
+}
+
 // NaN/Inf in a linear's dense-pass inputs poison every statistic and mask downstream: name the first one.
 void check_finite_stats(const ActivationStats& stats, const std::string& linear, int64_t block) {
   for (size_t c = 0; c < stats.in_sumsq.size(); ++c) {
@@ -326,12 +364,15 @@ nlohmann::json PruneResult::report() const {
         {"scores_masks", timings.scores_masks},
         {"refine", timings.refine},
         {"write", timings.write},
-        {"eval", timings.eval},
+        {"eval_dense", timings.eval_dense},
+        {"eval_pruned", timings.eval_pruned},
         {"total", timings.total}}},
+      {"symprune", io::build_provenance()},
   };
+  if (incomplete) j["incomplete"] = *incomplete;
   if (perplexity) {
     j["perplexity"] = {{"dense", perplexity->dense},
-                       {"pruned", perplexity->pruned},
+                       {"pruned", incomplete ? nlohmann::json() : nlohmann::json(perplexity->pruned)},
                        {"seqlen", perplexity->seqlen},
                        {"chunks", perplexity->chunks}};
   }
@@ -379,7 +420,14 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
 
   const io::ResolvedModel resolved = io::resolve_model(c.model);
   result.model_dir = resolved.dir;
-  check_output_dir(resolved.dir, c.out, c.force);
+  // Outputs are checked (and --out locked) before anything heavy: no input may be overwritten, and a
+  // path that cannot work must not fail after hours of pruning.
+  io::InputFootprint inputs;
+  inputs.add_model_directory(resolved.dir);
+  for (const auto& file : {fs::path(c.calib), fs::path(c.eval)}) inputs.add_file(file);
+  for (const auto& file : c.input_files) inputs.add_file(file);
+  const io::OutputDirectory out(c.out, inputs, c.force);
+  if (!c.report.empty()) io::check_output_file(c.report, inputs, "--report", &out);
   const std::string eval_text = c.eval.empty() ? std::string() : read_text_file(c.eval, "--eval");
   if (!needs_stats && !c.calib.empty())
     log::info("method {} reads no activations: --calib {} is not used", score_method_name(method), c.calib);
@@ -393,9 +441,16 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
   const int64_t eval_seqlen = c.eval_seqlen > 0 ? c.eval_seqlen : seqlen;
   SYMPRUNE_CHECK(c.eval.empty() || eval_seqlen >= 2, "--eval-seqlen must be at least 2, got {}", eval_seqlen);
   result.model_fingerprint = model::model_fingerprint(resolved.dir);
+  if (needs_stats && c.seqlen == 0)
+    SYMPRUNE_CHECK(
+        seqlen <= model.max_seq_len(),
+        "--seqlen defaults to {}, which exceeds max_position_embeddings {} of {}: pass --seqlen {} "
+        "(the model's maximum) or less",
+        seqlen, model.max_seq_len(), config_json.string(), model.max_seq_len());
   if (needs_stats)
     SYMPRUNE_CHECK(seqlen <= model.max_seq_len(), "--seqlen {} exceeds max_position_embeddings {} of {}",
                    seqlen, model.max_seq_len(), config_json.string());
+  if (needs_stats) check_calibration_memory(c.nsamples, seqlen, model.hidden_size());
   if (!c.eval.empty())
     SYMPRUNE_CHECK(eval_seqlen <= model.max_seq_len(),
                    "--eval-seqlen {} exceeds max_position_embeddings {} of {}", eval_seqlen,
@@ -495,9 +550,9 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
   std::optional<PerplexityPair> ppl;
   if (!c.eval.empty()) {
     const auto t = Clock::now();
-    const auto r = model::evaluate_perplexity(model, eval_tokens, ppl_options);
+    const auto r = model::evaluate_perplexity(model, eval_tokens, ppl_options, eval_progress("dense", t));
     ppl = PerplexityPair{r.perplexity, 0.0, r.seqlen, r.chunks};
-    result.timings.eval += seconds_since(t);
+    result.timings.eval_dense = seconds_since(t);
     log::info("dense perplexity {:.4f} ({} chunks of {})", r.perplexity, r.chunks, r.seqlen);
   }
 
@@ -506,7 +561,11 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
   Backend& backend = model.backend();
   const bool keep_pruned = !c.eval.empty();
   const bool needs_output = score_method_uses_output_stats(method) && needs_stats;
+  const auto blocks_start = Clock::now();
   for (int64_t b = 0; b < model.num_blocks(); ++b) {
+    const auto block_start = Clock::now();
+    fault::at("block:" + std::to_string(b));
+    interrupt::check();
     std::unique_ptr<BlockObserver> observer;
     if (needs_stats) {
       const auto t = Clock::now();
@@ -520,6 +579,7 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
     std::vector<std::pair<model::LinearId, Tensor>> pruned_weights;
     double refine_seconds = 0.0;
     for (const auto& name : model.linear_names()) {
+      interrupt::check();
       const model::LinearId id{b, name};
       const Tensor& w = weights.linears.at(name).weight;
       ScoreOptions options = base;
@@ -569,25 +629,63 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
       result.timings.blocks += seconds_since(t);
     }
     if (!keep_pruned) model.release_block(b);
-    if (progress) progress({b, model.num_blocks(), seconds_since(start)});
+    BlockProgress p{b, model.num_blocks(), seconds_since(start), seconds_since(block_start), 0.0};
+    p.eta_seconds =
+        seconds_since(blocks_start) / static_cast<double>(b + 1) * static_cast<double>(p.blocks - b - 1);
+    log::info("block {}/{} done in {:.1f} s ({:.1f} s elapsed, ETA {:.1f} s)", b + 1, p.blocks,
+              p.block_seconds, p.seconds, p.eta_seconds);
+    if (progress) progress(p);
   }
   hidden = Tensor();
 
   // --- Output.
   {
     const auto t = Clock::now();
-    write_pruned_model(resolved.dir, c.out, masks, c.force);
+    nlohmann::json provenance = io::build_provenance();
+    provenance["command"] = "prune";
+    provenance["created"] = utc_timestamp();
+    provenance["config"] = result.config;
+    provenance["fingerprints"] = {{"model", result.model_fingerprint},
+                                  {"calibration", result.calibration_fingerprint.empty()
+                                                      ? nlohmann::json()
+                                                      : nlohmann::json(result.calibration_fingerprint)}};
+    write_pruned_model(resolved.dir, out, masks, provenance);
     result.timings.write = seconds_since(t);
+    log::info("wrote {}", c.out.string());
   }
+  std::optional<interrupt::Interrupted> interrupted;
   if (ppl) {
     const auto t = Clock::now();
-    const auto r = model::evaluate_perplexity(model, eval_tokens, ppl_options);
-    ppl->pruned = r.perplexity;
-    result.timings.eval += seconds_since(t);
-    log::info("pruned perplexity {:.4f}", r.perplexity);
+    try {
+      const auto r = model::evaluate_perplexity(model, eval_tokens, ppl_options, eval_progress("pruned", t));
+      ppl->pruned = r.perplexity;
+      log::info("pruned perplexity {:.4f}", r.perplexity);
+    } catch (const interrupt::Interrupted& e) {
+      // The model is complete: keep it, and say in the report what is missing.
+      interrupted = e;
+      result.incomplete = "pruned evaluation interrupted by " + interrupt::signal_name(e.signal());
+    }
+    result.timings.eval_pruned = seconds_since(t);
   }
   result.perplexity = ppl;
   result.timings.total = seconds_since(start);
+  if (!c.report.empty()) {
+    try {
+      io::write_file_atomically(c.report, result.report().dump(2) + "\n");
+    } catch (const Error&) {
+      // A run that asked for a report and did not get one has failed: leave no new model behind.
+      std::error_code ignored;
+      if (!out.existed()) fs::remove_all(out.path(), ignored);
+      throw;
+    }
+    log::info("wrote {}{}", c.report.string(), result.incomplete ? " (marked incomplete)" : "");
+  }
+  if (interrupted) {
+    throw interrupt::Interrupted(interrupted->signal(),
+                                 fmt::format("the pruned model {} is complete, but its evaluation was not "
+                                             "finished{}",
+                                             c.out.string(), c.report.empty() ? "" : "; the report says so"));
+  }
   return result;
 }
 

@@ -61,6 +61,9 @@ struct PruneConfig {
 
   std::filesystem::path out;
   bool force = false;
+  std::filesystem::path report;  // JSON report ("" = none), written atomically at the end
+  // Other files the run reads (a recipe): outputs may not replace them.
+  std::vector<std::filesystem::path> input_files;
 
   std::string eval;         // perplexity text file ("" = no evaluation)
   int64_t eval_seqlen = 0;  // 0 = seqlen
@@ -88,7 +91,8 @@ struct PerplexityPair {
 };
 
 struct PruneTimings {
-  double calibration = 0, blocks = 0, scores_masks = 0, refine = 0, write = 0, eval = 0, total = 0;
+  double calibration = 0, blocks = 0, scores_masks = 0, refine = 0, write = 0, eval_dense = 0,
+         eval_pruned = 0, total = 0;
 };
 
 struct PruneResult {
@@ -106,19 +110,28 @@ struct PruneResult {
   std::optional<PerplexityPair> perplexity;
   PruneTimings timings;
   nlohmann::json config;  // the resolved configuration (defaults filled in)
-  // The report JSON of prune_cli.md.
+  // Set when the run was interrupted after the model was written (during the pruned evaluation): what
+  // was not finished. The report then carries "incomplete".
+  std::optional<std::string> incomplete;
+  // The report JSON (also written to config.report).
   nlohmann::json report() const;
 };
 
 struct BlockProgress {
-  int64_t block = 0;   // 0-based block just finished
-  int64_t blocks = 0;  // total
-  double seconds = 0;  // since the pipeline started
+  int64_t block = 0;         // 0-based block just finished
+  int64_t blocks = 0;        // total
+  double seconds = 0;        // since the pipeline started
+  double block_seconds = 0;  // this block alone
+  double eta_seconds = 0;    // remaining blocks at the mean block time so far
 };
 using ProgressFn = std::function<void(const BlockProgress&)>;
 
-// Validates the configuration (before anything heavy), runs the pipeline and writes config.out.
-// Bad input throws symprune::Error and leaves nothing at config.out.
+// Validates the configuration (before anything heavy: bad options, unusable --out/--report, not enough
+// memory), runs the pipeline, writes config.out and config.report. Bad input throws symprune::Error and
+// leaves nothing at config.out. Progress (per block with elapsed time and ETA, per evaluation batch) is
+// logged, and also passed to `progress` per block. A signal (core/interrupt.h) stops the run at the next
+// safe point with Interrupted; when it arrives during the pruned evaluation, the finished model stays and
+// the report is written, marked incomplete, before Interrupted is rethrown.
 PruneResult prune_model(const PruneConfig& config, const ProgressFn& progress = {});
 
 }  // namespace symprune::engine

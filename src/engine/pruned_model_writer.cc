@@ -1,7 +1,5 @@
 #include "engine/pruned_model_writer.h"
 
-#include "io/atomic_file.h"
-
 #include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -14,31 +12,16 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/fault.h"
+#include "core/interrupt.h"
 #include "core/log.h"
+#include "io/atomic_file.h"
 #include "io/safetensors.h"
 
 namespace symprune::engine {
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path normalized(const fs::path& p) {
-  std::error_code ec;
-  fs::path abs = fs::weakly_canonical(fs::absolute(p), ec);
-  if (ec) abs = fs::absolute(p).lexically_normal();
-  // Drop a trailing separator so "a/b/" and "a/b" compare equal.
-  if (!abs.has_filename() && abs.has_parent_path()) abs = abs.parent_path();
-  return abs;
-}
-
-// Whether `inner` equals `outer` or lies below it (both normalized).
-bool is_within(const fs::path& inner, const fs::path& outer) {
-  auto i = inner.begin();
-  for (auto o = outer.begin(); o != outer.end(); ++o, ++i) {
-    if (i == inner.end() || *i != *o) return false;
-  }
-  return true;
-}
 
 // Weight files of other formats: copying them would ship unpruned weights beside the pruned ones.
 bool is_other_weight_file(const std::string& name) {
@@ -73,35 +56,9 @@ void copy_file_checked(const fs::path& from, const fs::path& to) {
 
 }  // namespace
 
-void check_output_dir(const fs::path& input_dir, const fs::path& out, bool force) {
-  SYMPRUNE_CHECK(!out.empty(), "--out: no output directory given");
-  const fs::path in = normalized(input_dir), o = normalized(out);
-  SYMPRUNE_CHECK(!is_within(o, in),
-                 "--out {} is {} the input model directory {}; choose a directory outside it", out.string(),
-                 o == in ? "the same as" : "inside", input_dir.string());
-  SYMPRUNE_CHECK(!is_within(in, o),
-                 "--out {} contains the input model directory {}; choose another directory", out.string(),
-                 input_dir.string());
-  std::error_code ec;
-  // A missing parent is refused rather than created: directories made here would be left behind by a
-  // run that fails later (convert-llama2c refuses it the same way).
-  const fs::path parent = o.parent_path();
-  SYMPRUNE_CHECK(fs::is_directory(parent, ec), "--out {}: parent directory {} {}", out.string(),
-                 parent.string(),
-                 fs::exists(parent, ec) ? "is not a directory" : "does not exist (create it first)");
-  // Checked before the run, not after an hour of pruning (root passes unless the file system is read-only).
-  SYMPRUNE_CHECK(::access(parent.c_str(), W_OK | X_OK) == 0, "--out {}: cannot write in {}: {}", out.string(),
-                 parent.string(), std::strerror(errno));
-  if (fs::exists(o, ec)) {
-    SYMPRUNE_CHECK(fs::is_directory(o, ec), "--out {} exists and is not a directory", out.string());
-    SYMPRUNE_CHECK(force || fs::is_empty(o, ec),
-                   "--out {} exists and is not empty (use --force to replace it)", out.string());
-  }
-}
-
-std::vector<std::string> write_pruned_model(const fs::path& input_dir, const fs::path& out,
-                                            const std::map<std::string, PackedMask>& masks, bool force) {
-  check_output_dir(input_dir, out, force);
+std::vector<std::string> write_pruned_model(const fs::path& input_dir, const io::OutputDirectory& out,
+                                            const std::map<std::string, PackedMask>& masks,
+                                            const nlohmann::json& provenance) {
   const io::SafetensorsModel model = io::SafetensorsModel::open_dir(input_dir);
   for (const auto& [name, mask] : masks) {
     SYMPRUNE_CHECK(model.contains(name), "mask for tensor '{}' which is not in {}", name, input_dir.string());
@@ -112,8 +69,8 @@ std::vector<std::string> write_pruned_model(const fs::path& input_dir, const fs:
                    shape_to_string(info.shape), model.file_of(name).path().string());
   }
 
-  const fs::path o = normalized(out);
-  io::StagedDirectory staged(o);
+  const std::unique_ptr<io::StagedDirectory> staging = out.stage();
+  io::StagedDirectory& staged = *staging;
   const fs::path& tmp = staged.path();
   std::vector<std::string> written;
   try {
@@ -121,6 +78,7 @@ std::vector<std::string> write_pruned_model(const fs::path& input_dir, const fs:
     std::map<std::string, std::vector<std::string>> shards;  // shard file -> tensor names
     for (const auto& [name, shard] : model.weight_map()) shards[shard].push_back(name);
     for (auto& [shard, names] : shards) {
+      interrupt::check();
       const io::SafetensorsFile& file = model.file_of(names.front());
       std::vector<std::string> ordered;
       for (const auto& t : file.tensors()) ordered.push_back(t.name);
@@ -158,7 +116,7 @@ std::vector<std::string> write_pruned_model(const fs::path& input_dir, const fs:
         log::warn("{}: subdirectory not copied to the pruned model", entry.path().string());
         continue;
       }
-      if (name.ends_with(".safetensors")) continue;
+      if (name.ends_with(".safetensors") || name == io::kProvenanceFile) continue;
       if (is_other_weight_file(name)) {
         log::warn("{}: other weight format, not copied to the pruned model", entry.path().string());
         continue;
@@ -167,6 +125,12 @@ std::vector<std::string> write_pruned_model(const fs::path& input_dir, const fs:
       copy_file_checked(entry.path(), tmp / name);
       written.push_back(name);
     }
+    io::write_provenance(tmp, provenance);
+    written.push_back(io::kProvenanceFile);
+    fault::at("before_install");
+    interrupt::check();
+  } catch (const interrupt::Interrupted&) {
+    throw;  // the staged directory is removed on the way out
   } catch (const Error& e) {
     throw Error(staged.as_target(e.what()));  // the staged directory is removed on the way out
   }

@@ -7,22 +7,22 @@
 //    total_size); shard metadata is the input's plus {"format": "pt"} when absent;
 //  * every other top-level file (config.json, tokenizer files, generation_config.json, ...) is copied
 //    byte-identical; other weight formats (pytorch_model*.bin, *.pt, *.pth, *.ckpt, *.h5, *.msgpack) and
-//    subdirectories are not copied;
+//    subdirectories are not copied; the input's own symprune_provenance.json (an input that is itself a
+//    symprune output) is replaced by this run's;
 //  * everything is written into a temporary directory beside `out` and renamed to `out` at the end, so
-//    on any error nothing appears at `out` (and an existing `out` replaced under force stays intact).
+//    on any error or interrupt nothing appears at `out` (and an existing `out` replaced under --force
+//    stays intact); the checks, the lock and the atomic replace are io::OutputDirectory's.
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/masks.h"
+#include "io/output_dir.h"
 
 namespace symprune::engine {
-
-// Errors (nothing touched) when `out` equals or lies inside `input_dir`, when `input_dir` lies inside
-// `out`, when `out` exists and is not a directory, or when it is a non-empty directory and !force.
-void check_output_dir(const std::filesystem::path& input_dir, const std::filesystem::path& out, bool force);
 
 // A mask kept bit-packed (Mask::pack_bits layout: flat index i is bit i % 8 of byte i / 8), so the
 // masks of a whole model cost one bit per weight until they are written.
@@ -36,10 +36,11 @@ struct PackedMask {
   }
 };
 
-// masks: stored tensor name (as in the input files) → mask over that tensor's [rows, cols].
-// Returns the written file names (relative to out), sorted.
+// masks: stored tensor name (as in the input files) → mask over that tensor's [rows, cols]. `provenance`
+// is written as io::kProvenanceFile. Returns the written file names (relative to out), sorted.
 std::vector<std::string> write_pruned_model(const std::filesystem::path& input_dir,
-                                            const std::filesystem::path& out,
-                                            const std::map<std::string, PackedMask>& masks, bool force);
+                                            const io::OutputDirectory& out,
+                                            const std::map<std::string, PackedMask>& masks,
+                                            const nlohmann::json& provenance);
 
 }  // namespace symprune::engine

@@ -1,6 +1,7 @@
 #include "io/atomic_file.h"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,6 +36,16 @@ void check_output_file_directory(const fs::path& path) {
   SYMPRUNE_CHECK(fs::is_directory(parent), "{}: directory {} does not exist", path.string(), parent.string());
 }
 
+void sync_directory(const fs::path& dir) {
+  // Makes renames and new entries in `dir` durable; best effort (some file systems refuse fsync on a
+  // directory, and the data itself was fsynced already).
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+}
+
 void write_file_atomically(const fs::path& path, const std::function<void(int, const fs::path&)>& body) {
   check_output_file_directory(path);
   const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
@@ -45,6 +56,7 @@ void write_file_atomically(const fs::path& path, const std::function<void(int, c
   const int fd = ::mkstemp(pattern.data());
   SYMPRUNE_CHECK(fd >= 0, "{}: cannot create a temporary file in {}: {}", path.string(), parent.string(),
                  std::strerror(errno));
+  interrupt::CleanupOnStop cleanup(pattern);
   try {
     body(fd, path);
     SYMPRUNE_CHECK(::fchmod(fd, 0644) == 0, "{}: chmod failed: {}", path.string(), std::strerror(errno));
@@ -61,12 +73,7 @@ void write_file_atomically(const fs::path& path, const std::function<void(int, c
     ::unlink(pattern.c_str());
     fail("{}: cannot rename the temporary file into place: {}", path.string(), std::strerror(err));
   }
-  // Make the rename itself durable.
-  const int dir_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
+  sync_directory(parent);
 }
 
 void write_file_atomically(const fs::path& path, std::string_view contents) {
@@ -89,8 +96,11 @@ fs::path make_dir_beside(const fs::path& target, const char* tag) {
 
 }  // namespace
 
-StagedDirectory::StagedDirectory(const fs::path& target)
-    : target_(target), path_(make_dir_beside(target, ".tmp-")) {
+StagedDirectory::StagedDirectory(const fs::path& target, bool replace_existing)
+    : target_(target),
+      path_(make_dir_beside(target, ".tmp-")),
+      replace_existing_(replace_existing),
+      cleanup_(path_) {
   ::chmod(path_.c_str(), 0755);  // mkdtemp makes 0700; a model directory is normally shared
 }
 
@@ -109,10 +119,33 @@ std::string StagedDirectory::as_target(std::string message) const {
 
 void StagedDirectory::install() {
   std::error_code ec;
-  if (!fs::exists(target_, ec)) {
+  const fs::path parent = target_.parent_path();
+  const bool replacing = replace_existing_ && fs::exists(fs::symlink_status(target_, ec));
+  const unsigned flags = replacing ? RENAME_EXCHANGE : RENAME_NOREPLACE;
+  if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target_.c_str(), flags) == 0) {
+    installed_ = true;
+    cleanup_.release();
+    sync_directory(parent);
+    if (replacing) {
+      // path_ now holds the replaced directory; until it is gone a kill leaves it as a stale staging
+      // directory, which the next run for this output removes.
+      fs::remove_all(path_, ec);
+      if (ec) log::warn("could not remove the replaced directory '{}': {}", path_.string(), ec.message());
+    }
+    return;
+  }
+  const int err = errno;
+  SYMPRUNE_CHECK(err == EINVAL || err == ENOSYS || err == ENOTSUP,
+                 "cannot move the new directory into '{}': {}", target_.string(),
+                 err == EEXIST ? "it appeared while this run was writing (another process created it)"
+                               : std::strerror(err));
+  // No renameat2 on this file system: two renames, the old directory kept until the new one is in place.
+  if (!replacing) {
     fs::rename(path_, target_, ec);
     SYMPRUNE_CHECK(!ec, "cannot move the new directory into '{}': {}", target_.string(), ec.message());
     installed_ = true;
+    cleanup_.release();
+    sync_directory(parent);
     return;
   }
   const fs::path old = make_dir_beside(target_, ".old-");
@@ -128,6 +161,8 @@ void StagedDirectory::install() {
     fail("cannot move the new directory into '{}': {}", target_.string(), ec.message());
   }
   installed_ = true;
+  cleanup_.release();
+  sync_directory(parent);
   fs::remove_all(old, ec);
   if (ec) log::warn("could not remove the replaced directory '{}': {}", old.string(), ec.message());
 }

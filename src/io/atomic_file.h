@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/interrupt.h"
+
 namespace symprune::io {
 
 // Writes all `size` bytes to `fd`, retrying short writes and EINTR; errors name `path`.
@@ -16,23 +18,32 @@ void write_all(int fd, const void* data, size_t size, const std::filesystem::pat
 // the file `path` exists (write_file_atomically checks it; callers may check it early, before long work).
 void check_output_file_directory(const std::filesystem::path& path);
 
+// fsync of a directory, so that renames and new entries in it survive a crash (best effort).
+void sync_directory(const std::filesystem::path& dir);
+
 // Calls `body(fd, path)` on a fresh temp file beside `path`, then makes it `path` (mode 0644).
 void write_file_atomically(const std::filesystem::path& path,
                            const std::function<void(int fd, const std::filesystem::path& path)>& body);
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents);
 
 // A directory built beside its final place (".NAME.tmp-XXXXXX", mode 0755) and moved there by one
-// rename, so a model directory appears whole or not at all. Removed on destruction unless installed.
+// atomic rename, so a model directory appears whole or not at all. Removed on destruction unless
+// installed, and by the interrupt watcher if the process is stopped at once (core/interrupt.h).
 class StagedDirectory {
  public:
-  explicit StagedDirectory(const std::filesystem::path& target);
+  // replace_existing: whether a directory at `target` is to be replaced (it existed, checked, when the run
+  // started); otherwise install() refuses one that appeared in the meantime.
+  StagedDirectory(const std::filesystem::path& target, bool replace_existing);
   ~StagedDirectory();
   StagedDirectory(const StagedDirectory&) = delete;
   StagedDirectory& operator=(const StagedDirectory&) = delete;
 
   const std::filesystem::path& path() const { return path_; }
-  // Moves the staged directory onto the target. An existing target is moved aside first, restored
-  // if the final rename fails, and removed only once the new directory is in place.
+  // Moves the staged directory onto the target atomically: renameat2(RENAME_NOREPLACE) when no target
+  // is to be replaced (a directory that appeared meanwhile is an error, never replaced), RENAME_EXCHANGE
+  // when one is (the old one is then removed). File systems without renameat2 get two renames, the old
+  // directory kept as ".NAME.old-XXXXXX" until the new one is in place (io/output_dir.h restores it if a
+  // run is killed in between). The target's parent directory is fsynced before returning.
   void install();
   // `message` with the staged directory's path replaced by the target's: errors name the file the user
   // asked for (out/model.safetensors), not a temporary that no longer exists when they are printed.
@@ -41,6 +52,8 @@ class StagedDirectory {
  private:
   std::filesystem::path target_;
   std::filesystem::path path_;
+  bool replace_existing_;
+  interrupt::CleanupOnStop cleanup_;
   bool installed_ = false;
 };
 

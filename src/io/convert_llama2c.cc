@@ -1,7 +1,5 @@
 #include "io/convert_llama2c.h"
 
-#include "io/atomic_file.h"
-
 #include <fcntl.h>
 #include <sentencepiece_processor.h>
 #include <stdlib.h>
@@ -21,7 +19,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/atomic_file.h"
 #include "io/llama2c_checkpoint.h"
+#include "io/output_dir.h"
 #include "io/safetensors.h"
 
 namespace symprune::io {
@@ -142,18 +142,6 @@ void write_file(const fs::path& path, const std::string& bytes) {
   SYMPRUNE_CHECK(closed, "cannot close '{}': {}", path.string(), std::strerror(errno));
 }
 
-bool is_within(const fs::path& inner, const fs::path& outer) {
-  std::error_code ec;
-  const fs::path a = fs::weakly_canonical(inner, ec);
-  const fs::path b = fs::weakly_canonical(outer, ec);
-  auto ai = a.begin();
-  for (auto bi = b.begin(); bi != b.end(); ++bi, ++ai) {
-    if (bi->empty()) continue;  // trailing separator
-    if (ai == a.end() || *ai != *bi) return false;
-  }
-  return true;
-}
-
 nlohmann::ordered_json make_config(const Llama2cHeader& h) {
   nlohmann::ordered_json config;
   config["architectures"] = {"LlamaForCausalLM"};
@@ -205,32 +193,10 @@ void add_tensor(std::vector<TensorToWrite>& out, std::string name, const Tensor&
 
 ConvertLlama2cSummary convert_llama2c(const fs::path& checkpoint, const fs::path& tokenizer,
                                       const fs::path& out_dir, bool force) {
-  SYMPRUNE_CHECK(!out_dir.empty(), "convert-llama2c: the output directory is empty");
-  fs::path out = fs::absolute(out_dir).lexically_normal();
-  if (!out.has_filename()) out = out.parent_path();  // "dir/" -> "dir"
-  SYMPRUNE_CHECK(out.has_filename() && out != out.root_path(), "output directory '{}' is not usable",
-                 out_dir.string());
-  const fs::path parent = out.parent_path();
-  std::error_code ec;
-  SYMPRUNE_CHECK(fs::is_directory(parent, ec), "parent directory '{}' of the output '{}' does not exist",
-                 parent.string(), out_dir.string());
-  SYMPRUNE_CHECK(::access(parent.c_str(), W_OK | X_OK) == 0,
-                 "cannot write in '{}', the parent of the output '{}': {}", parent.string(), out_dir.string(),
-                 std::strerror(errno));
-  const auto out_status = fs::symlink_status(out, ec);
-  if (fs::exists(out_status)) {
-    SYMPRUNE_CHECK(fs::is_directory(out_status), "output '{}' exists and is not a directory",
-                   out_dir.string());
-    const bool empty = fs::is_empty(out, ec);
-    SYMPRUNE_CHECK(!ec, "cannot list output directory '{}': {}", out_dir.string(), ec.message());
-    if (!empty) {
-      SYMPRUNE_CHECK(force, "output directory '{}' exists and is not empty (pass --force to replace it)",
-                     out_dir.string());
-      SYMPRUNE_CHECK(!is_within(checkpoint, out) && !is_within(tokenizer, out),
-                     "output directory '{}' contains the input files; refusing to replace it",
-                     out_dir.string());
-    }
-  }
+  InputFootprint inputs;
+  inputs.add_file(checkpoint);
+  inputs.add_file(tokenizer);
+  const OutputDirectory out(out_dir, inputs, force);
 
   Llama2cCheckpoint ck = load_llama2c_checkpoint(checkpoint);
   check_llama2c_rope_tables(ck, checkpoint);
@@ -261,7 +227,8 @@ ConvertLlama2cSummary convert_llama2c(const fs::path& checkpoint, const fs::path
   add_tensor(tensors, "model.norm.weight", ck.rms_final);
   if (!h.shared_classifier) add_tensor(tensors, "lm_head.weight", ck.wcls);
 
-  StagedDirectory tmp(out);
+  const std::unique_ptr<StagedDirectory> staging = out.stage();
+  StagedDirectory& tmp = *staging;
   const std::string tokenizer_name =
       tok.kind == TokenizerKind::kLlama2c ? "tokenizer.bin" : "tokenizer.model";
   try {
@@ -269,6 +236,11 @@ ConvertLlama2cSummary convert_llama2c(const fs::path& checkpoint, const fs::path
     write_file(tmp.path() / "config.json", make_config(h).dump(2) + "\n");
     write_file(tmp.path() / tokenizer_name, tok.bytes);
     write_file(tmp.path() / "tokenizer_config.json", make_tokenizer_config(tok.kind, h).dump(2) + "\n");
+    nlohmann::json provenance = build_provenance();
+    provenance["command"] = "convert-llama2c";
+    provenance["checkpoint"] = checkpoint.string();
+    provenance["tokenizer"] = tokenizer.string();
+    write_provenance(tmp.path(), provenance);
   } catch (const Error& e) {
     throw Error(tmp.as_target(e.what()));  // name out/..., not the staged directory removed on the way out
   }

@@ -15,9 +15,11 @@ struct ConvertLlama2cSummary {
 };
 
 // Writes `out_dir` atomically (a temp directory beside it, renamed at the end); nothing is left
-// behind on error. Refuses an existing non-empty `out_dir` unless `force`, and never replaces a
-// directory holding the inputs. The tokenizer is either a llama2.c tokenizer.bin (validated to hold
-// exactly vocab_size tokens) or a SentencePiece .model with vocab_size pieces.
+// behind on error. The output is checked and locked like every output directory (io/output_dir.h):
+// an existing non-empty `out_dir` is replaced only with `force` and only if symprune wrote it, and
+// never when it holds the inputs. It carries a provenance file like every symprune output. The tokenizer is
+// either a llama2.c tokenizer.bin (validated to hold exactly vocab_size tokens) or a SentencePiece .model
+// with vocab_size pieces.
 ConvertLlama2cSummary convert_llama2c(const std::filesystem::path& checkpoint,
                                       const std::filesystem::path& tokenizer,
                                       const std::filesystem::path& out_dir, bool force);

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "io/model_layout.h"
 
 namespace symprune::model {
@@ -228,6 +229,7 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
   } else {
     Tensor& x = workspace_->x;
     for (int64_t s0 = 0; s0 < n_seqs; s0 += per_pass) {
+      interrupt::check();
       const int64_t seqs = std::min(per_pass, n_seqs - s0);
       const size_t count = static_cast<size_t>(seqs * seq_len * d);
       x.resize({seqs * seq_len, d});

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 
 namespace symprune::model {
 namespace {
@@ -60,6 +61,7 @@ PerplexityResult evaluate_perplexity(DecoderModel& model, std::span<const int32_
 
   Tensor slab, logits;
   for (int64_t c0 = 0; c0 < chunks; c0 += batch) {
+    interrupt::check();
     const int64_t n = std::min(batch, chunks - c0);
     const auto batch_tokens = tokens.subspan(static_cast<size_t>(c0 * T), static_cast<size_t>(n * T));
     Tensor h = model.embed(batch_tokens, n, T);

@@ -76,11 +76,23 @@ def load_tensors(model_dir):
     return tensors
 
 
+PROVENANCE = "symprune_provenance.json"
+
+
 def tree_digest(root):
     """{relative path: sha256} of every file below root (to prove a directory was not touched)."""
     root = Path(root)
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def output_digest(root):
+    """tree_digest of a symprune output without its provenance file, which records when and how the run
+    was made (so two runs never have the same one); every other byte must match between equal runs."""
+    digest = tree_digest(root)
+    assert PROVENANCE in digest, f"{root} has no {PROVENANCE}"
+    del digest[PROVENANCE]
+    return digest
 
 
 def read_json(path):

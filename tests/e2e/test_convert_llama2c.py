@@ -115,7 +115,10 @@ def llama2c_forward(w, p, ids):
 
 def test_output_directory_contents(model_dir):
     assert sorted(p.name for p in model_dir.iterdir()) == [
-        "config.json", "model.safetensors", "tokenizer.bin", "tokenizer_config.json"]
+        "config.json", "model.safetensors", "symprune_provenance.json", "tokenizer.bin", "tokenizer_config.json"]
+    provenance = json.loads((model_dir / "symprune_provenance.json").read_text())
+    assert provenance["tool"] == "symprune" and provenance["command"] == "convert-llama2c"
+    assert provenance["checkpoint"] == str(CHECKPOINT) and provenance["version"] and provenance["commit"]
     assert not [p for p in model_dir.parent.iterdir() if p.name != model_dir.name]  # no temp dirs left
     config = json.loads((model_dir / "config.json").read_text())
     expected = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=172,
@@ -192,11 +195,20 @@ def test_non_empty_output_is_refused_unless_forced(tmp_path):
     (out / "notes.txt").write_text("keep me")
     result = convert(out)
     assert result.returncode == 1
-    assert "exists and is not empty (pass --force to replace it)" in result.stderr
+    assert "exists and is not empty (use --force to replace it)" in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
+    # --force replaces only what symprune wrote: never a directory of the user's.
     result = convert(out, CHECKPOINT, TOKENIZER, "--force")
+    assert result.returncode == 1
+    assert "was not written by symprune" in result.stderr
+    assert (out / "notes.txt").read_text() == "keep me"
+
+    converted = tmp_path / "converted"
+    assert convert(converted).returncode == 0
+    (converted / "extra.txt").write_text("stale")
+    result = convert(converted, CHECKPOINT, TOKENIZER, "--force")
     assert result.returncode == 0, result.stderr
-    assert not (out / "notes.txt").exists() and (out / "model.safetensors").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert not (converted / "extra.txt").exists() and (converted / "model.safetensors").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["converted", "out"]

@@ -74,9 +74,10 @@ def test_prune_force_keeps_existing_out_when_write_fails(stories, tmp_path):
     out = tmp_path / "pruned"
     out.mkdir()
     (out / "keep.txt").write_text("user data")
+    (out / "symprune_provenance.json").write_text('{"tool": "symprune"}')  # a previous symprune output
     proc = run(["prune", "--model", stories.model, *PRUNE[1:], "--out", out, "--force"], fsize=100 << 10)
     expect_failure(proc, TOO_LARGE, out / "model.safetensors")
-    assert listing(tmp_path) == ["pruned", "pruned/keep.txt"]
+    assert listing(tmp_path) == ["pruned", "pruned/keep.txt", "pruned/symprune_provenance.json"]
     assert (out / "keep.txt").read_text() == "user data"
     assert tree_digest(stories.model) == stories.digest
 

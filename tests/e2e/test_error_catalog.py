@@ -5,6 +5,7 @@ that stderr contains the documented message (placeholders `<...>` match anything
 changed nothing: every file and directory under tmp_path (inputs and the would-be outputs) is exactly
 as before, and so is the shared stories260K model. Every id documented has a trigger and every trigger
 is documented, so the catalogue and the tests cannot drift apart."""
+import fcntl
 import json
 import os
 import re
@@ -548,6 +549,16 @@ def _(env, tmp):
     return calib_prune(env, tmp, env.first, "--nsamples", "4", "--seqlen", "100000")
 
 
+@trigger("E-CAL-SEQLEN-DEFAULT")
+def _(env, tmp):
+    return calib_prune(env, tmp, env.first, "--nsamples", "4")  # stories260K: max_position_embeddings 512
+
+
+@trigger("E-CAL-MEMORY")
+def _(env, tmp):
+    return calib_prune(env, tmp, env.first, "--nsamples", "100000000", "--seqlen", "64")
+
+
 # --- prune options ---------------------------------------------------------------------------------
 
 @trigger("E-OPT-SPARSITY-RANGE")
@@ -598,6 +609,36 @@ def _(env, tmp):
 @trigger("E-OPT-NOT-A-NUMBER")
 def _(env, tmp):
     return prune(env, tmp, method=("--method", "magnitude", "--sparsity", "half"))
+
+
+@trigger("E-OPT-INTEGER-SYNTAX")
+def _(env, tmp):
+    return prune(env, tmp, "--method-seed", "-1", method=("--method", "stochria", "--sparsity", "0.5"))
+
+
+@trigger("E-OPT-INTEGER-RANGE")
+def _(env, tmp):
+    return prune(env, tmp, "--nsamples", str(2 ** 64), method=("--method", "wanda", "--sparsity", "0.5"))
+
+
+@trigger("E-OPT-NAN")
+def _(env, tmp):
+    return prune(env, tmp, "--alpha", "nan", method=("--method", "wanda", "--sparsity", "0.5"))
+
+
+@trigger("E-OPT-INFINITE")
+def _(env, tmp):
+    return prune(env, tmp, "--beta", "inf", method=("--method", "stochria", "--sparsity", "0.5"))
+
+
+@trigger("E-OPT-SEED-RANGE")
+def _(env, tmp):
+    return prune(env, tmp, "--seed", str(-(2 ** 64)), method=("--method", "wanda", "--sparsity", "0.5"))
+
+
+@trigger("E-OPT-THREADS")
+def _(env, tmp):
+    return prune(env, tmp, "--threads", "100000")
 
 
 # --- recipes ---------------------------------------------------------------------------------------
@@ -701,12 +742,70 @@ def _(env, tmp):
                 "--report", tmp / "no_such_dir" / "report.json")
 
 
-@trigger("E-CONVERT-OUT-EXISTS")
+@trigger("E-OUT-IS-INPUT")
 def _(env, tmp):
-    (tmp / "existing").mkdir()
-    (tmp / "existing" / "keep.txt").write_text("user data")
-    return Case("convert-llama2c", "--checkpoint", env.data / "stories260K" / "stories260K.bin", "--tokenizer",
-                env.data / "stories260K" / "tok512.bin", "--out", tmp / "existing")
+    (tmp / "calib.txt").write_text(env.first.read_text()[:20000])
+    return Case("prune", "--model", env.model, "--method", "wanda", "--sparsity", "0.5", *CALIB,
+                "--calib", tmp / "calib.txt", "--out", tmp / "calib.txt")
+
+
+@trigger("E-OUT-NOT-SYMPRUNE")
+def _(env, tmp):
+    (tmp / "work" / "src").mkdir(parents=True)
+    (tmp / "work" / "src" / "main.cc").write_text("int main() {}")
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "work", "--force")
+
+
+@trigger("E-OUT-LOCKED")
+def _(env, tmp):
+    # Another run holds the output's lock for the whole of this one.
+    lock = open(tmp / ".pruned.lock", "w")
+    lock.write("pid 4242\n")
+    lock.flush()
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "pruned", cleanup=lock.close)
+
+
+@trigger("E-OUT-DANGLING-LINK")
+def _(env, tmp):
+    (tmp / "pruned").symlink_to(tmp / "scratch" / "pruned")
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "pruned")
+
+
+@trigger("E-OUT-NAME-TOO-LONG")
+def _(env, tmp):
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / ("p" * 250))
+
+
+@trigger("E-REPORT-INSIDE-INPUT")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    return Case("prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "pruned", "--report", model / "config.json")
+
+
+@trigger("E-REPORT-IS-INPUT")
+def _(env, tmp):
+    (tmp / "calib.txt").write_text(env.first.read_text()[:20000])
+    return Case("prune", "--model", env.model, "--method", "wanda", "--sparsity", "0.5", *CALIB,
+                "--calib", tmp / "calib.txt", "--out", tmp / "pruned", "--report", tmp / "calib.txt")
+
+
+@trigger("E-REPORT-INSIDE-OUT")
+def _(env, tmp):
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "pruned", "--report", tmp / "pruned" / "report.json")
+
+
+@trigger("E-REPORT-IS-DIRECTORY")
+def _(env, tmp):
+    (tmp / "reports").mkdir()
+    return Case("eval", "--model", env.model, "--text", env.second, "--seqlen", "64", "--max-chunks", "2",
+                "--report", tmp / "reports")
 
 
 # --- llama2.c checkpoints --------------------------------------------------------------------------
@@ -764,10 +863,9 @@ for _id, _args in [("E-REFINE-METHOD", ["--refine", "dsnoot"]),
                    ("E-REFINE-SKIP", ["--refine", "dsnot", "--refine-skip", "ffn"]),
                    ("E-REFINE-MAX-CYCLES", ["--refine", "dsnot", "--max-cycles=-1"]),
                    ("E-REFINE-THRESHOLD", ["--refine", "dsnot", "--refine-threshold=-0.5"]),
-                   ("E-REFINE-VAR-POWER", ["--refine", "dsnot", "--var-power", "inf"]),
                    ("E-REFINE-REG-P", ["--refine", "r2dsnot", "--reg-p", "3"]),
                    ("E-REFINE-GAMMA-GROW", ["--refine", "r2dsnot", "--gamma-grow=-1e-4"]),
-                   ("E-REFINE-GAMMA-PRUNE", ["--refine", "r2dsnot", "--gamma-prune", "nan"]),
+                   ("E-REFINE-GAMMA-PRUNE", ["--refine", "r2dsnot", "--gamma-prune=-1"]),
                    ("E-REFINE-ALPHA", ["--refine", "r2dsnot", "--refine-alpha=-0.5"])]:
     trigger(_id)(lambda env, tmp, _args=_args: refine_prune(env, tmp, *_args))
 

@@ -106,7 +106,7 @@ TEST_F(AtomicFileTest, FileSizeLimitGivesFileTooLargeAndNoTemporary) {
 TEST_F(AtomicFileTest, StagedDirectoryIsRemovedUnlessInstalled) {
   fs::path staged_path;
   {
-    StagedDirectory staged(dir_ / "model");
+    StagedDirectory staged(dir_ / "model", /*replace_existing=*/false);
     staged_path = staged.path();
     EXPECT_EQ(staged_path.parent_path(), dir_);
     EXPECT_TRUE(staged_path.filename().string().starts_with(".model.tmp-"));
@@ -116,7 +116,7 @@ TEST_F(AtomicFileTest, StagedDirectoryIsRemovedUnlessInstalled) {
   EXPECT_TRUE(listing(dir_).empty());
 
   {
-    StagedDirectory staged(dir_ / "model");
+    StagedDirectory staged(dir_ / "model", /*replace_existing=*/false);
     write_file_atomically(staged.path() / "config.json", "{}");
     staged.install();
   }
@@ -124,7 +124,7 @@ TEST_F(AtomicFileTest, StagedDirectoryIsRemovedUnlessInstalled) {
 }
 
 TEST_F(AtomicFileTest, AsTargetNamesTheFinalPath) {
-  StagedDirectory staged(dir_ / "out");
+  StagedDirectory staged(dir_ / "out", /*replace_existing=*/false);
   const std::string inner = (staged.path() / "model.safetensors").string();
   EXPECT_EQ(staged.as_target(inner + ": write failed: No space left on device (" + inner + ")"),
             (dir_ / "out" / "model.safetensors").string() + ": write failed: No space left on device (" +

@@ -416,8 +416,9 @@ TEST_F(Llama2cTest, ConvertsStories260K) {
   const fs::path out = dir_ / "model";
   const auto summary = convert_llama2c(stories_bin(), stories_tok(), out, false);
   EXPECT_EQ(summary.tokenizer_file, "tokenizer.bin");
-  EXPECT_EQ(dir_entries(out), (std::vector<std::string>{"config.json", "model.safetensors", "tokenizer.bin",
-                                                        "tokenizer_config.json"}));
+  EXPECT_EQ(dir_entries(out),
+            (std::vector<std::string>{"config.json", "model.safetensors", "symprune_provenance.json",
+                                      "tokenizer.bin", "tokenizer_config.json"}));
   EXPECT_EQ(dir_entries(dir_), (std::vector<std::string>{"model"}));  // no temp dir left
   const auto config = nlohmann::json::parse(read_bytes(out / "config.json"));
   EXPECT_EQ(config["architectures"][0], "LlamaForCausalLM");
@@ -534,7 +535,7 @@ TEST_F(Llama2cTest, OutputDirectoryRules) {
 
   write_bytes(out / "keep.txt", "x");
   expect_error([&] { convert_llama2c(stories_bin(), stories_tok(), out, false); },
-               {out.string(), "exists and is not empty (pass --force to replace it)"});
+               {out.string(), "exists and is not empty (use --force to replace it)"});
   EXPECT_TRUE(fs::exists(out / "keep.txt"));
 
   convert_llama2c(stories_bin(), stories_tok(), out, true);
@@ -547,8 +548,16 @@ TEST_F(Llama2cTest, OutputDirectoryRules) {
   fs::create_directory(inputs);
   fs::copy_file(stories_bin(), inputs / "m.bin");
   expect_error([&] { convert_llama2c(inputs / "m.bin", stories_tok(), inputs, true); },
-               {"contains the input files; refusing to replace it"});
+               {"contains the input file", "m.bin; choose another directory"});
   EXPECT_TRUE(fs::exists(inputs / "m.bin"));
+  // Nor anything symprune did not write.
+  const fs::path foreign = dir_ / "foreign";
+  fs::create_directory(foreign);
+  write_bytes(foreign / "notes.txt", "keep");
+  expect_error([&] { convert_llama2c(stories_bin(), stories_tok(), foreign, true); },
+               {"was not written by symprune", "--force replaces only symprune outputs"});
+  EXPECT_TRUE(fs::exists(foreign / "notes.txt"));
+  fs::remove_all(foreign);
 
   write_bytes(dir_ / "file", "x");
   expect_error([&] { convert_llama2c(stories_bin(), stories_tok(), dir_ / "file", true); },

@@ -20,6 +20,7 @@
 #include "core/masks.h"
 #include "engine/pruned_model_writer.h"
 #include "io/calibration.h"
+#include "io/output_dir.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
 #include "model/decoder_model.h"
@@ -410,6 +411,10 @@ TEST_F(PrunePipeline, CompatWandaMagnitudeUsesTheLayerThresholdRule) {
   // Default mode: 2048, beyond this model's 64 positions.
   w.compat = "none";
   w.out = work_ / "default_seqlen";
+  // The default is named as the default, with the model's maximum as the way out.
+  expect_error(w, "--seqlen defaults to 2048, which exceeds max_position_embeddings 64 of " +
+                      (model_ / "config.json").string() + ": pass --seqlen 64 (the model's maximum) or less");
+  w.seqlen = 2048;
   expect_error(w, "--seqlen 2048 exceeds max_position_embeddings 64 of " + (model_ / "config.json").string());
 }
 
@@ -507,10 +512,16 @@ TEST_F(PrunePipeline, BadInputErrorsWriteNothing) {
 
 TEST_F(PrunePipeline, ExistingOutputNeedsForceAndIsReplacedWhole) {
   const auto out = work_ / "existing";
-  fs::create_directories(out);
-  write_bytes(out / "stale.txt", "old");
   auto c = base_config(model_, out, "magnitude");
   c.calib.clear();
+  prune_model(c);
+  // Every output carries the provenance file that marks it as symprune's.
+  const auto provenance = nlohmann::json::parse(read_bytes(out / io::kProvenanceFile));
+  EXPECT_EQ(provenance["tool"], "symprune");
+  EXPECT_EQ(provenance["command"], "prune");
+  EXPECT_EQ(provenance["config"]["method"], "magnitude");
+  EXPECT_FALSE(provenance["commit"].get<std::string>().empty());
+  write_bytes(out / "stale.txt", "old");
   try {
     prune_model(c);
     ADD_FAILURE() << "no error";
@@ -523,7 +534,31 @@ TEST_F(PrunePipeline, ExistingOutputNeedsForceAndIsReplacedWhole) {
   prune_model(c);
   EXPECT_FALSE(fs::exists(out / "stale.txt"));
   EXPECT_TRUE(fs::exists(out / "model.safetensors"));
-  EXPECT_EQ(std::distance(fs::directory_iterator(work_), fs::directory_iterator{}), 1);
+  EXPECT_EQ(std::distance(fs::directory_iterator(work_), fs::directory_iterator{}), 1);  // no lock, no temp
+}
+
+TEST_F(PrunePipeline, ForceReplacesOnlySymprunesOwnOutputs) {
+  // A directory symprune did not write is never deleted, --force or not.
+  const auto mine = work_ / "mine";
+  fs::create_directories(mine / "sub");
+  write_bytes(mine / "sub" / "thesis.tex", "years of work");
+  auto c = base_config(model_, mine, "magnitude");
+  c.calib.clear();
+  c.force = true;
+  try {
+    prune_model(c);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--out " + mine.string() +
+                                         " exists and was not written by symprune (it has no "
+                                         "symprune_provenance.json): --force replaces only symprune outputs; "
+                                         "remove it yourself or choose another --out");
+  }
+  EXPECT_EQ(read_bytes(mine / "sub" / "thesis.tex"), "years of work");
+  // A file merely named like the marker does not make a directory symprune's.
+  write_bytes(mine / io::kProvenanceFile, "{\"tool\": \"other\"}");
+  EXPECT_THROW(prune_model(c), Error);
+  EXPECT_EQ(read_bytes(mine / "sub" / "thesis.tex"), "years of work");
 }
 
 TEST_F(PrunePipeline, TokenFilesNeedNoTokenizerAndTextCalibrationUsesIt) {

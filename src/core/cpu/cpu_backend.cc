@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "core/backend.h"
@@ -331,8 +332,17 @@ std::vector<float> rope_inv_freq(int64_t head_dim, double theta,
   return inv;
 }
 
+int max_cpu_threads() {
+  // Oversubscribing a few times can make sense (hyperthreads, waiting on I/O); beyond that only slows down,
+  // and tens of thousands of threads exhaust memory for their stacks.
+  return 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 void set_cpu_threads(int n) {
-  if (n <= 0) return;
+  SYMPRUNE_CHECK(n >= 0 && n <= max_cpu_threads(),
+                 "--threads {}: use 0 (automatic: one per CPU) or 1..{} (4 x the {} CPUs of this machine)", n,
+                 max_cpu_threads(), max_cpu_threads() / 4);
+  if (n == 0) return;
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
 }

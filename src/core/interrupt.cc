@@ -1,0 +1,147 @@
+#include "core/interrupt.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace symprune::interrupt {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<int> g_received{0};
+std::mutex g_cleanup_mutex;
+std::vector<fs::path>& cleanup_paths() {
+  static std::vector<fs::path> paths;
+  return paths;
+}
+
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP};
+int g_pipe[2] = {-1, -1};
+
+// Async-signal-safe: hands the signal number to the watcher thread (whichever thread it interrupted,
+// including threads that libraries started before main()).
+void forward_signal(int signal) {
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal);
+  [[maybe_unused]] const ssize_t ignored = ::write(g_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+[[noreturn]] void stop_at_once(int signal) {
+  std::string removed;
+  {
+    std::lock_guard<std::mutex> lock(g_cleanup_mutex);
+    for (const auto& path : cleanup_paths()) {
+      std::error_code ec;
+      // The main thread may still be adding files: retry a few times until the directory is gone.
+      for (int attempt = 0; attempt < 5 && fs::exists(fs::symlink_status(path, ec)); ++attempt)
+        fs::remove_all(path, ec);
+      removed += removed.empty() ? "" : ", ";
+      removed += path.string();
+    }
+  }
+  const std::string message = "symprune: second " + signal_name(signal) + ": stopped at once" +
+                              (removed.empty() ? std::string(" (nothing to clean up)\n")
+                                               : "; removed the unfinished " + removed + "\n");
+  [[maybe_unused]] const ssize_t ignored = ::write(STDERR_FILENO, message.data(), message.size());
+  ::_exit(128 + signal);
+}
+
+void watch() {
+  while (true) {
+    unsigned char byte = 0;
+    const ssize_t n = ::read(g_pipe[0], &byte, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != 1) return;
+    const int signal = byte;
+    int expected = 0;
+    if (g_received.compare_exchange_strong(expected, signal)) {
+      std::fprintf(stderr,
+                   "symprune: %s received: stopping at the next safe point and cleaning up (send it again "
+                   "to stop at once)\n",
+                   signal_name(signal).c_str());
+      continue;
+    }
+    stop_at_once(signal);
+  }
+}
+
+}  // namespace
+
+Interrupted::Interrupted(int signal, const std::string& detail)
+    : Error("interrupted by " + signal_name(signal) + ": " +
+            (detail.empty() ? std::string("stopped before finishing; unfinished outputs were removed")
+                            : detail)),
+      signal_(signal) {}
+
+void install() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (::pipe2(g_pipe, O_CLOEXEC) != 0) return;  // no pipe: signals keep their default action
+    std::thread(watch).detach();
+    struct sigaction action {};
+    action.sa_handler = forward_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;  // interrupted system calls resume: the work stops at a safe point
+    for (int signal : kHandledSignals) ::sigaction(signal, &action, nullptr);
+  });
+}
+
+int received() {
+  return g_received.load(std::memory_order_relaxed);
+}
+
+void check() {
+  const int signal = received();
+  if (signal != 0) throw Interrupted(signal);
+}
+
+void simulate(int signal) {
+  g_received.store(signal);
+}
+
+std::string signal_name(int signal) {
+  switch (signal) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGUSR1:
+      return "SIGUSR1";
+    default:
+      return "signal " + std::to_string(signal);
+  }
+}
+
+CleanupOnStop::CleanupOnStop(fs::path path) : path_(std::move(path)) {
+  std::lock_guard<std::mutex> lock(g_cleanup_mutex);
+  cleanup_paths().push_back(path_);
+  registered_ = true;
+}
+
+CleanupOnStop::~CleanupOnStop() {
+  release();
+}
+
+void CleanupOnStop::release() {
+  if (!registered_) return;
+  std::lock_guard<std::mutex> lock(g_cleanup_mutex);
+  auto& paths = cleanup_paths();
+  auto it = std::find(paths.begin(), paths.end(), path_);
+  if (it != paths.end()) paths.erase(it);
+  registered_ = false;
+}
+
+}  // namespace symprune::interrupt

@@ -1,0 +1,62 @@
+#pragma once
+// Interrupts (SIGINT, SIGTERM, SIGHUP) end a run cleanly instead of leaving half-written outputs.
+//
+// install() runs first in main(): it installs a handler (SA_RESTART, so no system call of the work fails
+// with EINTR) that only writes the signal number to a pipe, whatever thread it lands on, and starts one
+// watcher thread that reads the pipe. The first signal only sets a flag: the work checks it at safe points
+// (between micro-batches, blocks, evaluation batches and output files) through check(), which throws
+// Interrupted; the exception unwinds like any other error, so staging directories and temporary files are
+// removed by their destructors and the command exits with 128 + signal number. A second signal stops at once:
+// the watcher removes every path registered with CleanupOnStop (staging directories, temporary files) and
+// ends the process with _exit(128 + signal).
+//
+// Without install() (unit tests, library use) check() never throws and CleanupOnStop is a no-op list.
+#include <filesystem>
+#include <string>
+
+#include "core/error.h"
+
+namespace symprune::interrupt {
+
+class Interrupted : public Error {
+ public:
+  // what(): "interrupted by SIGINT: <detail>"; the default detail says nothing unfinished was kept.
+  explicit Interrupted(int signal, const std::string& detail = "");
+  int signal() const { return signal_; }
+  // 128 + signal, the shell's convention for a process ended by a signal.
+  int exit_code() const { return 128 + signal_; }
+
+ private:
+  int signal_;
+};
+
+void install();
+
+// The first signal received (SIGINT, SIGTERM or SIGHUP), or 0.
+int received();
+
+// Throws Interrupted when a signal has been received.
+void check();
+
+// "SIGINT", "SIGTERM", ...
+std::string signal_name(int signal);
+
+// For tests: behave as if `signal` had been received (0 clears).
+void simulate(int signal);
+
+// Registers a path (file or directory) to remove if the process is stopped at once by a second signal;
+// unregistered on destruction. Paths that are installed as final outputs must be released() first.
+class CleanupOnStop {
+ public:
+  explicit CleanupOnStop(std::filesystem::path path);
+  ~CleanupOnStop();
+  CleanupOnStop(const CleanupOnStop&) = delete;
+  CleanupOnStop& operator=(const CleanupOnStop&) = delete;
+  void release();
+
+ private:
+  std::filesystem::path path_;
+  bool registered_ = false;
+};
+
+}  // namespace symprune::interrupt

@@ -1,0 +1,18 @@
+#pragma once
+// How much memory this process can still use, for up-front checks ("this run needs X GiB, Y are
+// available") that replace a std::bad_alloc hours into a run.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace symprune {
+
+// The smaller of MemAvailable (/proc/meminfo) and the cgroup's remaining allowance (cgroup v2
+// memory.max − memory.current, or v1 memory.limit_in_bytes − memory.usage_in_bytes); nullopt when
+// neither can be read. SYMPRUNE_MEMORY_AVAILABLE (bytes) overrides it, for tests.
+std::optional<uint64_t> available_memory_bytes();
+
+// "12.3 GiB"
+std::string format_bytes(double bytes);
+
+}  // namespace symprune

@@ -1,0 +1,279 @@
+#include "io/output_dir.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <system_error>
+
+#include "core/build_info.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace symprune::io {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Longest suffix symprune adds to a name beside an output: ".NAME.tmp-XXXXXX" (12 bytes more).
+constexpr size_t kTemporaryNameOverhead = 12;
+
+// Absolute, with every existing symlink resolved (the missing tail is kept lexically).
+fs::path resolved_path(const fs::path& p) {
+  std::error_code ec;
+  fs::path abs = fs::weakly_canonical(fs::absolute(p), ec);
+  if (ec) abs = fs::absolute(p).lexically_normal();
+  if (!abs.has_filename() && abs.has_parent_path()) abs = abs.parent_path();  // "a/b/" -> "a/b"
+  return abs;
+}
+
+// Whether `inner` equals `outer` or lies below it (both resolved).
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin();
+  for (auto o = outer.begin(); o != outer.end(); ++o, ++i) {
+    if (i == inner.end() || *i != *o) return false;
+  }
+  return true;
+}
+
+void check_name_length(const fs::path& resolved, std::string_view option, const fs::path& as_given) {
+  const size_t length = resolved.filename().string().size();
+  SYMPRUNE_CHECK(length + kTemporaryNameOverhead <= NAME_MAX,
+                 "{} {}: the name is {} bytes long; symprune needs {} bytes more for the temporary names "
+                 "beside it and the file system allows {} (choose a name of at most {} bytes)",
+                 option, as_given.string(), length, kTemporaryNameOverhead, NAME_MAX,
+                 NAME_MAX - kTemporaryNameOverhead);
+}
+
+// A symlink whose target does not exist would be replaced (or followed into nowhere): say so up front.
+void check_not_dangling(const fs::path& p, std::string_view option) {
+  std::error_code ec;
+  const auto link = fs::symlink_status(p, ec);
+  if (!fs::is_symlink(link)) return;
+  const fs::path target = fs::read_symlink(p, ec);
+  SYMPRUNE_CHECK(fs::exists(p, ec),
+                 "{} {} is a symbolic link to {}, which does not exist; create the target "
+                 "or choose another path",
+                 option, p.string(), target.string());
+}
+
+void check_parent(const fs::path& resolved, std::string_view option, const fs::path& as_given) {
+  std::error_code ec;
+  const fs::path parent = resolved.parent_path();
+  // A missing parent is refused rather than created: directories made here would be left behind by a
+  // run that fails later.
+  SYMPRUNE_CHECK(fs::is_directory(parent, ec), "{} {}: parent directory {} {}", option, as_given.string(),
+                 parent.string(),
+                 fs::exists(parent, ec) ? "is not a directory" : "does not exist (create it first)");
+  // Checked before the run, not after an hour of pruning (root passes unless the file system is read-only).
+  SYMPRUNE_CHECK(::access(parent.c_str(), W_OK | X_OK) == 0, "{} {}: cannot write in {}: {}", option,
+                 as_given.string(), parent.string(), std::strerror(errno));
+}
+
+bool is_symprune_output(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path marker = dir / kProvenanceFile;
+  if (!fs::is_regular_file(marker, ec)) return false;
+  std::ifstream in(marker);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.value("tool", "") == "symprune";
+}
+
+// ".NAME" + tag + 6 mkdtemp characters beside `target`.
+bool is_temporary_sibling(const std::string& entry, const std::string& name, std::string_view tag) {
+  const std::string prefix = "." + name + std::string(tag);
+  if (entry.size() != prefix.size() + 6 || !entry.starts_with(prefix)) return false;
+  for (size_t i = prefix.size(); i < entry.size(); ++i)
+    if (std::isalnum(static_cast<unsigned char>(entry[i])) == 0) return false;
+  return true;
+}
+
+// Under the lock no other run writes beside `target`, so what is there was left by an interrupted one.
+void recover_interrupted_runs(const fs::path& target, std::string_view option) {
+  std::error_code ec;
+  const std::string name = target.filename().string();
+  std::vector<fs::path> staged, replaced;
+  for (const auto& entry : fs::directory_iterator(target.parent_path(), ec)) {
+    const std::string entry_name = entry.path().filename().string();
+    if (is_temporary_sibling(entry_name, name, ".tmp-")) staged.push_back(entry.path());
+    if (is_temporary_sibling(entry_name, name, ".old-")) replaced.push_back(entry.path());
+  }
+  if (!fs::exists(fs::symlink_status(target, ec)) && !replaced.empty()) {
+    // A replace was cut off between moving the old output aside and moving the new one in.
+    fs::rename(replaced.front(), target, ec);
+    if (!ec) {
+      log::warn("{} {}: restored the previous output from {} (a replace was interrupted)", option,
+                target.string(), replaced.front().string());
+      replaced.erase(replaced.begin());
+    }
+  }
+  for (const auto* list : {&staged, &replaced}) {
+    for (const auto& p : *list) {
+      fs::remove_all(p, ec);
+      if (ec) {
+        log::warn("{}: could not remove {} left by an interrupted run: {}", option, p.string(), ec.message());
+      } else {
+        log::warn("{}: removed {} left by an interrupted run", option, p.string());
+      }
+    }
+  }
+}
+
+std::string read_small_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::string text;
+  std::getline(in, text);
+  return text;
+}
+
+}  // namespace
+
+void InputFootprint::add_model_directory(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path real = resolved_path(dir);
+  directories_.push_back({real, "input model directory"});
+  for (const auto& entry : fs::directory_iterator(real, ec)) {
+    std::error_code entry_ec;
+    if (!entry.is_symlink(entry_ec)) continue;
+    const fs::path target = fs::canonical(entry.path(), entry_ec);
+    if (entry_ec || is_within(target, real)) continue;
+    // A link out of the directory (a Hugging Face cache blob): its file and the directory holding it.
+    files_.push_back({target, "input model file"});
+    const fs::path holder = target.parent_path();
+    const bool known = std::any_of(directories_.begin(), directories_.end(),
+                                   [&](const Protected& d) { return d.path == holder; });
+    if (!known) directories_.push_back({holder, "directory holding the input model's files"});
+  }
+}
+
+void InputFootprint::add_file(const fs::path& file) {
+  std::error_code ec;
+  if (file.empty() || !fs::exists(file, ec)) return;
+  files_.push_back({resolved_path(file), "input file"});
+}
+
+void InputFootprint::check_output(const fs::path& resolved, std::string_view option,
+                                  const fs::path& as_given) const {
+  for (const auto& dir : directories_) {
+    SYMPRUNE_CHECK(!is_within(resolved, dir.path), "{} {} is {} the {} {}; choose a directory outside it",
+                   option, as_given.string(), resolved == dir.path ? "the same as" : "inside", dir.what,
+                   dir.path.string());
+    SYMPRUNE_CHECK(!is_within(dir.path, resolved), "{} {} contains the {} {}; choose another directory",
+                   option, as_given.string(), dir.what, dir.path.string());
+  }
+  for (const auto& file : files_) {
+    SYMPRUNE_CHECK(resolved != file.path, "{} {} is the {} {}; choose another path", option,
+                   as_given.string(), file.what, file.path.string());
+    SYMPRUNE_CHECK(!is_within(file.path, resolved), "{} {} contains the {} {}; choose another directory",
+                   option, as_given.string(), file.what, file.path.string());
+  }
+}
+
+PathLock::PathLock(const fs::path& target, std::string_view option) {
+  lock_path_ = target.parent_path() / ("." + target.filename().string() + ".lock");
+  // Lock, then make sure the file locked is still the one at the path: a releasing holder unlinks it,
+  // and a lock on an unlinked file would not exclude anyone.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    SYMPRUNE_CHECK(fd >= 0, "{} {}: cannot create the lock file {}: {}", option, target.string(),
+                   lock_path_.string(), std::strerror(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      const std::string holder = read_small_file(lock_path_);
+      SYMPRUNE_CHECK(err != EWOULDBLOCK,
+                     "{} {} is being written by another symprune run ({}); wait for it to finish or choose "
+                     "another path",
+                     option, target.string(), holder.empty() ? std::string("pid unknown") : holder);
+      fail("{} {}: cannot lock {}: {}", option, target.string(), lock_path_.string(), std::strerror(err));
+    }
+    struct stat held {
+    }, current{};
+    if (::fstat(fd, &held) == 0 && ::stat(lock_path_.c_str(), &current) == 0 &&
+        held.st_ino == current.st_ino && held.st_dev == current.st_dev) {
+      const std::string owner = "pid " + std::to_string(::getpid()) + "\n";
+      if (::ftruncate(fd, 0) == 0) {
+        [[maybe_unused]] const ssize_t written = ::pwrite(fd, owner.data(), owner.size(), 0);
+      }
+      fd_ = fd;
+      cleanup_ = std::make_unique<interrupt::CleanupOnStop>(lock_path_);
+      return;
+    }
+    ::close(fd);
+  }
+  fail("{} {}: could not take the lock {} (it keeps being replaced)", option, target.string(),
+       lock_path_.string());
+}
+
+PathLock::~PathLock() {
+  if (fd_ < 0) return;
+  cleanup_.reset();
+  ::unlink(lock_path_.c_str());  // while still holding the lock (see the constructor)
+  ::close(fd_);
+}
+
+OutputDirectory::OutputDirectory(const fs::path& out, const InputFootprint& inputs, bool force,
+                                 std::string option)
+    : as_given_(out) {
+  SYMPRUNE_CHECK(!out.empty(), "{}: no output directory given", option);
+  check_not_dangling(out, option);
+  path_ = resolved_path(out);
+  SYMPRUNE_CHECK(path_.has_filename() && path_ != path_.root_path(),
+                 "{} {}: not usable as an output directory", option, out.string());
+  check_name_length(path_, option, out);
+  inputs.check_output(path_, option, out);
+  check_parent(path_, option, out);
+  lock_ = std::make_unique<PathLock>(path_, option);
+  recover_interrupted_runs(path_, option);
+  std::error_code ec;
+  if (!fs::exists(path_, ec)) return;
+  existed_ = true;
+  SYMPRUNE_CHECK(fs::is_directory(path_, ec), "{} {} exists and is not a directory", option, out.string());
+  if (fs::is_empty(path_, ec)) return;
+  SYMPRUNE_CHECK(force, "{} {} exists and is not empty (use --force to replace it)", option, out.string());
+  SYMPRUNE_CHECK(is_symprune_output(path_),
+                 "{} {} exists and was not written by symprune (it has no {}): --force replaces only "
+                 "symprune outputs; remove it yourself or choose another {}",
+                 option, out.string(), kProvenanceFile, option);
+}
+
+std::unique_ptr<StagedDirectory> OutputDirectory::stage() const {
+  return std::make_unique<StagedDirectory>(path_, existed_);
+}
+
+void check_output_file(const fs::path& file, const InputFootprint& inputs, std::string_view option,
+                       const OutputDirectory* out_dir) {
+  SYMPRUNE_CHECK(!file.empty(), "{}: no file given", option);
+  check_not_dangling(file, option);
+  const fs::path resolved = resolved_path(file);
+  check_name_length(resolved, option, file);
+  std::error_code ec;
+  SYMPRUNE_CHECK(!fs::is_directory(resolved, ec), "{} {} is a directory; give a file name", option,
+                 file.string());
+  inputs.check_output(resolved, option, file);
+  if (out_dir != nullptr)
+    SYMPRUNE_CHECK(!is_within(resolved, out_dir->path()),
+                   "{} {} is inside the output directory {}, which the run replaces; write it elsewhere",
+                   option, file.string(), out_dir->as_given().string());
+  check_output_file_directory(file);
+}
+
+void write_provenance(const fs::path& dir, const nlohmann::json& provenance) {
+  write_file_atomically(dir / kProvenanceFile, provenance.dump(2) + "\n");
+}
+
+nlohmann::json build_provenance() {
+  return {{"tool", "symprune"},
+          {"version", build_info::kVersion},
+          {"commit", build_info::kGitCommit},
+          {"build", build_info::kBuildType}};
+}
+
+}  // namespace symprune::io

@@ -1,0 +1,99 @@
+#pragma once
+// Where a run may write, checked before any work (nothing lost, nothing overwritten by mistake):
+//
+//  * InputFootprint: the real places a run reads. A model directory contributes itself and the real
+//    location of every file in it (Hugging Face cache snapshots are symlinks into ../../blobs, so the
+//    blobs directory is protected too); single files (calibration, evaluation text, recipe, tokenizer,
+//    checkpoint) contribute their real path. No output may replace, contain or lie inside any of them.
+//  * OutputDirectory (--out): refused when it is a dangling symlink, has a name too long for the
+//    temporary names beside it, has a missing or unwritable parent, is a file, or is a non-empty
+//    directory — unless --force is given and the directory carries symprune's provenance file, i.e. it
+//    is a symprune output (--force never deletes anything else). While it exists it holds an exclusive
+//    lock (".NAME.lock" beside the output, flock), so two runs can never write the same output; under the
+//    lock it removes what interrupted runs left beside the output (".NAME.tmp-XXXXXX" staging directories,
+//    ".NAME.old-XXXXXX" replaced ones) and restores an output whose replacement was cut off midway.
+//  * check_output_file (--report and similar single files): parent exists, name fits, and the file is not
+//    an input, not inside a protected directory and not inside the output directory.
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/atomic_file.h"
+
+namespace symprune::io {
+
+// Written into every output directory symprune creates (version, commit, command, resolved options,
+// input fingerprints); its presence is what lets --force replace a directory.
+inline constexpr const char* kProvenanceFile = "symprune_provenance.json";
+
+class InputFootprint {
+ public:
+  // A model directory: the directory and the real location of each file directly in it.
+  void add_model_directory(const std::filesystem::path& dir);
+  // One input file (missing files are ignored: they fail later with their own error).
+  void add_file(const std::filesystem::path& file);
+
+  // Throws symprune::Error naming `option` and `as_given` when `resolved` (an absolute, symlink-free
+  // path) equals, contains or lies inside an input.
+  void check_output(const std::filesystem::path& resolved, std::string_view option,
+                    const std::filesystem::path& as_given) const;
+
+ private:
+  struct Protected {
+    std::filesystem::path path;
+    std::string what;  // "input model directory", ...
+  };
+  std::vector<Protected> directories_;  // nothing may be written inside these
+  std::vector<Protected> files_;        // nor replace these or a directory holding them
+};
+
+// An exclusive lock on a path, held through a file ".NAME.lock" beside it (flock). The lock file is
+// removed on release; a lock file left by a killed process does not block (the kernel drops its lock).
+class PathLock {
+ public:
+  // Throws symprune::Error naming `option` when another process holds the lock.
+  PathLock(const std::filesystem::path& target, std::string_view option);
+  ~PathLock();
+  PathLock(const PathLock&) = delete;
+  PathLock& operator=(const PathLock&) = delete;
+
+ private:
+  std::filesystem::path lock_path_;
+  int fd_ = -1;
+  std::unique_ptr<interrupt::CleanupOnStop> cleanup_;  // a process stopped at once removes it too
+};
+
+class OutputDirectory {
+ public:
+  // Checks `out` (see above), takes the lock and cleans up after interrupted runs. `option` names the
+  // output in messages ("--out").
+  OutputDirectory(const std::filesystem::path& out, const InputFootprint& inputs, bool force,
+                  std::string option = "--out");
+  const std::filesystem::path& path() const { return path_; }  // absolute, symlinks resolved
+  const std::filesystem::path& as_given() const { return as_given_; }
+  // Whether a directory existed at path() when the run started (a failed report then leaves it).
+  bool existed() const { return existed_; }
+  // A staging directory beside the output; install it with StagedDirectory::install().
+  std::unique_ptr<StagedDirectory> stage() const;
+
+ private:
+  std::filesystem::path as_given_;
+  std::filesystem::path path_;
+  bool existed_ = false;
+  std::unique_ptr<PathLock> lock_;
+};
+
+// Checks a single output file before any work; `out_dir` (optional) is the run's output directory.
+void check_output_file(const std::filesystem::path& file, const InputFootprint& inputs,
+                       std::string_view option, const OutputDirectory* out_dir = nullptr);
+
+// Writes kProvenanceFile into `dir` (atomically).
+void write_provenance(const std::filesystem::path& dir, const nlohmann::json& provenance);
+
+// version, commit and build of this binary, for reports and provenance files.
+nlohmann::json build_provenance();
+
+}  // namespace symprune::io

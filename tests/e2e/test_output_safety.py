@@ -1,0 +1,290 @@
+"""Nothing lost, nothing misread (issue 13): what symprune may write, interrupted and concurrent runs, and
+the command-line checks that used to let bad numbers through.
+
+Runs stories260K with small calibration sets; the signal tests wait for a progress line on stderr and then
+signal the process, so they do not depend on timing beyond "the run is at that stage"."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from prune_support import BIN, PROVENANCE, Stories, output_digest, read_json, symprune, tree_digest
+
+SMALL = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "8", "--seqlen", "64"]
+
+
+@pytest.fixture(scope="module")
+def stories(tmp_path_factory):
+    s = Stories(tmp_path_factory.mktemp("stories"))
+    s.digest = tree_digest(s.model)
+    return s
+
+
+def prune_args(stories, out, *extra):
+    """A small wanda run; options in `extra` replace the defaults of SMALL with the same name."""
+    extra = list(map(str, extra))
+    base = list(SMALL)
+    for i in range(0, len(SMALL), 2):
+        if SMALL[i] in extra:
+            base[i:i + 2] = [None, None]
+    base = [a for a in base if a is not None]
+    return ["prune", "--model", stories.model, *base, "--calib", stories.first, "--out", out, *extra]
+
+
+def listing(root):
+    return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*"))
+
+
+class Run:
+    """symprune in the background; wait_for(text) blocks until stderr shows it."""
+
+    def __init__(self, args, env=None):
+        self.proc = subprocess.Popen([BIN, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env={**os.environ, **(env or {})})
+        self.lines = []
+        self.seen = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            with self.seen:
+                self.lines.append(line)
+                self.seen.notify_all()
+
+    def wait_for(self, text, timeout=120):
+        deadline = time.time() + timeout
+        with self.seen:
+            while not any(text in line for line in self.lines):
+                left = deadline - time.time()
+                assert left > 0 and self.proc.poll() is None, f"never saw {text!r}:\n{''.join(self.lines)}"
+                self.seen.wait(min(left, 0.5))
+
+    def finish(self, timeout=60):
+        rc = self.proc.wait(timeout=timeout)
+        self.reader.join(timeout=10)
+        self.stdout = self.proc.stdout.read()
+        self.stderr = "".join(self.lines)
+        return rc
+
+
+# --- where outputs may go ---------------------------------------------------------------------------
+
+def test_report_may_not_overwrite_the_input_or_the_output(stories, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(stories.model, model)
+    before = tree_digest(model)
+    for report, expected in [(model / "config.json", "is inside the input model directory"),
+                             (model / "x.json", "is inside the input model directory"),
+                             (tmp_path / "out" / "config.json", "is inside the output directory")]:
+        proc = symprune("prune", "--model", model, *SMALL, "--calib", stories.first, "--out", tmp_path / "out",
+                        "--report", report, check=False)
+        assert proc.returncode == 1 and expected in proc.stderr, proc.stderr
+        assert tree_digest(model) == before
+        assert not (tmp_path / "out").exists()
+    # --force over an earlier output does not let the report land inside it either.
+    symprune(*prune_args(stories, tmp_path / "out"))
+    proc = symprune(*prune_args(stories, tmp_path / "out", "--force", "--report", tmp_path / "out" / "config.json"),
+                    check=False)
+    assert proc.returncode == 1 and "is inside the output directory" in proc.stderr
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "llama"
+
+
+def test_force_never_wipes_a_working_directory(stories, tmp_path):
+    work = tmp_path / "work"
+    (work / "src").mkdir(parents=True)
+    (work / "src" / "main.cc").write_text("int main() {}")
+    (work / "notes.txt").write_text("notes")
+    before = tree_digest(work)
+    proc = subprocess.run([BIN, *map(str, prune_args(stories, ".", "--force"))], cwd=work, capture_output=True,
+                          text=True)
+    assert proc.returncode == 1
+    assert "was not written by symprune" in proc.stderr
+    assert tree_digest(work) == before
+
+
+def test_force_cannot_delete_the_weights_behind_a_hugging_face_cache_snapshot(stories, tmp_path):
+    """models--org--name/snapshots/REV/* are links into ../../blobs: --out blobs --force deleted the model."""
+    repo = tmp_path / "hub" / "models--org--stories"
+    blobs, snapshot = repo / "blobs", repo / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, f in enumerate(sorted(stories.model.iterdir())):
+        shutil.copy(f, blobs / f"blob{i}")
+        (snapshot / f.name).symlink_to(Path("../../blobs") / f"blob{i}")
+    (blobs / PROVENANCE).write_text('{"tool": "symprune"}')  # even looking like a symprune output
+    before = tree_digest(blobs)
+    for out, expected in [(blobs, "is the same as the directory holding the input model's files"),
+                          (blobs / "pruned", "is inside the directory holding the input model's files"),
+                          (repo, "contains the input model directory")]:
+        proc = symprune("prune", "--model", snapshot, *SMALL, "--calib", stories.first, "--out", out, "--force",
+                        check=False)
+        assert proc.returncode == 1 and expected in proc.stderr, proc.stderr
+        assert tree_digest(blobs) == before
+    proc = symprune("prune", "--model", snapshot, *SMALL, "--calib", stories.first, "--out", tmp_path / "o",
+                    "--report", snapshot / "config.json", check=False)
+    assert proc.returncode == 1 and "is inside the directory holding the input model's files" in proc.stderr
+    assert tree_digest(blobs) == before
+
+
+def test_dangling_link_and_long_names_fail_before_any_work(stories, tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path / "gone" / "out")
+    proc = symprune(*prune_args(stories, tmp_path / "link"), check=False)
+    assert proc.returncode == 1 and "which does not exist" in proc.stderr
+    assert "block 1/" not in proc.stderr  # refused up front
+    proc = symprune(*prune_args(stories, tmp_path / "out", "--report", tmp_path / ("r" * 250)), check=False)
+    assert proc.returncode == 1 and "choose a name of at most 243 bytes" in proc.stderr
+    assert "block 1/" not in proc.stderr and listing(tmp_path) == ["link"]
+
+
+def test_eval_report_in_a_missing_directory_fails_before_the_evaluation(stories, tmp_path):
+    proc = symprune("eval", "--model", stories.model, "--text", stories.second, "--seqlen", "64",
+                    "--report", tmp_path / "missing" / "r.json", check=False)
+    assert proc.returncode == 1 and "does not exist" in proc.stderr
+    assert "chunks" not in proc.stderr  # no evaluation ran
+
+
+# --- concurrent and interrupted runs ----------------------------------------------------------------
+
+def test_a_second_run_to_the_same_output_is_refused_while_the_first_writes(stories, tmp_path):
+    out = tmp_path / "out"
+    first = Run(prune_args(stories, out), env={"SYMPRUNE_FAULT": "before_install:sleep=60"})
+    first.wait_for("block 2/")
+    time.sleep(0.5)
+    proc = symprune(*prune_args(stories, out, "--force"), check=False)
+    assert proc.returncode == 1
+    assert f"--out {out} is being written by another symprune run (pid {first.proc.pid})" in proc.stderr
+    first.proc.send_signal(signal.SIGINT)
+    assert first.finish() == 130
+    assert listing(tmp_path) == []
+
+
+def test_sigint_during_the_run_leaves_nothing_and_exits_130(stories, tmp_path):
+    out = tmp_path / "out"
+    run = Run(prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64", "--report",
+                         tmp_path / "r.json"))
+    run.wait_for("dense perplexity: chunks")
+    run.proc.send_signal(signal.SIGINT)
+    assert run.finish() == 130
+    assert "SIGINT received: stopping at the next safe point" in run.stderr
+    assert "symprune: interrupted by SIGINT: stopped before finishing; unfinished outputs were removed" in run.stderr
+    assert listing(tmp_path) == []  # no output, no report, no staging directory, no lock
+
+
+def test_sigterm_while_writing_removes_the_staging_directory(stories, tmp_path):
+    out = tmp_path / "out"
+    run = Run(prune_args(stories, out), env={"SYMPRUNE_FAULT": "before_install:sleep=60"})
+    run.wait_for("block 5/")
+    time.sleep(0.5)
+    assert any(p.name.startswith(".out.tmp-") for p in tmp_path.iterdir())
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 143
+    assert listing(tmp_path) == []
+
+
+def test_a_second_signal_stops_at_once_and_cleans_up(stories, tmp_path):
+    out = tmp_path / "out"
+    # Busy before install, between safe points: the first SIGINT cannot stop it, the second must, at once.
+    run = Run(prune_args(stories, out), env={"SYMPRUNE_FAULT": "before_install:busy=120"})
+    run.wait_for("block 5/")
+    time.sleep(0.5)
+    run.proc.send_signal(signal.SIGINT)
+    run.wait_for("SIGINT received")
+    start = time.time()
+    run.proc.send_signal(signal.SIGINT)
+    assert run.finish(timeout=20) == 130
+    assert time.time() - start < 10
+    assert "second SIGINT: stopped at once; removed the unfinished" in run.stderr
+    assert listing(tmp_path) == []
+
+
+def test_sigkill_leaves_a_staging_directory_that_the_next_run_removes(stories, tmp_path):
+    out = tmp_path / "out"
+    run = Run(prune_args(stories, out), env={"SYMPRUNE_FAULT": "before_install:sleep=60"})
+    run.wait_for("block 5/")
+    time.sleep(0.5)
+    run.proc.kill()
+    run.finish()
+    left = [p.name for p in tmp_path.iterdir()]
+    assert any(n.startswith(".out.tmp-") for n in left), left
+    proc = symprune(*prune_args(stories, out))
+    assert "left by an interrupted run" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (out / "model.safetensors").exists()
+
+
+def test_interrupted_pruned_evaluation_keeps_the_model_and_marks_the_report(stories, tmp_path):
+    out, report = tmp_path / "out", tmp_path / "r.json"
+    run = Run(prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64", "--report", report))
+    run.wait_for("pruned perplexity: chunks")
+    run.proc.send_signal(signal.SIGINT)
+    assert run.finish() == 130
+    assert f"the pruned model {out} is complete, but its evaluation was not finished" in run.stderr
+    assert (out / "model.safetensors").exists() and (out / PROVENANCE).exists()
+    r = read_json(report)
+    assert r["incomplete"] == "pruned evaluation interrupted by SIGINT"
+    assert r["perplexity"]["dense"] > 1 and r["perplexity"]["pruned"] is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "r.json"]
+
+
+# --- numbers and usability -------------------------------------------------------------------------
+
+def test_negative_seed_follows_python(stories, tmp_path):
+    """random.seed(-1) == random.seed(1): the same windows, the same pruned model."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    symprune(*prune_args(stories, a, "--seed", "-1"))
+    symprune(*prune_args(stories, b, "--seed", "1"))
+    symprune(*prune_args(stories, c, "--seed", "2"))
+    assert output_digest(a) == output_digest(b)
+    assert output_digest(a) != output_digest(c)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--threads", "100000"], "--threads 100000: use 0 (automatic: one per CPU) or 1.."),
+    (["--nsamples", "18446744073709551616"], "is outside the range of a 64-bit integer"),
+    (["--nsamples", "0x10"], "'0x10' is not an integer"),
+    (["--alpha", "nan"], "'nan' is not a number"),
+    (["--sparsity", "inf"], "'inf' is not a finite number"),
+    (["--nsamples", "100000000"], "of memory is available: lower --nsamples or --seqlen"),
+])
+def test_bad_numbers_are_refused_with_a_message(stories, tmp_path, args, message):
+    start = time.time()
+    proc = symprune(*prune_args(stories, tmp_path / "out", *args), check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert time.time() - start < 30 and listing(tmp_path) == []
+
+
+def test_leading_zeros_are_decimal(stories, tmp_path):
+    symprune(*prune_args(stories, tmp_path / "out", "--nsamples", "010", "--report", tmp_path / "r.json"))
+    assert read_json(tmp_path / "r.json")["config"]["nsamples"] == 10
+
+
+def test_version_log_level_anywhere_and_progress_with_eta(stories, tmp_path):
+    version = symprune("--version")
+    assert version.stdout.startswith("symprune ") and "commit " in version.stdout
+    quiet = symprune(*prune_args(stories, tmp_path / "q", "--log-level", "warn"))
+    assert "block 1/" not in quiet.stderr
+    proc = symprune(*prune_args(stories, tmp_path / "out", "--eval", stories.second, "--eval-seqlen", "64",
+                                "--eval-max-chunks", "40", "--report", tmp_path / "r.json"))
+    assert "block 1/5 done in" in proc.stderr and "ETA" in proc.stderr
+    assert "dense perplexity: chunks" in proc.stderr and "pruned perplexity: chunks" in proc.stderr
+    report = read_json(tmp_path / "r.json")
+    assert report["timings"]["eval_dense"] > 0 and report["timings"]["eval_pruned"] > 0
+    assert report["symprune"]["version"] in version.stdout
+    provenance = read_json(tmp_path / "out" / PROVENANCE)
+    assert provenance["commit"] == report["symprune"]["commit"]
+    assert provenance["config"] == report["config"]
+    assert provenance["fingerprints"] == report["fingerprints"]
+
+
+def test_help_shows_both_switch_spellings_without_a_misleading_default(stories):
+    text = symprune("prune", "--help").stdout
+    assert "{false}" not in text
+    assert "--no-grow-relative" in text and "relative factor in the regrow key (default on)" in text
