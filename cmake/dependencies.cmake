@@ -14,6 +14,11 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 
+if(SYMPRUNE_WITH_MPI)
+  find_package(MPI REQUIRED COMPONENTS CXX)
+  find_program(SYMPRUNE_MPIEXEC NAMES mpirun mpiexec HINTS ${MPI_CXX_COMPILER_DIR} REQUIRED)
+endif()
+
 if(SYMPRUNE_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)

@@ -24,8 +24,8 @@ struct InspectOptions {
 
 void run_inspect(const InspectOptions& options) {
   const io::ResolvedModel resolved = io::resolve_model(options.model);
-  fmt::print("model: {} ({})\n", resolved.dir.string(), resolved.source);
-  const io::ModelConfig c = io::load_config(resolved.dir / "config.json");
+  fmt::print("model: {} ({})\n", resolved.display(), resolved.source);
+  const io::ModelConfig c = io::load_model_config(resolved);
   const bool llama = c.family == io::ModelFamily::kLlama;
   fmt::print("family: {} ({})\n", llama ? "LLaMA" : "OPT", c.model_type);
   fmt::print("layers: {}, hidden: {}, intermediate: {}, heads: {}, kv heads: {}, head dim: {}\n",
@@ -50,15 +50,16 @@ void run_inspect(const InspectOptions& options) {
                c.enable_bias ? "yes" : "no", c.activation_function);
   }
 
-  const io::SafetensorsModel weights = io::SafetensorsModel::open_dir(resolved.dir);
-  const auto weight_map = weights.weight_map();
-  const std::set<std::string> files = [&] {
-    std::set<std::string> s;
-    for (const auto& [_, f] : weight_map) s.insert(f);
-    return s;
-  }();
-  fmt::print("weights: {} file(s){}\n", files.size(),
-             weights.sharded() ? " via model.safetensors.index.json" : "");
+  const std::unique_ptr<io::TensorSource> source = io::open_tensor_source(resolved);
+  const io::TensorSource& weights = *source;
+  std::map<std::string, std::string> weight_map;  // tensor -> file
+  const auto shards = weights.shards();
+  for (const auto& shard : shards)
+    for (const auto& t : shard.tensors) weight_map[t] = shard.file;
+  fmt::print(
+      "weights: {} file(s){}{}\n", shards.size(),
+      weights.indexed() ? " via model.safetensors.index.json" : "",
+      resolved.is_synthetic() ? " (synthetic: generated from the seed, the files a pruned copy has)" : "");
 
   const auto names = weights.names();
   size_t name_width = 4;

@@ -1,7 +1,6 @@
 #pragma once
 // Subcommands register themselves here (one cmd_*.cc file each), so main.cc needs no list.
 #include <CLI/CLI.hpp>
-
 #include <functional>
 #include <string>
 #include <vector>

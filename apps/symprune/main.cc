@@ -1,5 +1,4 @@
 // symprune: prune large language models after training. Subcommands live in cmd_*.cc.
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/log.h"
+#include "process_setup.h"
 
 namespace symprune::app {
 
@@ -25,28 +25,10 @@ std::vector<CommandRegistration>& command_registry() {
 
 }  // namespace symprune::app
 
-namespace {
-
-// Idle OpenMP threads spin (libgomp's default active wait policy) and take the CPUs that OpenBLAS's own
-// threads need: on a 2-core machine the default thread count ran ~2.5x slower than --threads 1. libgomp
-// reads OMP_WAIT_POLICY once, when it is loaded, so the passive policy is set by re-executing this
-// binary with it; a policy the user set is left alone.
-void use_passive_openmp_waits(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  if (::setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
-  ::execv("/proc/self/exe", argv);  // returns only on failure: run on with the default policy
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   using namespace symprune;
-  use_passive_openmp_waits(argv);
-  // Past RLIMIT_FSIZE the kernel sends SIGXFSZ, which kills silently and leaves temporaries behind;
-  // ignored, write() fails with EFBIG and the writers report it and clean up like any other error.
-  std::signal(SIGXFSZ, SIG_IGN);
-  // Before any other thread starts: SIGINT/SIGTERM/SIGHUP then stop the run at a safe point.
-  interrupt::install();
+  app::use_passive_openmp_waits(argv);
+  app::install_signal_handling();
   CLI::App app{"symprune: post-training pruning of large language models (LLaMA, OPT)", "symprune"};
   app.require_subcommand(1);
   app.set_version_flag("--version", fmt::format("symprune {} (commit {}, {} build)", build_info::kVersion,

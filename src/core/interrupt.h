@@ -35,8 +35,13 @@ void install();
 // The first signal received (SIGINT, SIGTERM or SIGHUP), or 0.
 int received();
 
-// Throws Interrupted when a signal has been received.
+// Throws Interrupted when a signal has been received, unless local checks are off (below).
 void check();
+
+// In a run of several ranks one rank must not stop alone while the others wait for it in a collective:
+// the pipeline then turns local checks off and stops at points where all ranks agree (a collective over
+// received()). On by default.
+void set_local_checks(bool enabled);
 
 // "SIGINT", "SIGTERM", ...
 std::string signal_name(int signal);

@@ -12,7 +12,7 @@ namespace {
 int g_rank = 0;
 }
 
-void init(int rank, std::string_view level) {
+void init(int rank, std::string_view level, int size) {
   g_rank = rank;
   std::string chosen(level);
   if (chosen.empty()) {
@@ -23,12 +23,16 @@ void init(int rank, std::string_view level) {
   SYMPRUNE_CHECK(parsed != spdlog::level::off || chosen == "off",
                  "unknown log level '{}' (use trace, debug, info, warn, error or off)", chosen);
   // Logs go to stderr so stdout carries only results (tables, JSON).
-  auto logger = spdlog::stderr_color_mt("symprune");
+  auto logger = spdlog::get("symprune");
+  if (!logger) logger = spdlog::stderr_color_mt("symprune");
   spdlog::set_default_logger(logger);
-  spdlog::set_pattern(rank == 0 ? "[%H:%M:%S] %^%l%$ %v" : fmt::format("[%H:%M:%S] [rank {}] %^%l%$ %v", rank));
+  spdlog::set_pattern(size <= 1 ? "[%H:%M:%S] %^%l%$ %v"
+                                : fmt::format("[%H:%M:%S] [rank {}/{}] %^%l%$ %v", rank, size));
   spdlog::set_level(parsed);
 }
 
-bool is_root() { return g_rank == 0; }
+bool is_root() {
+  return g_rank == 0;
+}
 
 }  // namespace symprune::log

@@ -1,5 +1,6 @@
 #pragma once
 // One logging entry point (DESIGN.md §7.4): rank 0 talks at info, other ranks only warn and above.
+// Calling init again (the rank becomes known after MPI starts) replaces the settings.
 // Level from --log-level or SYMPRUNE_LOG_LEVEL (trace, debug, info, warn, error, off).
 #include <spdlog/spdlog.h>
 
@@ -7,7 +8,8 @@
 
 namespace symprune::log {
 
-void init(int rank = 0, std::string_view level = {});
+// With size > 1 every line carries "[rank r/R]".
+void init(int rank = 0, std::string_view level = {}, int size = 1);
 bool is_root();
 
 template <typename... Args>

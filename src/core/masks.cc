@@ -250,7 +250,7 @@ void select_nm(const Tensor& scores, int n, int m, Mask& mask) {
 // The order key of the element at 0-based position `rank` of the ascending order of all keys, by a
 // 3-pass MSB radix select (11 + 11 + 10 bits, integer histograms, so the result is thread-count
 // independent). `*equal_before` receives how many elements with that key precede it in the order.
-uint32_t radix_select(const Tensor& scores, int64_t rank, int64_t* equal_before) {
+uint32_t radix_select(const Tensor& scores, int64_t rank, int64_t* equal_before, const MatrixPart* part) {
   constexpr std::array<int, 3> kShift = {21, 10, 0};
   constexpr std::array<int, 3> kBits = {11, 11, 10};
   const float* s = scores.data();
@@ -272,6 +272,7 @@ uint32_t radix_select(const Tensor& scores, int64_t rank, int64_t* equal_before)
 #pragma omp critical
       for (size_t b = 0; b < bins; ++b) hist[b] += local[b];
     }
+    if (part != nullptr) part->sum_over_parts(hist);
     size_t bin = 0;
     while (rank >= hist[bin]) rank -= hist[bin++];
     SYMPRUNE_ASSERT(bin < bins, "radix select ran past the histogram");
@@ -282,14 +283,16 @@ uint32_t radix_select(const Tensor& scores, int64_t rank, int64_t* equal_before)
   return prefix;
 }
 
-void select_layer_exact(const Tensor& scores, int64_t k, Mask& mask) {
+void select_layer_exact(const Tensor& scores, int64_t k, Mask& mask, const MatrixPart* part) {
   if (k == 0) return;
   int64_t equal_to_prune = 0;
-  const uint32_t threshold = radix_select(scores, k, &equal_to_prune);
+  const uint32_t threshold = radix_select(scores, k, &equal_to_prune, part);
   const int64_t rows = scores.dim(0), cols = scores.dim(1);
   // Everything below the threshold key is pruned; of the entries equal to it, the first
   // `equal_to_prune` in flat order. Per-row counts of equal entries place that cut without a serial scan.
-  std::vector<int64_t> equal_in_row(static_cast<size_t>(rows), 0);
+  const int64_t row_begin = part ? part->row_begin : 0;
+  const int64_t total_rows = part ? part->total_rows : rows;
+  std::vector<int64_t> equal_in_row(static_cast<size_t>(total_rows), 0);
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const float* s = scores.data() + r * cols;
@@ -300,11 +303,15 @@ void select_layer_exact(const Tensor& scores, int64_t k, Mask& mask) {
       p[c] = key < threshold ? 1 : 0;
       equal += key == threshold;
     }
-    equal_in_row[static_cast<size_t>(r)] = equal;
+    equal_in_row[static_cast<size_t>(row_begin + r)] = equal;
   }
+  // Ties before this part's rows are cut first (the other parts' counts, summed in).
+  if (part != nullptr) part->sum_over_parts(equal_in_row);
   int64_t remaining = equal_to_prune;
+  for (int64_t r = 0; r < row_begin && remaining > 0; ++r)
+    remaining -= std::min(remaining, equal_in_row[static_cast<size_t>(r)]);
   for (int64_t r = 0; r < rows && remaining > 0; ++r) {
-    if (equal_in_row[static_cast<size_t>(r)] == 0) continue;
+    if (equal_in_row[static_cast<size_t>(row_begin + r)] == 0) continue;
     const float* s = scores.data() + r * cols;
     uint8_t* p = mask.row(r).data();
     for (int64_t c = 0; c < cols && remaining > 0; ++c)
@@ -317,9 +324,9 @@ void select_layer_exact(const Tensor& scores, int64_t k, Mask& mask) {
 
 // Reference repos: theta = sort(S.flatten())[k] (NaN sorts last), mask = S <= theta. A NaN theta
 // (k at or past the first NaN) prunes nothing, as `S <= nan` does in torch.
-void select_layer_threshold_le(const Tensor& scores, int64_t k, Mask& mask) {
+void select_layer_threshold_le(const Tensor& scores, int64_t k, Mask& mask, const MatrixPart* part) {
   int64_t unused = 0;
-  const uint32_t threshold_key = radix_select(scores, k, &unused);
+  const uint32_t threshold_key = radix_select(scores, k, &unused, part);
   if (threshold_key == 0xFFFFFFFFu) return;
   const float theta = score_from_order_key(threshold_key);
   const float* s = scores.data();
@@ -331,28 +338,35 @@ void select_layer_threshold_le(const Tensor& scores, int64_t k, Mask& mask) {
 
 }  // namespace
 
-Mask select_mask(const Tensor& scores, const MaskSpec& spec, std::string_view matrix_name) {
+Mask select_mask(const Tensor& scores, const MaskSpec& spec, std::string_view matrix_name,
+                 const MatrixPart* part) {
   SYMPRUNE_CHECK(scores.rank() == 2, "matrix {}: scores must be a matrix, got shape {}", matrix_name,
                  scores.shape_string());
   const int64_t rows = scores.dim(0), cols = scores.dim(1);
-  validate_mask_spec(spec, rows, cols, matrix_name);
+  const int64_t total_rows = part ? part->total_rows : rows;
+  SYMPRUNE_ASSERT(
+      !part || (part->row_begin >= 0 && part->row_begin + rows <= total_rows && part->sum_over_parts),
+      "matrix part rows [{}, +{}) of {}", part->row_begin, rows, total_rows);
+  validate_mask_spec(spec, total_rows, cols, matrix_name);
   // Row keys carry the column in 32 bits.
   SYMPRUNE_CHECK(cols < (int64_t{1} << 32), "matrix {}: row width {} is too large", matrix_name, cols);
   Mask mask(rows, cols);
-  if (rows == 0 || cols == 0) return mask;
-  const bool threshold_le = spec.kind == MaskSpec::kUnstructuredLayer && spec.compat_threshold_le;
+  const bool layer = spec.kind == MaskSpec::kUnstructuredLayer;
+  // A part with no rows still takes part in the layer selection's sums.
+  if ((rows == 0 && !(layer && part)) || cols == 0) return mask;
+  const bool threshold_le = layer && spec.compat_threshold_le;
   if (!threshold_le) check_no_nan(scores, matrix_name);
   switch (spec.kind) {
     case MaskSpec::kUnstructuredRow:
       select_rows(scores, prune_count(cols, spec.sparsity), mask);
       break;
     case MaskSpec::kUnstructuredLayer: {
-      const int64_t k = prune_count(rows * cols, spec.sparsity);
-      SYMPRUNE_ASSERT(k >= 0 && k < rows * cols, "prune count {} of {}", k, rows * cols);
+      const int64_t k = prune_count(total_rows * cols, spec.sparsity);
+      SYMPRUNE_ASSERT(k >= 0 && k < total_rows * cols, "prune count {} of {}", k, total_rows * cols);
       if (threshold_le)
-        select_layer_threshold_le(scores, k, mask);
+        select_layer_threshold_le(scores, k, mask, part);
       else
-        select_layer_exact(scores, k, mask);
+        select_layer_exact(scores, k, mask, part);
       break;
     }
     case MaskSpec::kNM:

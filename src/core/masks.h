@@ -7,6 +7,7 @@
 // -0.0 and +0.0 are equal. Selection is by k-select (nth_element per row, radix select over the whole
 // matrix), never a full sort, and the result does not depend on the number of threads.
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -92,13 +93,27 @@ int64_t prune_count(int64_t total, double rho);
 // N:M with N < 1, M < 1, N >= M, or M not dividing cols; negative shapes.
 void validate_mask_spec(const MaskSpec& spec, int64_t rows, int64_t cols, std::string_view matrix_name);
 
+// A slice of rows of a bigger matrix, held by one of several parts (ranks) that select one mask together.
+// Row and N:M masks are row-local and ignore it. Layer masks count over the whole matrix: the parts build
+// integer histograms of their rows and `sum_over_parts` adds the vectors of all parts element-wise (an
+// all-reduce; every part calls it the same number of times with the same sizes). Integer sums are exact,
+// so the mask does not depend on how the rows are split.
+struct MatrixPart {
+  int64_t row_begin = 0;   // first row of the scores in the whole matrix
+  int64_t total_rows = 0;  // rows of the whole matrix
+  std::function<void(std::span<int64_t>)> sum_over_parts;
+};
+
 // The mask for a rank-2 score matrix. Validates the spec first. Exact-count modes (row, layer without
 // compat, N:M) throw Error "NaN score in matrix <name> ..." if any score is NaN.
 //  * row:   exactly prune_count(cols, ρ) per row.
 //  * layer: exactly prune_count(rows*cols, ρ) in the matrix, ties by flat index; with
 //           compat_threshold_le the "≤ θ" rule instead.
 //  * N:M:   exactly N per group of M consecutive columns in each row.
-Mask select_mask(const Tensor& scores, const MaskSpec& spec, std::string_view matrix_name = "<unnamed>");
+// With `part`, `scores` holds rows [part->row_begin, ...) of a matrix of part->total_rows rows and the result
+// is those rows of the whole matrix's mask (ties by flat index of the whole matrix).
+Mask select_mask(const Tensor& scores, const MaskSpec& spec, std::string_view matrix_name = "<unnamed>",
+                 const MatrixPart* part = nullptr);
 
 // Monotone unsigned key of a score under the mask order: a < b (as floats) iff key(a) < key(b);
 // -0.0 and +0.0 share a key; every NaN maps to 0xFFFFFFFF, above +inf (torch's sort puts NaN last).

@@ -159,15 +159,30 @@ std::vector<double> output_factors(const ActivationStats* stats, double alpha, i
   return factors;
 }
 
-// S[r,c] = f(r, c, |W[r,c]|) in fp64, rows in parallel.
+// The rows a call computes (ScoreOptions::row_begin/row_end).
+struct RowRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+RowRange rows_of(const Tensor& weight, const ScoreOptions& options) {
+  const int64_t m = weight.dim(0);
+  const RowRange rows{options.row_begin, options.row_end < 0 ? m : options.row_end};
+  SYMPRUNE_CHECK(rows.begin >= 0 && rows.begin <= rows.end && rows.end <= m,
+                 "{}: score rows [{}, {}) outside the {} rows of the weight", label(options), rows.begin,
+                 rows.end, m);
+  return rows;
+}
+
+// S[r,c] = f(r, c, |W[r,c]|) in fp64 for r in `rows` (S row 0 = weight row rows.begin), rows in parallel.
 template <typename F>
-Tensor fill_scores(const Tensor& weight, F f) {
-  const int64_t m = weight.dim(0), n = weight.dim(1);
-  Tensor scores({m, n});
+Tensor fill_scores(const Tensor& weight, RowRange rows, F f) {
+  const int64_t n = weight.dim(1);
+  Tensor scores({rows.size(), n});
   const float* w = weight.data();
-  float* s = scores.data();
-#pragma omp parallel for schedule(static) if (m * n >= kParallelMin)
-  for (int64_t r = 0; r < m; ++r)
+  float* s = scores.data() - rows.begin * n;
+#pragma omp parallel for schedule(static) if (rows.size() * n >= kParallelMin)
+  for (int64_t r = rows.begin; r < rows.end; ++r)
     for (int64_t c = 0; c < n; ++c)
       s[r * n + c] = to_score(f(r, c, std::fabs(static_cast<double>(w[r * n + c]))));
   return scores;
@@ -206,7 +221,7 @@ float torch_pow(float x, double alpha) {
 }
 
 Tensor ria_fp16_scores(const Tensor& weight, const ActivationStats* stats, double alpha, bool with_activation,
-                       const ScoreOptions& options) {
+                       const ScoreOptions& options, RowRange rows) {
   const int64_t m = weight.dim(0), n = weight.dim(1);
   const float* w = weight.data();
   // |W| in fp16 (exact for fp16 checkpoints).
@@ -236,10 +251,10 @@ Tensor ria_fp16_scores(const Tensor& weight, const ActivationStats* stats, doubl
           alpha == 0.5 ? std::sqrt(std::sqrt(s)) : torch_pow(std::sqrt(s), alpha);
     }
   }
-  Tensor scores({m, n});
-  float* out = scores.data();
-#pragma omp parallel for schedule(static) if (m * n >= kParallelMin)
-  for (int64_t r = 0; r < m; ++r) {
+  Tensor scores({rows.size(), n});
+  float* out = scores.data() - rows.begin * n;
+#pragma omp parallel for schedule(static) if (rows.size() * n >= kParallelMin)
+  for (int64_t r = rows.begin; r < rows.end; ++r) {
     for (int64_t c = 0; c < n; ++c) {
       const float a = h[r * n + c];
       const float cs = column_h[static_cast<size_t>(c)], rs = row_h[static_cast<size_t>(r)];
@@ -358,6 +373,7 @@ Tensor compute_scores(ScoreMethod method, const Tensor& weight, const Activation
   validate_score_options(method, options);
   check_weight(weight, options);
   const int64_t m = weight.dim(0), n = weight.dim(1);
+  const RowRange part = rows_of(weight, options);
   const double alpha = resolved_alpha(method, options);
   const bool needs_stats = score_method_needs_stats(method, options);
   if (needs_stats) {
@@ -382,25 +398,26 @@ Tensor compute_scores(ScoreMethod method, const Tensor& weight, const Activation
 
   switch (method) {
     case ScoreMethod::kMagnitude:
-      return fill_scores(weight, [](int64_t, int64_t, double w) { return w; });
+      return fill_scores(weight, part, [](int64_t, int64_t, double w) { return w; });
     case ScoreMethod::kWanda:
-      return fill_scores(weight, [&](int64_t, int64_t c, double w) { return w * a(c); });
+      return fill_scores(weight, part, [&](int64_t, int64_t c, double w) { return w * a(c); });
     case ScoreMethod::kOWanda:
-      return fill_scores(weight, [&](int64_t r, int64_t, double w) { return w * b(r); });
+      return fill_scores(weight, part, [&](int64_t r, int64_t, double w) { return w * b(r); });
     case ScoreMethod::kSymWanda:
-      return fill_scores(weight, [&](int64_t r, int64_t c, double w) { return w * (a(c) + b(r)); });
+      return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) { return w * (a(c) + b(r)); });
     case ScoreMethod::kSymWandaSq:
-      return fill_scores(
-          weight, [&](int64_t r, int64_t c, double w) { return w * std::sqrt(a(c) * a(c) + b(r) * b(r)); });
+      return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
+        return w * std::sqrt(a(c) * a(c) + b(r) * b(r));
+      });
     case ScoreMethod::kSymmetric:
     case ScoreMethod::kSymmetricSq: {
       const std::vector<double> rows = row_norms(weight, NormKind{2.0});
       const std::vector<double> cols = column_norms(weight, NormKind{2.0});
       if (method == ScoreMethod::kSymmetric)
-        return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+        return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
           return w * (rows[static_cast<size_t>(r)] + cols[static_cast<size_t>(c)]);
         });
-      return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+      return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
         const double rr = rows[static_cast<size_t>(r)], cc = cols[static_cast<size_t>(c)];
         return w * std::sqrt(rr * rr + cc * cc);
       });
@@ -408,24 +425,26 @@ Tensor compute_scores(ScoreMethod method, const Tensor& weight, const Activation
     case ScoreMethod::kRI:
     case ScoreMethod::kRIA: {
       const bool with_activation = method == ScoreMethod::kRIA;
-      if (options.compat_ria_fp16) return ria_fp16_scores(weight, stats, alpha, with_activation, options);
+      if (options.compat_ria_fp16)
+        return ria_fp16_scores(weight, stats, alpha, with_activation, options, part);
       const std::vector<double> inv_rows = inverses(row_norms(weight, NormKind{1.0}));
       const std::vector<double> inv_cols = inverses(column_norms(weight, NormKind{1.0}));
-      return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+      return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
         const double ri = w * (inv_rows[static_cast<size_t>(r)] + inv_cols[static_cast<size_t>(c)]);
         return with_activation ? ri * a(c) : ri;
       });
     }
     case ScoreMethod::kRIARowOnly: {
       const std::vector<double> inv_rows = inverses(row_norms(weight, NormKind{1.0}));
-      return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+      return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
         return w * inv_rows[static_cast<size_t>(r)] * a(c);
       });
     }
     case ScoreMethod::kRIAColOnly: {
       const std::vector<double> inv_cols = inverses(column_norms(weight, NormKind{1.0}));
-      return fill_scores(
-          weight, [&](int64_t, int64_t c, double w) { return w * inv_cols[static_cast<size_t>(c)] * a(c); });
+      return fill_scores(weight, part, [&](int64_t, int64_t c, double w) {
+        return w * inv_cols[static_cast<size_t>(c)] * a(c);
+      });
     }
     case ScoreMethod::kLp: {
       const NormKind kind{options.p};
@@ -435,18 +454,19 @@ Tensor compute_scores(ScoreMethod method, const Tensor& weight, const Activation
       auto at = [](const std::vector<double>& v, int64_t i) { return v[static_cast<size_t>(i)]; };
       switch (options.strategy) {
         case 1:
-          return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+          return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
             return w * (at(inv_rows, r) + at(inv_cols, c)) * a(c);
           });
         case 2:
-          return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+          return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
             return ratio(w, at(rows, r) + at(cols, c)) * a(c);
           });
         case 3:
-          return fill_scores(
-              weight, [&](int64_t r, int64_t c, double w) { return w * (at(rows, r) + at(cols, c)) * a(c); });
+          return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
+            return w * (at(rows, r) + at(cols, c)) * a(c);
+          });
         default:
-          return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+          return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
             return ratio(w, at(inv_rows, r) + at(inv_cols, c)) * a(c);
           });
       }
@@ -455,7 +475,7 @@ Tensor compute_scores(ScoreMethod method, const Tensor& weight, const Activation
       std::vector<double> row_sums, column_sums;
       stochria_sums(weight, options, row_sums, column_sums);
       const std::vector<double> inv_rows = inverses(row_sums), inv_cols = inverses(column_sums);
-      return fill_scores(weight, [&](int64_t r, int64_t c, double w) {
+      return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
         return w * (inv_rows[static_cast<size_t>(r)] + inv_cols[static_cast<size_t>(c)]) * a(c);
       });
     }

@@ -105,6 +105,11 @@ struct ScoreOptions {
   int64_t block = 0;
   std::string matrix_name;       // for error messages and the stochria RNG key
   bool compat_ria_fp16 = false;  // ri / ria: RIA repository fp16 rounding (see the header comment)
+  // Rows of the result: [row_begin, row_end) of the whole matrix (row_end < 0: to the last row), for a
+  // rank that owns those rows. Column norms and the checks still read the whole weight, so the scores of
+  // a row slice equal those rows of the whole matrix's scores, bit for bit.
+  int64_t row_begin = 0;
+  int64_t row_end = -1;
 };
 
 // α after applying the default (NaN for methods without α).
@@ -117,9 +122,9 @@ bool score_method_needs_stats(ScoreMethod method, const ScoreOptions& options);
 // α, p not in {0, 1, 2, 3, 4, ∞}, strategy outside 1..4, β outside (0, 1].
 void validate_score_options(ScoreMethod method, const ScoreOptions& options);
 
-// Scores of W [m, n] (fp32) → S [m, n] fp32. `stats` may be null only when
-// score_method_needs_stats() is false; otherwise its input widths must be n (and output widths m
-// for owanda/symwanda/symwanda-sq). Errors name options.matrix_name.
+// Scores of W [m, n] (fp32) → S [rows, n] fp32 for the rows options.row_begin..row_end (all by default).
+// `stats` may be null only when score_method_needs_stats() is false; otherwise its input widths must be n
+// (and output widths m for owanda/symwanda/symwanda-sq). Errors name options.matrix_name.
 Tensor compute_scores(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
                       const ScoreOptions& options);
 

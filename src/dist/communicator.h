@@ -44,11 +44,20 @@ class Communicator {
   virtual void all_gather_v(std::span<const std::byte> local, std::span<const int64_t> counts,
                             std::span<std::byte> gathered) = 0;
 
+  // Point to point, blocking: send `bytes` to rank `dest`; receive exactly bytes.size() bytes from rank
+  // `source`. Messages between two ranks arrive in the order they were sent.
+  virtual void send(std::span<const std::byte> bytes, int dest) = 0;
+  virtual void recv(std::span<std::byte> bytes, int source) = 0;
+
   virtual void barrier() = 0;
+
+  // Ends every rank's process with `exit_code`, for an error that not every rank sees (MPI_Abort): no rank
+  // is left waiting in a collective.
+  [[noreturn]] virtual void abort(int exit_code) = 0;
 };
 
 // A single-process communicator: size 1, rank 0, every collective is the identity (a copy for the
-// gathers). Used by `symprune` (one process) and by tests.
+// gathers); send/recv have no peer and throw. Used by `symprune` (one process) and by tests.
 std::unique_ptr<Communicator> make_local_communicator();
 
 }  // namespace symprune::dist

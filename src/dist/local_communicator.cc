@@ -1,6 +1,8 @@
 // The size-1 communicator: collectives reduce to copies, but argument checks are the same as in the
 // multi-rank implementations so that misuse is caught in single-process tests too.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "dist/communicator.h"
@@ -40,7 +42,19 @@ class LocalCommunicator final : public Communicator {
     std::copy(local.begin(), local.end(), gathered.begin());
   }
 
+  void send(std::span<const std::byte>, int dest) override {
+    fail("send: rank {} does not exist in the local communicator (size 1)", dest);
+  }
+  void recv(std::span<std::byte>, int source) override {
+    fail("recv: rank {} does not exist in the local communicator (size 1)", source);
+  }
+
   void barrier() override {}
+
+  [[noreturn]] void abort(int exit_code) override {
+    std::fflush(nullptr);
+    std::_Exit(exit_code);
+  }
 };
 
 }  // namespace

@@ -3,12 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <ctime>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 
 #include "core/activation_stats.h"
 #include "core/backend.h"
@@ -16,18 +13,17 @@
 #include "core/fault.h"
 #include "core/interrupt.h"
 #include "core/log.h"
-#include "core/masks.h"
-#include "core/scores.h"
-#include "core/system_memory.h"
+#include "dist/partition.h"
+#include "engine/block_statistics.h"
+#include "engine/collective_errors.h"
+#include "engine/mask_stage.h"
 #include "engine/pruned_model_writer.h"
+#include "engine/run_plan.h"
+#include "engine/weight_exchange.h"
+#include "io/atomic_file.h"
 #include "io/calibration.h"
 #include "io/model_layout.h"
-#include "io/model_resolver.h"
-#include "io/output_dir.h"
-#include "io/safetensors.h"
-#include "io/tokenizer.h"
-#include "model/decoder_model.h"
-#include "model/fingerprint.h"
+#include "io/synthetic_model.h"
 #include "model/perplexity.h"
 
 namespace symprune::engine {
@@ -36,146 +32,18 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int64_t kDefaultSeqlen = 2048;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::string read_text_file(const fs::path& path, const char* option) {
-  SYMPRUNE_CHECK(fs::is_regular_file(path), "{} {}: no such file", option, path.string());
-  std::ifstream in(path, std::ios::binary);
-  SYMPRUNE_CHECK(in.good(), "{} {}: cannot open", option, path.string());
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  SYMPRUNE_CHECK(!in.bad(), "{} {}: read error", option, path.string());
-  return buffer.str();
-}
-
-// 64-bit hash of a tensor's contents, word-wise (fast enough to run on every linear input).
-uint64_t content_hash(const Tensor& t) {
-  uint64_t h = 0xcbf29ce484222325ull ^ static_cast<uint64_t>(t.numel());
-  const size_t bytes = static_cast<size_t>(t.numel()) * sizeof(float);
-  const auto* p = reinterpret_cast<const unsigned char*>(t.data());
-  size_t i = 0;
-  for (; i + 8 <= bytes; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 0x100000001b3ull;
-    h ^= h >> 29;
-  }
-  for (; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
-// The Gram matrix G = XᵀX of one linear input, summed over micro-batches in fp64.
-struct Gram {
-  int64_t n = 0;
-  std::vector<double> g;
-};
-
-// Dense-pass observer: activation statistics per linear and (optionally) the Gram matrices of the
-// distinct inputs. Consecutive linears fed identical inputs (q/k/v, gate/up) share one Gram.
-class BlockObserver : public model::LinearObserver {
- public:
-  BlockObserver(Backend& backend, int64_t seq_len, bool collect_output, bool collect_gram)
-      : backend_(backend), seq_len_(seq_len), collect_output_(collect_output), collect_gram_(collect_gram) {}
-
-  void on_linear(const model::LinearId& id, const Tensor& input, const Tensor& output) override {
-    const int64_t n = input.dim(-1);
-    const int64_t rows = input.numel() / n;
-    static const Tensor kNoOutput;
-    stats_[id.name].accumulate(input, collect_output_ ? output : kNoOutput, rows / seq_len_, seq_len_);
-    if (!collect_gram_) return;
-    const uint64_t hash = content_hash(input);
-    const bool same_as_previous =
-        have_previous_ && previous_numel_ == input.numel() && previous_n_ == n && previous_hash_ == hash;
-    size_t index;
-    if (same_as_previous) {
-      index = previous_gram_;
-      gram_of_[id.name] = index;
-    } else {
-      auto it = gram_of_.find(id.name);
-      if (it == gram_of_.end()) {
-        grams_.push_back(
-            std::make_unique<Gram>(Gram{n, std::vector<double>(static_cast<size_t>(n * n), 0.0)}));
-        it = gram_of_.emplace(id.name, grams_.size() - 1).first;
-      }
-      index = it->second;
-      accumulate_gram(*grams_[index], input, rows, n);
-    }
-    have_previous_ = true;
-    previous_hash_ = hash;
-    previous_numel_ = input.numel();
-    previous_n_ = n;
-    previous_gram_ = index;
-  }
-
-  // Called between micro-batches is not needed: the "same input" test compares with the previous call,
-  // and the first linear of a micro-batch never matches the last one of the previous micro-batch
-  // (different widths or contents), which is harmless either way since both would map consistently.
-
-  ActivationStats& stats(const std::string& name) { return stats_.at(name); }
-  const Gram* gram(const std::string& name) const {
-    auto it = gram_of_.find(name);
-    return it == gram_of_.end() ? nullptr : grams_[it->second].get();
-  }
-
- private:
-  void accumulate_gram(Gram& gram, const Tensor& input, int64_t rows, int64_t n) {
-    // G += XᵀX as one sgemm: linear(x = Xᵀ [n, rows], W = Xᵀ) = Xᵀ X.
-    transposed_.resize({n, rows});
-    const float* x = input.data();
-    float* xt = transposed_.data();
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < n; ++c) xt[c * rows + r] = x[r * n + c];
-    backend_.linear(transposed_, transposed_, nullptr, product_);
-    const float* p = product_.data();
-    for (size_t i = 0; i < gram.g.size(); ++i) gram.g[i] += static_cast<double>(p[i]);
-  }
-
-  Backend& backend_;
-  int64_t seq_len_;
-  bool collect_output_;
-  bool collect_gram_;
-  std::map<std::string, ActivationStats> stats_;
-  std::vector<std::unique_ptr<Gram>> grams_;
-  std::map<std::string, size_t> gram_of_;
-  bool have_previous_ = false;
-  uint64_t previous_hash_ = 0;
-  int64_t previous_numel_ = 0, previous_n_ = 0;
-  size_t previous_gram_ = 0;
-  Tensor transposed_, product_;
-};
-
-// Σ_r a_r G a_rᵀ for A [m, n] (fp32 sgemm A·G, then the elementwise sum in fp64), clamped at 0.
-double quadratic_form(Backend& backend, const Tensor& a, const Tensor& g) {
-  Tensor product;
-  backend.linear(a, g, nullptr, product);  // A Gᵀ = A G (G symmetric)
-  double sum = 0.0;
-  for (int64_t i = 0; i < a.numel(); ++i) sum += static_cast<double>(a[i]) * static_cast<double>(product[i]);
-  return std::max(sum, 0.0);
-}
-
-// ‖(W − W̃)X‖ / ‖WX‖ from G = XᵀX; nullopt when ‖WX‖ = 0 and ΔW ≠ 0.
-std::optional<double> reconstruction_error(Backend& backend, const Tensor& weight, const Mask& mask,
-                                           const Gram& gram) {
-  if (mask.count() == 0) return 0.0;
-  const int64_t n = gram.n;
-  Tensor g({n, n});
-  for (int64_t i = 0; i < n * n; ++i) g[i] = static_cast<float>(gram.g[static_cast<size_t>(i)]);
-  Tensor delta({weight.dim(0), weight.dim(1)});
-  const auto flat = mask.flat();
-  for (int64_t i = 0; i < weight.numel(); ++i) delta[i] = flat[static_cast<size_t>(i)] ? weight[i] : 0.0f;
-  const double dense = quadratic_form(backend, weight, g);
-  const double diff = quadratic_form(backend, delta, g);
-  if (dense <= 0.0) return diff <= 0.0 ? std::optional<double>(0.0) : std::nullopt;
-  return std::sqrt(diff / dense);
-}
-
-std::string canonical_block_prefix(const io::ModelConfig& config, int64_t block) {
-  return config.family == io::ModelFamily::kLlama ? "model.layers." + std::to_string(block) + "."
-                                                  : "model.decoder.layers." + std::to_string(block) + ".";
+std::string utc_timestamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char buffer[32];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return buffer;
 }
 
 // Stands in for the tokenizer when calibrating from a token file (never asked to encode).
@@ -190,85 +58,6 @@ class NoTokenizer : public io::Tokenizer {
   int64_t vocab_size() const override { return 0; }
   std::string kind() const override { return "none"; }
 };
-
-struct ResolvedMask {
-  MaskSpec spec;
-  bool compat_ria_fp16 = false;
-  std::string group;  // resolved group name for the report: row, layer or N:M
-};
-
-ResolvedMask resolve_mask(const PruneConfig& c, ScoreMethod method) {
-  ResolvedMask r;
-  SYMPRUNE_CHECK(c.compat == "none" || c.compat == "wanda" || c.compat == "ria",
-                 "--compat must be none, wanda or ria, got '{}'", c.compat);
-  SYMPRUNE_CHECK(c.group.empty() || c.group == "row" || c.group == "layer",
-                 "--group must be row or layer, got '{}'", c.group);
-  SYMPRUNE_CHECK(c.sparsity.has_value() != !c.nm.empty(),
-                 "give exactly one of --sparsity R (unstructured) or --nm N:M (semi-structured)");
-  r.compat_ria_fp16 = c.compat == "ria";
-  if (!c.nm.empty()) {
-    SYMPRUNE_CHECK(c.group.empty(), "--group applies to --sparsity only, not to --nm {}", c.nm);
-    const NmPattern p = parse_nm(c.nm);
-    r.spec = MaskSpec::nm(p);
-    r.group = c.nm;
-    return r;
-  }
-  const double rho = *c.sparsity;
-  SYMPRUNE_CHECK(rho >= 0.0 && rho < 1.0, "--sparsity {} is outside [0, 1)", rho);
-  bool layer = c.group == "layer";
-  bool le = false;
-  if (c.compat != "none") {
-    if (method == ScoreMethod::kMagnitude) {
-      layer = true;  // magnitude is per-layer "≤ θ" in every reference repo
-    } else if (c.compat == "ria" && c.group.empty()) {
-      layer = true;  // RIA's default (no --per_outneuron) is per-layer for every method
-    }
-    le = layer;
-  }
-  r.spec = layer ? MaskSpec::layer(rho, le) : MaskSpec::row(rho);
-  r.group = layer ? "layer" : "row";
-  return r;
-}
-
-// DSnoT's --skip_layer rule (reference notes §5.1): attention projections are the "self_attn.*"
-// linears of both families; everything else (LLaMA mlp.*, OPT fc1/fc2) is the MLP.
-bool refine_skips(const std::string& skip, const std::string& linear) {
-  const bool attention = linear.rfind("self_attn.", 0) == 0;
-  return (skip == "mlp" && !attention) || (skip == "attn" && attention);
-}
-
-std::string utc_timestamp() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char buffer[32];
-  std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return buffer;
-}
-
-// Logs evaluation batches: "dense perplexity: chunks 64/777 (5.1 s, ETA 57.0 s)".
-model::PerplexityProgress eval_progress(const char* which, Clock::time_point start) {
-  return [which, start](int64_t done, int64_t total) {
-    const double elapsed = seconds_since(start);
-    log::info("{} perplexity: chunks {}/{} ({:.1f} s, ETA {:.1f} s)", which, done, total, elapsed,
-              elapsed / static_cast<double>(done) * static_cast<double>(total - done));
-  };
-}
-
-// The calibration hidden states dominate memory: H and the dense pass's copy of it, N·T·d floats each, plus
-// the token ids. Checked before any work, so an impossible --nsamples is a message, not a bad_alloc.
-void check_calibration_memory(int64_t nsamples, int64_t seqlen, int64_t hidden_size) {
-  const double tokens = static_cast<double>(nsamples) * static_cast<double>(seqlen);
-  const double needed = tokens * (2.0 * static_cast<double>(hidden_size) + 1.0) * sizeof(float);
-  const auto available = available_memory_bytes();
-  if (!available) return;
-  SYMPRUNE_CHECK(
-      needed <= static_cast<double>(*available),
-      "--nsamples {} x --seqlen {} needs about {} for the calibration hidden states ({} tokens x {} "
-      "values x 4 bytes, twice), but only {} of memory is available: lower --nsamples or --seqlen",
-      nsamples, seqlen, format_bytes(needed), static_cast<int64_t>(tokens), hidden_size,
-      format_bytes(static_cast<double>(*available)));
-}
 
 // NaN/Inf in a linear's dense-pass inputs poison every statistic and mask downstream: name the first one.
 void check_finite_stats(const ActivationStats& stats, const std::string& linear, int64_t block) {
@@ -287,37 +76,97 @@ void check_finite_stats(const ActivationStats& stats, const std::string& linear,
                    linear, r, block);
 }
 
-struct RefineInputs {
-  std::vector<double> mu, var, act_norm;
-};
-
-RefineInputs refine_inputs(const ActivationStats& stats) {
-  const int64_t n = static_cast<int64_t>(stats.in_sumsq.size());
-  RefineInputs in;
-  in.mu.resize(static_cast<size_t>(n));
-  in.var.resize(static_cast<size_t>(n));
-  in.act_norm.resize(static_cast<size_t>(n));
-  for (int64_t c = 0; c < n; ++c) {
-    in.mu[static_cast<size_t>(c)] = stats.input_mean_sum(c);
-    in.var[static_cast<size_t>(c)] = stats.input_variance(c);
-    in.act_norm[static_cast<size_t>(c)] = stats.input_norm(c);
-  }
-  return in;
+std::string block_prefix(const io::ModelConfig& config, int64_t block) {
+  return config.family == io::ModelFamily::kLlama ? "model.layers." + std::to_string(block) + "."
+                                                  : "model.decoder.layers." + std::to_string(block) + ".";
 }
 
-nlohmann::json refine_config_json(const PruneConfig& c, const DsnotOptions& o) {
-  if (c.refine == "none") return nullptr;
-  nlohmann::json j = {{"method", c.refine},       {"skip", c.refine_skip},    {"max_cycles", o.max_cycles},
-                      {"threshold", o.threshold}, {"var_power", o.var_power}, {"same_sign", o.same_sign}};
-  if (o.r2) {
-    j["grow_relative"] = o.r2->grow_relative;
-    j["prune_relative"] = o.r2->prune_relative;
-    j["reg_p"] = std::isinf(o.r2->reg_p) ? nlohmann::json("inf") : nlohmann::json(o.r2->reg_p);
-    j["gamma_grow"] = o.r2->gamma_grow;
-    j["gamma_prune"] = o.r2->gamma_prune;
-    j["alpha"] = o.r2->alpha;
+// This rank's calibration windows, embedded: H [windows · T, d].
+struct Calibration {
+  Tensor hidden;
+  int64_t windows = 0;  // this rank's
+  std::string fingerprint;
+  std::string format;
+};
+
+// Stage: draw the windows (every rank draws all of them: the sampler is cheap and exactly reproducible)
+// and embed this rank's chunks.
+Calibration calibrate(const PruneConfig& c, RunPlan& plan, dist::Communicator& comm) {
+  Calibration out;
+  io::CalibrationSet set;
+  if (plan.calib_format == "synthetic") {
+    set.tokens = io::synthetic_tokens(c.seed, c.nsamples, plan.seqlen, plan.model->vocab_size());
+    set.nsamples = c.nsamples;
+    set.seqlen = plan.seqlen;
+    set.format = "synthetic";
+    set.fingerprint = io::tokens_fingerprint(set.tokens);
+  } else {
+    io::CalibrationOptions co;
+    co.file = c.calib;
+    co.nsamples = c.nsamples;
+    co.seqlen = plan.seqlen;
+    co.seed = c.seed;
+    co.format = plan.calib_format;
+    const NoTokenizer no_tokenizer;
+    const io::Tokenizer& tokenizer =
+        plan.tokenizer ? *plan.tokenizer : static_cast<const io::Tokenizer&>(no_tokenizer);
+    set = io::load_calibration(co, tokenizer, plan.model->vocab_size());
   }
-  return j;
+  out.fingerprint = set.fingerprint;
+  out.format = set.format;
+  const int64_t chunks = (set.nsamples + plan.micro_batch - 1) / plan.micro_batch;
+  const dist::Range mine = dist::partition(chunks, comm.size(), comm.rank());
+  const int64_t first = std::min(mine.begin * plan.micro_batch, set.nsamples);
+  out.windows = std::min(mine.end * plan.micro_batch, set.nsamples) - first;
+  if (out.windows > 0) {
+    const auto tokens =
+        std::span<const int32_t>(set.tokens)
+            .subspan(static_cast<size_t>(first * set.seqlen), static_cast<size_t>(out.windows * set.seqlen));
+    out.hidden = plan.model->embed(tokens, out.windows, set.seqlen);
+  }
+  log::info("calibration: {} windows of {} tokens from {} ({}), {} per forward pass{}", set.nsamples,
+            set.seqlen, c.calib, set.format, plan.micro_batch,
+            comm.size() > 1 ? fmt::format(", {} chunks over {} ranks", chunks, comm.size()) : std::string());
+  return out;
+}
+
+// Stage: the dense block on this rank's windows, observed; then the statistics of all ranks combined.
+std::unique_ptr<BlockStatistics> dense_pass(RunPlan& plan, dist::Communicator& comm, Calibration& calib,
+                                            int64_t b) {
+  auto stats = std::make_unique<BlockStatistics>(comm, *plan.model, b, plan.seqlen, plan.needs_output,
+                                                 plan.collect_gram);
+  if (calib.windows > 0) {
+    Tensor dense = calib.hidden;
+    plan.model->run_block(b, dense, calib.windows, plan.seqlen, stats.get());
+  }
+  return stats;
+}
+
+// Every rank's evaluation NLLs, gathered in chunk order.
+model::PerplexityResult gather_perplexity(dist::Communicator& comm, model::PerplexityStream& stream,
+                                          const std::vector<double>& local, int64_t* bytes) {
+  std::vector<int64_t> counts(static_cast<size_t>(comm.size()), 0);
+  counts[static_cast<size_t>(comm.rank())] = static_cast<int64_t>(local.size() * sizeof(double));
+  comm.all_reduce_sum(counts);
+  std::vector<double> all(static_cast<size_t>(stream.chunks()));
+  comm.all_gather_v(std::as_bytes(std::span<const double>(local)), counts,
+                    std::as_writable_bytes(std::span<double>(all)));
+  if (comm.size() > 1) *bytes += static_cast<int64_t>(all.size() * sizeof(double));
+  return model::perplexity_from_chunks(std::move(all), stream.tokens(), stream.seqlen());
+}
+
+// Logs the final evaluation's batches: "pruned perplexity: chunks 64/777 (5.1 s, ETA 57.0 s)".
+model::PerplexityProgress eval_progress(const char* which, Clock::time_point start) {
+  return [which, start](int64_t done, int64_t total) {
+    const double elapsed = seconds_since(start);
+    log::info("{} perplexity: chunks {}/{} ({:.1f} s, ETA {:.1f} s)", which, done, total, elapsed,
+              elapsed / static_cast<double>(done) * static_cast<double>(total - done));
+  };
+}
+
+// Stops every rank at the same point: a signal on any rank stops all (core/interrupt.h).
+void stopping_point(dist::Communicator& comm) {
+  agree_on_interrupts(comm);
 }
 
 }  // namespace
@@ -360,13 +209,21 @@ nlohmann::json PruneResult::report() const {
       {"layers", layer_list},
       {"timings",
        {{"calibration", timings.calibration},
+        {"weights", timings.weights},
         {"blocks", timings.blocks},
+        {"statistics", timings.statistics},
         {"scores_masks", timings.scores_masks},
         {"refine", timings.refine},
         {"write", timings.write},
         {"eval_dense", timings.eval_dense},
         {"eval_pruned", timings.eval_pruned},
         {"total", timings.total}}},
+      {"communication_bytes",
+       {{"weights", communication.weights},
+        {"statistics", communication.statistics},
+        {"grams", communication.grams},
+        {"masks", communication.masks},
+        {"eval", communication.eval}}},
       {"symprune", io::build_provenance()},
   };
   if (incomplete) j["incomplete"] = *incomplete;
@@ -380,255 +237,125 @@ nlohmann::json PruneResult::report() const {
 }
 
 PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
+  const auto local = dist::make_local_communicator();
+  return prune_model(c, *local, progress);
+}
+
+PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const ProgressFn& progress) {
   const auto start = Clock::now();
   set_cpu_threads(c.threads);
   PruneResult result;
 
-  // --- Everything cheap is checked before any weight is read.
-  const ScoreMethod method = parse_score_method(c.method);
-  ScoreOptions base;
-  base.alpha = c.alpha ? *c.alpha : std::numeric_limits<double>::quiet_NaN();
-  base.p = c.p;
-  base.strategy = c.strategy;
-  base.beta = c.beta;
-  base.seed = c.method_seed;
-  base.matrix_name = "--method " + std::string(score_method_name(method));
-  validate_score_options(method, base);
-  const ResolvedMask mask = resolve_mask(c, method);
-  base.compat_ria_fp16 = mask.compat_ria_fp16;
-  SYMPRUNE_CHECK(c.refine == "none" || c.refine == "dsnot" || c.refine == "r2dsnot",
-                 "--refine must be none, dsnot or r2dsnot, got '{}'", c.refine);
-  SYMPRUNE_CHECK(c.refine_skip == "mlp" || c.refine_skip == "attn" || c.refine_skip == "none",
-                 "--refine-skip must be mlp, attn or none, got '{}'", c.refine_skip);
-  const bool refining = c.refine != "none";
-  DsnotOptions refine_options = c.refine_options;
-  refine_options.r2.reset();
-  if (c.refine == "r2dsnot") refine_options.r2 = c.r2;
-  validate_dsnot_options(refine_options);
-  const bool scores_need_stats = score_method_needs_stats(method, base);
-  SYMPRUNE_CHECK(!scores_need_stats || !c.calib.empty(),
-                 "method {} is activation-aware and needs calibration data: give --calib FILE",
-                 score_method_name(method));
-  SYMPRUNE_CHECK(!refining || !c.calib.empty(),
-                 "--refine {} reads activation statistics and needs calibration data: give --calib FILE",
-                 c.refine);
-  const bool needs_stats = scores_need_stats || refining;
-  SYMPRUNE_CHECK(c.nsamples >= 1, "--nsamples must be at least 1, got {}", c.nsamples);
-  SYMPRUNE_CHECK(c.seqlen >= 0, "--seqlen must be at least 1, got {}", c.seqlen);
-  SYMPRUNE_CHECK(c.eval_seqlen >= 0, "--eval-seqlen must be at least 2, got {}", c.eval_seqlen);
-  SYMPRUNE_CHECK(c.eval_max_chunks >= 0, "--eval-max-chunks must be >= 0, got {}", c.eval_max_chunks);
-
-  const io::ResolvedModel resolved = io::resolve_model(c.model);
-  result.model_dir = resolved.dir;
-  // Outputs are checked (and --out locked) before anything heavy: no input may be overwritten, and a
-  // path that cannot work must not fail after hours of pruning.
-  io::InputFootprint inputs;
-  inputs.add_model_directory(resolved.dir);
-  for (const auto& file : {fs::path(c.calib), fs::path(c.eval)}) inputs.add_file(file);
-  for (const auto& file : c.input_files) inputs.add_file(file);
-  const io::OutputDirectory out(c.out, inputs, c.force);
-  if (!c.report.empty()) io::check_output_file(c.report, inputs, "--report", &out);
-  const std::string eval_text = c.eval.empty() ? std::string() : read_text_file(c.eval, "--eval");
-  if (!needs_stats && !c.calib.empty())
-    log::info("method {} reads no activations: --calib {} is not used", score_method_name(method), c.calib);
-
-  model::DecoderModel model = model::DecoderModel::open(resolved.dir);
-  const io::SafetensorsModel stored = io::SafetensorsModel::open_dir(resolved.dir);
+  // --- Validate and resolve (every rank; the output is locked by rank 0).
+  RunPlan plan = plan_run(c, comm);
+  model::DecoderModel& model = *plan.model;
   const io::ModelConfig& mc = model.config();
-  const fs::path config_json = resolved.dir / "config.json";
-  // T: --seqlen, else 2048; under --compat wanda the Wanda repo's rule, T = max_position_embeddings.
-  const int64_t seqlen = c.seqlen > 0 ? c.seqlen : c.compat == "wanda" ? model.max_seq_len() : kDefaultSeqlen;
-  const int64_t eval_seqlen = c.eval_seqlen > 0 ? c.eval_seqlen : seqlen;
-  SYMPRUNE_CHECK(c.eval.empty() || eval_seqlen >= 2, "--eval-seqlen must be at least 2, got {}", eval_seqlen);
-  result.model_fingerprint = model::model_fingerprint(resolved.dir);
-  if (needs_stats && c.seqlen == 0)
-    SYMPRUNE_CHECK(
-        seqlen <= model.max_seq_len(),
-        "--seqlen defaults to {}, which exceeds max_position_embeddings {} of {}: pass --seqlen {} "
-        "(the model's maximum) or less",
-        seqlen, model.max_seq_len(), config_json.string(), model.max_seq_len());
-  if (needs_stats)
-    SYMPRUNE_CHECK(seqlen <= model.max_seq_len(), "--seqlen {} exceeds max_position_embeddings {} of {}",
-                   seqlen, model.max_seq_len(), config_json.string());
-  if (needs_stats) check_calibration_memory(c.nsamples, seqlen, model.hidden_size());
-  if (!c.eval.empty())
-    SYMPRUNE_CHECK(eval_seqlen <= model.max_seq_len(),
-                   "--eval-seqlen {} exceeds max_position_embeddings {} of {}", eval_seqlen,
-                   model.max_seq_len(), config_json.string());
-  // Every linear shape is the same in each block: check the mask spec against them once, up front.
-  for (const auto& e : io::expected_block_tensors(mc, 0)) {
-    const std::string prefix = canonical_block_prefix(mc, 0);
-    const std::string local = e.name.substr(prefix.size());
-    for (const auto& name : model.linear_names())
-      if (local == name + ".weight") validate_mask_spec(mask.spec, e.shape[0], e.shape[1], "0." + name);
-  }
-
-  // Token files need no tokenizer: a model directory without one can still be pruned from them.
-  const std::string calib_format =
-      needs_stats ? io::resolve_calibration_format(c.calib, c.calib_format, model.vocab_size()) : "";
-  const bool token_file = calib_format == "tokens-u16" || calib_format == "tokens-u32";
-  std::unique_ptr<io::Tokenizer> tokenizer;
-  if ((needs_stats && !token_file) || !c.eval.empty()) tokenizer = io::load_tokenizer(resolved.dir);
-  std::vector<int32_t> eval_tokens;
-  model::PerplexityOptions ppl_options;
-  if (!c.eval.empty()) {
-    eval_tokens = tokenizer->encode(eval_text, /*add_bos=*/true);
-    SYMPRUNE_CHECK(static_cast<int64_t>(eval_tokens.size()) >= eval_seqlen,
-                   "--eval {}: {} tokens, fewer than one chunk of {}", c.eval, eval_tokens.size(),
-                   eval_seqlen);
-    for (size_t i = 0; i < eval_tokens.size(); ++i)
-      SYMPRUNE_CHECK(eval_tokens[i] >= 0 && eval_tokens[i] < model.vocab_size(),
-                     "--eval {}: token id {} at position {} is outside the model vocabulary of {}", c.eval,
-                     eval_tokens[i], i, model.vocab_size());
-    ppl_options.seqlen = eval_seqlen;
-    ppl_options.max_chunks = c.eval_max_chunks;
-  }
-
-  // The resolved configuration, recorded in the report.
-  result.mask_description = describe(mask.spec);
-  result.sparsity_target = mask.spec.kind == MaskSpec::kNM
-                               ? static_cast<double>(mask.spec.n) / static_cast<double>(mask.spec.m)
-                               : mask.spec.sparsity;
-  const double alpha = resolved_alpha(method, base);
-  result.config = {
-      {"model", c.model},
-      {"model_dir", resolved.dir.string()},
-      {"model_source", resolved.source},
-      {"method", std::string(score_method_name(method))},
-      {"alpha", std::isnan(alpha) ? nlohmann::json() : nlohmann::json(alpha)},
-      {"p", std::isinf(c.p) ? nlohmann::json("inf") : nlohmann::json(c.p)},  // JSON has no infinity
-      {"strategy", c.strategy},
-      {"beta", c.beta},
-      {"method_seed", c.method_seed},
-      {"sparsity", c.sparsity ? nlohmann::json(*c.sparsity) : nlohmann::json()},
-      {"group", mask.group},
-      {"nm", c.nm.empty() ? nlohmann::json() : nlohmann::json(c.nm)},
-      {"mask", result.mask_description},
-      {"compat", c.compat},
-      {"compat_ria_fp16", mask.compat_ria_fp16},
-      {"refine", refine_config_json(c, refine_options)},
-      {"calib", c.calib.empty() ? nlohmann::json() : nlohmann::json(c.calib)},
-      {"calib_used", needs_stats},
-      {"calib_format", c.calib_format},
-      {"nsamples", c.nsamples},
-      {"seqlen", seqlen},
-      {"seed", c.seed},
-      {"out", c.out.string()},
-      {"force", c.force},
-      {"eval", c.eval.empty() ? nlohmann::json() : nlohmann::json(c.eval)},
-      {"eval_seqlen", eval_seqlen},
-      {"eval_max_chunks", c.eval_max_chunks},
-      {"threads", cpu_threads()},
-      {"recon_error", "||(W-W~)X||_F/||WX||_F on the dense-pass inputs of each block, via G = X^T X"},
-  };
+  result.model_dir = plan.resolved.is_synthetic() ? fs::path(plan.resolved.display()) : plan.resolved.dir;
+  result.model_fingerprint = plan.model_fingerprint;
+  result.mask_description = plan.mask_description;
+  result.sparsity_target = plan.sparsity_target;
+  result.config = plan.config;
 
   // --- Calibration and embeddings (activation-aware methods only).
-  Tensor hidden;
-  int64_t n_seqs = 0;
-  if (needs_stats) {
+  Calibration calib;
+  if (plan.needs_stats) {
     const auto t = Clock::now();
-    io::CalibrationOptions co;
-    co.file = c.calib;
-    co.nsamples = c.nsamples;
-    co.seqlen = seqlen;
-    co.seed = c.seed;
-    co.format = calib_format;
-    const NoTokenizer no_tokenizer;
-    const io::Tokenizer& calib_tokenizer =
-        tokenizer ? *tokenizer : static_cast<const io::Tokenizer&>(no_tokenizer);
-    const io::CalibrationSet calib = io::load_calibration(co, calib_tokenizer, model.vocab_size());
+    agree_on_errors(comm, [&] { calib = calibrate(c, plan, comm); });
     result.calibration_fingerprint = calib.fingerprint;
     result.config["calib_format"] = calib.format;
-    n_seqs = calib.nsamples;
-    hidden = model.embed(calib.tokens, calib.nsamples, calib.seqlen);
     result.timings.calibration = seconds_since(t);
-    log::info("calibration: {} windows of {} tokens from {} ({})", calib.nsamples, calib.seqlen, c.calib,
-              calib.format);
   }
 
-  // --- Dense perplexity, before any weight changes (after the calibration data, whose errors come first).
-  std::optional<PerplexityPair> ppl;
-  if (!c.eval.empty()) {
-    const auto t = Clock::now();
-    const auto r = model::evaluate_perplexity(model, eval_tokens, ppl_options, eval_progress("dense", t));
-    ppl = PerplexityPair{r.perplexity, 0.0, r.seqlen, r.chunks};
-    result.timings.eval_dense = seconds_since(t);
-    log::info("dense perplexity {:.4f} ({} chunks of {})", r.perplexity, r.chunks, r.seqlen);
+  // --- Evaluation streams: the dense and the pruned model, block by block beside the pruning.
+  std::unique_ptr<model::PerplexityStream> dense_eval, pruned_eval;
+  if (plan.evaluate) {
+    dense_eval = std::make_unique<model::PerplexityStream>(model, plan.eval_tokens, plan.eval_options,
+                                                           comm.size(), comm.rank());
+    pruned_eval = std::make_unique<model::PerplexityStream>(model, plan.eval_tokens, plan.eval_options,
+                                                            comm.size(), comm.rank());
   }
 
   // --- Block by block.
   std::map<std::string, PackedMask> masks;  // stored tensor name -> mask, one bit per weight
-  Backend& backend = model.backend();
-  const bool keep_pruned = !c.eval.empty();
-  const bool needs_output = score_method_uses_output_stats(method) && needs_stats;
+  BlockWeightExchange weights(comm, model);
   const auto blocks_start = Clock::now();
   for (int64_t b = 0; b < model.num_blocks(); ++b) {
     const auto block_start = Clock::now();
-    fault::at("block:" + std::to_string(b));
-    interrupt::check();
-    std::unique_ptr<BlockObserver> observer;
-    if (needs_stats) {
+    stopping_point(comm);
+    fault::at("block:" + std::to_string(b), comm.rank());
+    {
       const auto t = Clock::now();
-      observer = std::make_unique<BlockObserver>(backend, seqlen, needs_output, /*collect_gram=*/true);
-      Tensor dense = hidden;
-      model.run_block(b, dense, n_seqs, seqlen, observer.get());
-      result.timings.blocks += seconds_since(t);
+      weights.load(b, b + 1);
+      result.timings.weights += seconds_since(t);
     }
+    std::unique_ptr<BlockStatistics> stats;
+    if (plan.needs_stats) {
+      const auto t = Clock::now();
+      stats = dense_pass(plan, comm, calib, b);
+      result.timings.blocks += seconds_since(t);
+      const auto tr = Clock::now();
+      stats->reduce();
+      result.timings.statistics += seconds_since(tr);
+      result.communication.statistics += stats->stats_bytes();
+      result.communication.grams += stats->gram_bytes();
+    }
+    if (dense_eval) {
+      const auto t = Clock::now();
+      dense_eval->run_block(b);
+      result.timings.eval_dense += seconds_since(t);
+    }
+
+    // Scores, masks and refinement of every linear, all from the dense block; then the block is pruned.
     const auto ts = Clock::now();
-    const model::BlockWeights& weights = model.block_weights(b);
+    const model::BlockWeights& block = model.block_weights(b);
     std::vector<std::pair<model::LinearId, Tensor>> pruned_weights;
     double refine_seconds = 0.0;
     for (const auto& name : model.linear_names()) {
-      interrupt::check();
       const model::LinearId id{b, name};
-      const Tensor& w = weights.linears.at(name).weight;
-      ScoreOptions options = base;
-      options.block = b;
-      options.matrix_name = id.to_string();
-      const ActivationStats* stats = observer ? &observer->stats(name) : nullptr;
-      if (stats) check_finite_stats(*stats, id.to_string(), b);
-      const Tensor scores = compute_scores(method, w, scores_need_stats ? stats : nullptr, options);
-      Mask m = select_mask(scores, mask.spec, options.matrix_name);
+      const Tensor& w = block.linears.at(name).weight;
+      const ActivationStats* linear_stats = stats ? &stats->stats(name) : nullptr;
+      if (linear_stats) check_finite_stats(*linear_stats, id.to_string(), b);
+      LinearMask lm =
+          prune_linear(comm, plan.mask, b, name, w, linear_stats, stats ? stats->gram(name) : nullptr);
+      refine_seconds += lm.refine_seconds;
+      result.communication.masks += comm.size() > 1 ? lm.mask_bytes : 0;
       LayerResult layer;
       layer.name = id.to_string();
       layer.shape = w.shape();
-      const Gram* gram = observer ? observer->gram(name) : nullptr;
-      SYMPRUNE_ASSERT(!observer || gram != nullptr, "no Gram matrix for {}", layer.name);
-      if (refining && !refine_skips(c.refine_skip, name)) {
-        layer.recon_error_initial = reconstruction_error(backend, w, m, *gram);
-        const auto tr = Clock::now();
-        const RefineInputs in = refine_inputs(*stats);
-        std::optional<NmPattern> nm;
-        if (mask.spec.kind == MaskSpec::kNM) nm = NmPattern{mask.spec.n, mask.spec.m};
-        layer.refine = refine_dsnot(w, in.mu, in.var, in.act_norm, m, refine_options, nm);
-        refine_seconds += seconds_since(tr);
-      }
-      layer.pruned = m.count();
-      layer.sparsity = m.sparsity();
-      if (gram) layer.recon_error = reconstruction_error(backend, w, m, *gram);
+      layer.pruned = lm.pruned;
+      layer.sparsity = lm.mask.sparsity();
+      layer.recon_error = lm.recon_error;
+      layer.recon_error_initial = lm.recon_error_initial;
+      layer.refine = lm.refine;
       result.pruned_total += layer.pruned;
       result.params_total += w.numel();
       result.layers.push_back(layer);
       Tensor pruned = w;
-      m.apply(pruned);
+      lm.mask.apply(pruned);
       pruned_weights.emplace_back(id, std::move(pruned));
-      const std::string canonical = canonical_block_prefix(mc, b) + name + ".weight";
-      const auto stored_name = io::stored_tensor_name(stored, canonical);
+      const std::string canonical = block_prefix(mc, b) + name + ".weight";
+      const auto stored_name = io::stored_tensor_name(model.tensors(), canonical);
       SYMPRUNE_ASSERT(stored_name.has_value(), "tensor {} vanished from {}", canonical,
-                      resolved.dir.string());
-      masks.emplace(*stored_name, PackedMask::of(m));
+                      model.tensors().description());
+      masks.emplace(*stored_name, PackedMask::of(lm.mask));
     }
-    // All linears were scored from the dense block; now the block becomes the pruned one.
     for (auto& [id, w] : pruned_weights) model.set_linear_weight(id, std::move(w));
     result.timings.refine += refine_seconds;
     result.timings.scores_masks += seconds_since(ts) - refine_seconds;
-    if (needs_stats) {
+
+    if (plan.needs_stats && calib.windows > 0) {
       const auto t = Clock::now();
-      observer.reset();
-      model.run_block(b, hidden, n_seqs, seqlen);
+      stats.reset();
+      model.run_block(b, calib.hidden, calib.windows, plan.seqlen);  // the next block's inputs
       result.timings.blocks += seconds_since(t);
     }
-    if (!keep_pruned) model.release_block(b);
+    if (pruned_eval) {
+      const auto t = Clock::now();
+      pruned_eval->run_block(b);
+      result.timings.eval_pruned += seconds_since(t);
+    }
+    model.release_block(b);  // memory does not grow with depth: masks are kept as bits only
+
     BlockProgress p{b, model.num_blocks(), seconds_since(start), seconds_since(block_start), 0.0};
     p.eta_seconds =
         seconds_since(blocks_start) / static_cast<double>(b + 1) * static_cast<double>(p.blocks - b - 1);
@@ -636,10 +363,12 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
               p.block_seconds, p.seconds, p.eta_seconds);
     if (progress) progress(p);
   }
-  hidden = Tensor();
+  calib.hidden = Tensor();
+  result.communication.weights = weights.bytes_exchanged();
+  stopping_point(comm);
 
-  // --- Output.
-  {
+  // --- Output: each rank writes its shards, rank 0 the rest.
+  if (plan.writes_model) {
     const auto t = Clock::now();
     nlohmann::json provenance = io::build_provenance();
     provenance["command"] = "prune";
@@ -649,42 +378,59 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
                                   {"calibration", result.calibration_fingerprint.empty()
                                                       ? nlohmann::json()
                                                       : nlohmann::json(result.calibration_fingerprint)}};
-    write_pruned_model(resolved.dir, out, masks, provenance);
+    std::map<std::string, std::string> extra_files;
+    if (plan.resolved.is_synthetic())
+      extra_files["config.json"] = io::synthetic_config_json(*plan.resolved.synthetic).dump(2) + "\n";
+    write_pruned_model(comm, model.tensors(), plan.resolved.dir, plan.out ? &*plan.out : nullptr, masks,
+                       extra_files, provenance);
     result.timings.write = seconds_since(t);
     log::info("wrote {}", c.out.string());
   }
+
+  // --- Evaluation: final norm, head and NLL of every rank's chunks, gathered in chunk order.
   std::optional<interrupt::Interrupted> interrupted;
-  if (ppl) {
+  if (plan.evaluate) {
     const auto t = Clock::now();
+    const auto dense_local = dense_eval->local_chunk_nll(eval_progress("dense", t));
+    result.timings.eval_dense += seconds_since(t);
+    stopping_point(comm);
+    const auto dense = gather_perplexity(comm, *dense_eval, dense_local, &result.communication.eval);
+    result.perplexity = PerplexityPair{dense.perplexity, 0.0, dense.seqlen, dense.chunks};
     try {
-      const auto r = model::evaluate_perplexity(model, eval_tokens, ppl_options, eval_progress("pruned", t));
-      ppl->pruned = r.perplexity;
-      log::info("pruned perplexity {:.4f}", r.perplexity);
+      const auto tp = Clock::now();
+      const auto pruned_local = pruned_eval->local_chunk_nll(eval_progress("pruned", tp));
+      result.timings.eval_pruned += seconds_since(tp);
+      stopping_point(comm);
+      result.perplexity->pruned =
+          gather_perplexity(comm, *pruned_eval, pruned_local, &result.communication.eval).perplexity;
+      log::info("perplexity: dense {:.4f}, pruned {:.4f} ({} chunks of {})", result.perplexity->dense,
+                result.perplexity->pruned, dense.chunks, dense.seqlen);
     } catch (const interrupt::Interrupted& e) {
       // The model is complete: keep it, and say in the report what is missing.
       interrupted = e;
       result.incomplete = "pruned evaluation interrupted by " + interrupt::signal_name(e.signal());
     }
-    result.timings.eval_pruned = seconds_since(t);
   }
-  result.perplexity = ppl;
   result.timings.total = seconds_since(start);
-  if (!c.report.empty()) {
+
+  // --- Report (rank 0).
+  agree_on_errors(comm, [&] {
+    if (comm.rank() != 0 || c.report.empty()) return;
     try {
       io::write_file_atomically(c.report, result.report().dump(2) + "\n");
     } catch (const Error&) {
       // A run that asked for a report and did not get one has failed: leave no new model behind.
       std::error_code ignored;
-      if (!out.existed()) fs::remove_all(out.path(), ignored);
+      if (plan.out && !plan.out->existed()) fs::remove_all(plan.out->path(), ignored);
       throw;
     }
     log::info("wrote {}{}", c.report.string(), result.incomplete ? " (marked incomplete)" : "");
-  }
+  });
   if (interrupted) {
-    throw interrupt::Interrupted(interrupted->signal(),
-                                 fmt::format("the pruned model {} is complete, but its evaluation was not "
-                                             "finished{}",
-                                             c.out.string(), c.report.empty() ? "" : "; the report says so"));
+    throw interrupt::Interrupted(
+        interrupted->signal(),
+        fmt::format("the pruned model {} is complete, but its evaluation was not finished{}", c.out.string(),
+                    c.report.empty() ? "" : "; the report says so"));
   }
   return result;
 }

@@ -1,17 +1,28 @@
 #pragma once
-// The layer-wise pruning pipeline of DESIGN.md §3.5 on one process:
-//   resolve the model → (activation-aware methods only) draw the calibration windows, embed them into
-//   H [N·T, d] → per block: dense pass with an observer collecting every linear's ActivationStats and
-//   the Gram matrix XᵀX of its inputs → score + mask every linear from those dense-pass statistics →
-//   apply all masks (set_linear_weight) → pruned pass, whose output is the next block's H → write the
-//   pruned model (engine/pruned_model_writer.h) → optional perplexity of the dense and pruned model.
-// Methods that read no activations (magnitude, symmetric, symmetric-sq, ri, or α = 0) run no forward
+// The layer-wise pruning pipeline of DESIGN.md §3.5 and §4, written once for one process and for R ranks
+// (`symprune prune` runs it with the local communicator, `symprune_dist` with MPI or NCCL). Its stages,
+// in prune_pipeline.cc, in order:
+//   plan_run (engine/run_plan.h)     validate and resolve: options, model, outputs, tokenizer, memory
+//   calibrate                         draw the windows, embed this rank's chunks of them into H
+//   per block:
+//     BlockWeightExchange::load       each rank reads a share of the block's tensors, the ranks exchange
+//     them;
+//                                     the next block's share is read in the background
+//     dense_pass                      the dense block on this rank's H with the statistics observer
+//     BlockStatistics::reduce         statistics of all ranks' chunks, combined in chunk order
+//     prune_linear (mask_stage.h)     scores, masks and refinement of this rank's rows, masks gathered
+//     apply_masks, pruned_pass        every rank applies the whole masks and runs the pruned block on its H
+//     (with --eval) the dense and the pruned evaluation streams move through the block
+//   write_pruned_model                each rank writes its shards, rank 0 the rest, atomically
+//   evaluate                          final norm and head on this rank's evaluation chunks, NLLs gathered
+//   report                            rank 0
+// Results do not depend on R: see engine/ordered_reduce.h for the sums, mask_stage.h for the masks.
+//
+// Methods that read no activations (magnitude, symmetric, symmetric-sq, ri, or α = 0) run no calibration
 // pass at all, as the reference tools do; their layers then carry no reconstruction error.
 //
-// Reconstruction error per linear: ‖(W − W̃)X‖_F / ‖WX‖_F on the dense-pass inputs X of its block.
-// Instead of keeping X (N·T × n floats per linear), the observer accumulates G = XᵀX (n × n, fp32
-// products per micro-batch summed in fp64; linears fed the same input — q/k/v, gate/up — share one G),
-// and ‖ΔW X‖² = Σ_r Δw_r G Δw_rᵀ = trace(ΔW G ΔWᵀ), ‖WX‖² = trace(W G Wᵀ) (bias excluded).
+// Reconstruction error per linear: ‖(W − W̃)X‖_F / ‖WX‖_F on the dense-pass inputs X of its block, from
+// G = XᵀX (linears fed the same input share one G): ‖ΔW X‖² = Σ_r Δw_r G Δw_rᵀ, ‖WX‖² = Σ_r w_r G w_rᵀ.
 //
 // Mask kinds (MaskSpec): --sparsity with group "row" (default: exactly ⌊n·ρ⌋ per output row) or
 // "layer" (exactly ⌊m·n·ρ⌋ per matrix), or --nm N:M. Compatibility modes (reference notes §4):
@@ -29,6 +40,7 @@
 #include <vector>
 
 #include "core/refine_dsnot.h"
+#include "dist/communicator.h"
 
 namespace symprune::engine {
 
@@ -53,13 +65,14 @@ struct PruneConfig {
   DsnotOptions refine_options;
   R2Options r2;
 
-  std::string calib;  // calibration file ("" = none)
+  std::string calib;  // calibration file ("" = none; "synthetic" = uniformly random token ids from --seed)
   std::string calib_format = "auto";
   int64_t nsamples = 128;
   int64_t seqlen = 0;  // 0 = 2048, or with compat "wanda" max_position_embeddings (the Wanda repo's T)
   uint64_t seed = 0;
+  int64_t micro_batch = 0;  // calibration windows per forward pass; 0 = max(1, 16384 / seqlen)
 
-  std::filesystem::path out;
+  std::filesystem::path out;  // may be empty only for a synthetic model (timing runs)
   bool force = false;
   std::filesystem::path report;  // JSON report ("" = none), written atomically at the end
   // Other files the run reads (a recipe): outputs may not replace them.
@@ -91,8 +104,13 @@ struct PerplexityPair {
 };
 
 struct PruneTimings {
-  double calibration = 0, blocks = 0, scores_masks = 0, refine = 0, write = 0, eval_dense = 0,
-         eval_pruned = 0, total = 0;
+  double calibration = 0, weights = 0, blocks = 0, statistics = 0, scores_masks = 0, refine = 0, write = 0,
+         eval_dense = 0, eval_pruned = 0, total = 0;
+};
+
+// Bytes this process sent and received per kind (the scaling figures of bench/); zero with one rank.
+struct CommunicationVolume {
+  int64_t weights = 0, statistics = 0, grams = 0, masks = 0, eval = 0;
 };
 
 struct PruneResult {
@@ -109,6 +127,7 @@ struct PruneResult {
   double sparsity_target = 0.0;  // ρ, or N/M
   std::optional<PerplexityPair> perplexity;
   PruneTimings timings;
+  CommunicationVolume communication;
   nlohmann::json config;  // the resolved configuration (defaults filled in)
   // Set when the run was interrupted after the model was written (during the pruned evaluation): what
   // was not finished. The report then carries "incomplete".
@@ -132,6 +151,10 @@ using ProgressFn = std::function<void(const BlockProgress&)>;
 // logged, and also passed to `progress` per block. A signal (core/interrupt.h) stops the run at the next
 // safe point with Interrupted; when it arrives during the pruned evaluation, the finished model stays and
 // the report is written, marked incomplete, before Interrupted is rethrown.
+// Collective over `comm`; rank 0 writes the report and returns the full result (other ranks return the
+// same layers and figures).
+PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, const ProgressFn& progress = {});
+// One process (the local communicator).
 PruneResult prune_model(const PruneConfig& config, const ProgressFn& progress = {});
 
 }  // namespace symprune::engine

@@ -15,6 +15,7 @@
 #include "core/fault.h"
 #include "core/interrupt.h"
 #include "core/log.h"
+#include "engine/collective_errors.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 
@@ -54,89 +55,154 @@ void copy_file_checked(const fs::path& from, const fs::path& to) {
   ::close(in);
 }
 
+// One shard of the copy: every tensor's stored bytes, with the pruned entries of masked tensors zeroed.
+void write_shard(const io::TensorSource& source, const io::TensorSource::Shard& shard,
+                 const std::map<std::string, PackedMask>& masks, const fs::path& target) {
+  std::vector<std::vector<std::byte>> bytes(shard.tensors.size());
+  std::vector<io::TensorToWrite> tensors;
+  for (size_t i = 0; i < shard.tensors.size(); ++i) {
+    const std::string& name = shard.tensors[i];
+    const io::TensorInfo& info = source.info(name);
+    source.read_bytes(name, bytes[i]);
+    auto it = masks.find(name);
+    if (it != masks.end()) {
+      const size_t width = static_cast<size_t>(dtype_size(info.dtype));
+      const PackedMask& mask = it->second;
+      const int64_t count = mask.rows * mask.cols;
+      for (int64_t e = 0; e < count; ++e)
+        if (mask.pruned(e)) std::memset(bytes[i].data() + static_cast<size_t>(e) * width, 0, width);
+    }
+    tensors.push_back({name, info.dtype, info.shape, bytes[i]});
+  }
+  std::map<std::string, std::string> metadata = shard.metadata;
+  metadata.emplace("format", "pt");
+  fs::create_directories(target.parent_path());
+  io::write_safetensors(target, tensors, metadata);
+}
+
+// Every other top-level file of the input directory, byte-identical (the index too: same shards, same
+// weight_map); symprune's own provenance file of an input that is a symprune output is replaced.
+std::vector<std::string> copy_other_files(const fs::path& input_dir, const fs::path& tmp) {
+  std::vector<std::string> written;
+  for (const auto& entry : fs::directory_iterator(input_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory()) {
+      log::warn("{}: subdirectory not copied to the pruned model", entry.path().string());
+      continue;
+    }
+    if (name.ends_with(".safetensors") || name == io::kProvenanceFile) continue;
+    if (is_other_weight_file(name)) {
+      log::warn("{}: other weight format, not copied to the pruned model", entry.path().string());
+      continue;
+    }
+    if (!entry.is_regular_file()) continue;  // is_regular_file follows symlinks (HF cache snapshots)
+    copy_file_checked(entry.path(), tmp / name);
+    written.push_back(name);
+  }
+  return written;
+}
+
+// The index of a sharded copy that has no input index to copy (synthetic models).
+std::string index_json(const io::TensorSource& source, const std::vector<io::TensorSource::Shard>& shards) {
+  nlohmann::json weight_map = nlohmann::json::object();
+  uint64_t total = 0;
+  for (const auto& shard : shards)
+    for (const auto& name : shard.tensors) {
+      weight_map[name] = shard.file;
+      const io::TensorInfo& info = source.info(name);
+      total += static_cast<uint64_t>(info.numel() * dtype_size(info.dtype));
+    }
+  return nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n";
+}
+
 }  // namespace
 
-std::vector<std::string> write_pruned_model(const fs::path& input_dir, const io::OutputDirectory& out,
+std::vector<std::string> write_pruned_model(dist::Communicator& comm, const io::TensorSource& source,
+                                            const fs::path& input_dir, const io::OutputDirectory* out,
                                             const std::map<std::string, PackedMask>& masks,
+                                            const std::map<std::string, std::string>& extra_files,
                                             const nlohmann::json& provenance) {
-  const io::SafetensorsModel model = io::SafetensorsModel::open_dir(input_dir);
+  const bool root = comm.rank() == 0;
+  SYMPRUNE_ASSERT(!root || out != nullptr, "rank 0 writes without an output directory");
   for (const auto& [name, mask] : masks) {
-    SYMPRUNE_CHECK(model.contains(name), "mask for tensor '{}' which is not in {}", name, input_dir.string());
-    const io::TensorInfo& info = model.info(name);
+    SYMPRUNE_CHECK(source.contains(name), "mask for tensor '{}' which is not in {}", name,
+                   source.description());
+    const io::TensorInfo& info = source.info(name);
     SYMPRUNE_CHECK(info.shape.size() == 2 && info.shape[0] == mask.rows && info.shape[1] == mask.cols &&
                        mask.bits.size() == static_cast<size_t>((mask.rows * mask.cols + 7) / 8),
                    "mask [{}, {}] does not fit tensor '{}' of shape {} in {}", mask.rows, mask.cols, name,
-                   shape_to_string(info.shape), model.file_of(name).path().string());
+                   shape_to_string(info.shape), source.location(name));
   }
+  const std::vector<io::TensorSource::Shard> shards = source.shards();
 
-  const std::unique_ptr<io::StagedDirectory> staging = out.stage();
-  io::StagedDirectory& staged = *staging;
-  const fs::path& tmp = staged.path();
+  // Rank 0 stages the directory; every rank learns its path (outputs live on a file system all ranks see).
+  std::unique_ptr<io::StagedDirectory> staging;
+  std::string tmp_name;
+  agree_on_errors(comm, [&] {
+    if (root) {
+      staging = out->stage();
+      tmp_name = staging->path().string();
+    }
+  });
+  int64_t length = static_cast<int64_t>(tmp_name.size());
+  if (comm.size() > 1) {
+    comm.broadcast(std::as_writable_bytes(std::span<int64_t>(&length, 1)), 0);
+    tmp_name.resize(static_cast<size_t>(length));
+    comm.broadcast(std::as_writable_bytes(std::span<char>(tmp_name.data(), tmp_name.size())), 0);
+  }
+  const fs::path tmp = tmp_name;
+  auto as_target = [&](const std::string& message) {
+    // Name out/..., not the staged directory that is removed on the way out.
+    const std::string from = tmp.string(), to = out ? out->path().string() : from;
+    std::string m = message;
+    for (size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + to.size()))
+      m.replace(at, from.size(), to);
+    return m;
+  };
+
+  // Shard i is written by rank i mod R: the same bytes whoever writes them.
   std::vector<std::string> written;
-  try {
-    // Weights, shard by shard, in the input's order.
-    std::map<std::string, std::vector<std::string>> shards;  // shard file -> tensor names
-    for (const auto& [name, shard] : model.weight_map()) shards[shard].push_back(name);
-    for (auto& [shard, names] : shards) {
+  agree_on_errors(comm, [&] {
+    try {
+      for (size_t i = 0; i < shards.size(); ++i) {
+        if (static_cast<int>(i % static_cast<size_t>(comm.size())) != comm.rank()) continue;
+        interrupt::check();
+        write_shard(source, shards[i], masks, tmp / shards[i].file);
+      }
+    } catch (const interrupt::Interrupted&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error(as_target(e.what()));
+    }
+  });
+  for (const auto& shard : shards) written.push_back(shard.file);
+
+  agree_on_errors(comm, [&] {
+    if (!root) return;
+    try {
+      if (!input_dir.empty()) {
+        for (auto& name : copy_other_files(input_dir, tmp)) written.push_back(std::move(name));
+      } else if (source.indexed()) {
+        io::write_file_atomically(tmp / "model.safetensors.index.json", index_json(source, shards));
+        written.push_back("model.safetensors.index.json");
+      }
+      for (const auto& [name, contents] : extra_files) {
+        io::write_file_atomically(tmp / name, contents);
+        written.push_back(name);
+      }
+      io::write_provenance(tmp, provenance);
+      written.push_back(io::kProvenanceFile);
+      fault::at("before_install");
       interrupt::check();
-      const io::SafetensorsFile& file = model.file_of(names.front());
-      std::vector<std::string> ordered;
-      for (const auto& t : file.tensors()) ordered.push_back(t.name);
-      std::vector<std::vector<std::byte>> copies;  // pruned tensors' modified bytes
-      copies.reserve(masks.size());
-      std::vector<io::TensorToWrite> tensors;
-      for (const auto& name : ordered) {
-        const io::TensorInfo& info = *file.find(name);
-        std::span<const std::byte> bytes = file.bytes(info);
-        auto it = masks.find(name);
-        if (it != masks.end()) {
-          copies.emplace_back(bytes.begin(), bytes.end());
-          std::vector<std::byte>& data = copies.back();
-          const size_t width = static_cast<size_t>(dtype_size(info.dtype));
-          const PackedMask& mask = it->second;
-          const int64_t count = mask.rows * mask.cols;
-          for (int64_t i = 0; i < count; ++i)
-            if (mask.pruned(i)) std::memset(data.data() + static_cast<size_t>(i) * width, 0, width);
-          bytes = data;
-        }
-        tensors.push_back({name, info.dtype, info.shape, bytes});
-      }
-      std::map<std::string, std::string> metadata = file.metadata();
-      metadata.emplace("format", "pt");
-      const fs::path target = tmp / shard;
-      fs::create_directories(target.parent_path());
-      io::write_safetensors(target, tensors, metadata);
-      written.push_back(shard);
+      staging->install();
+    } catch (const interrupt::Interrupted&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error(as_target(e.what()));
     }
-
-    // Every other top-level file, byte-identical (the index too: same shards, same weight_map).
-    for (const auto& entry : fs::directory_iterator(input_dir)) {
-      const std::string name = entry.path().filename().string();
-      if (entry.is_directory()) {
-        log::warn("{}: subdirectory not copied to the pruned model", entry.path().string());
-        continue;
-      }
-      if (name.ends_with(".safetensors") || name == io::kProvenanceFile) continue;
-      if (is_other_weight_file(name)) {
-        log::warn("{}: other weight format, not copied to the pruned model", entry.path().string());
-        continue;
-      }
-      if (!entry.is_regular_file()) continue;  // is_regular_file follows symlinks (HF cache snapshots)
-      copy_file_checked(entry.path(), tmp / name);
-      written.push_back(name);
-    }
-    io::write_provenance(tmp, provenance);
-    written.push_back(io::kProvenanceFile);
-    fault::at("before_install");
-    interrupt::check();
-  } catch (const interrupt::Interrupted&) {
-    throw;  // the staged directory is removed on the way out
-  } catch (const Error& e) {
-    throw Error(staged.as_target(e.what()));  // the staged directory is removed on the way out
-  }
-
-  staged.install();
+  });
   std::sort(written.begin(), written.end());
+  written.erase(std::unique(written.begin(), written.end()), written.end());
   return written;
 }
 

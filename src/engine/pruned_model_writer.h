@@ -20,7 +20,9 @@
 #include <vector>
 
 #include "core/masks.h"
+#include "dist/communicator.h"
 #include "io/output_dir.h"
+#include "io/tensor_source.h"
 
 namespace symprune::engine {
 
@@ -36,11 +38,18 @@ struct PackedMask {
   }
 };
 
-// masks: stored tensor name (as in the input files) → mask over that tensor's [rows, cols]. `provenance`
-// is written as io::kProvenanceFile. Returns the written file names (relative to out), sorted.
-std::vector<std::string> write_pruned_model(const std::filesystem::path& input_dir,
-                                            const io::OutputDirectory& out,
+// Collective over `comm`. `source` holds the model's tensors (its shards() are the files written; shard i is
+// written by rank i mod R into the directory rank 0 stages, so outputs must be on a file system every rank
+// sees); `input_dir` (empty for a synthetic model) gives the other files to copy; `out` is rank 0's output
+// directory (nullptr on the other ranks). masks: stored tensor name → mask over that tensor's [rows,
+// cols]. `extra_files` (name → contents) are written too (a synthetic model's config.json), `provenance`
+// as io::kProvenanceFile. A failure on any rank fails every rank with its message and leaves nothing.
+// Returns the written file names (relative to out), sorted.
+std::vector<std::string> write_pruned_model(dist::Communicator& comm, const io::TensorSource& source,
+                                            const std::filesystem::path& input_dir,
+                                            const io::OutputDirectory* out,
                                             const std::map<std::string, PackedMask>& masks,
+                                            const std::map<std::string, std::string>& extra_files,
                                             const nlohmann::json& provenance);
 
 }  // namespace symprune::engine

@@ -36,6 +36,13 @@ void check_output_file_directory(const fs::path& path) {
   SYMPRUNE_CHECK(fs::is_directory(parent), "{}: directory {} does not exist", path.string(), parent.string());
 }
 
+std::string hidden_name(std::string_view name, std::string_view suffix) {
+  std::string out = ".";  // built by append: GCC 12 warns falsely (-Wrestrict) on "." + string
+  out += name;
+  out += suffix;
+  return out;
+}
+
 void sync_directory(const fs::path& dir) {
   // Makes renames and new entries in `dir` durable; best effort (some file systems refuse fsync on a
   // directory, and the data itself was fsynced already).
@@ -49,10 +56,7 @@ void sync_directory(const fs::path& dir) {
 void write_file_atomically(const fs::path& path, const std::function<void(int, const fs::path&)>& body) {
   check_output_file_directory(path);
   const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  std::string temp_name = ".";  // built by append: GCC 12 warns falsely (-Wrestrict) on "." + string
-  temp_name += path.filename().string();
-  temp_name += ".tmp.XXXXXX";
-  std::string pattern = (parent / temp_name).string();
+  std::string pattern = (parent / hidden_name(path.filename().string(), ".tmp.XXXXXX")).string();
   const int fd = ::mkstemp(pattern.data());
   SYMPRUNE_CHECK(fd >= 0, "{}: cannot create a temporary file in {}: {}", path.string(), parent.string(),
                  std::strerror(errno));
@@ -84,11 +88,8 @@ void write_file_atomically(const fs::path& path, std::string_view contents) {
 namespace {
 
 fs::path make_dir_beside(const fs::path& target, const char* tag) {
-  std::string name = ".";  // built by append: GCC 12 warns falsely (-Wrestrict) on "." + string
-  name += target.filename().string();
-  name += tag;
-  name += "XXXXXX";
-  std::string pattern = (target.parent_path() / name).string();
+  std::string pattern =
+      (target.parent_path() / hidden_name(target.filename().string(), tag + std::string("XXXXXX"))).string();
   SYMPRUNE_CHECK(::mkdtemp(pattern.data()) != nullptr, "cannot create a temporary directory beside '{}': {}",
                  target.string(), std::strerror(errno));
   return pattern;

@@ -18,6 +18,9 @@ void write_all(int fd, const void* data, size_t size, const std::filesystem::pat
 // the file `path` exists (write_file_atomically checks it; callers may check it early, before long work).
 void check_output_file_directory(const std::filesystem::path& path);
 
+// "." + name + suffix: the names symprune gives its files beside an output (".out.tmp-XXXXXX", ".out.lock").
+std::string hidden_name(std::string_view name, std::string_view suffix);
+
 // fsync of a directory, so that renames and new entries in it survive a crash (best effort).
 void sync_directory(const std::filesystem::path& dir);
 

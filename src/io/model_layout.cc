@@ -62,11 +62,10 @@ std::string config_name(const ModelConfig& config) {
   return config.source.empty() ? std::string("config.json") : config.source;
 }
 
-std::string describe_missing(const SafetensorsModel& model, const ModelConfig& config,
+std::string describe_missing(const TensorSource& model, const ModelConfig& config,
                              std::string_view canonical) {
-  const std::string where = model.sharded() ? (model.dir() / "model.safetensors.index.json").string()
-                                            : (model.dir() / "model.safetensors").string();
-  return fmt::format("missing tensor '{}' in {} (required by {})", canonical, where, config_name(config));
+  return fmt::format("missing tensor '{}' in {} (required by {})", canonical, model.description(),
+                     config_name(config));
 }
 
 }  // namespace
@@ -113,7 +112,7 @@ std::string canonical_name(std::string_view stored_name, ModelFamily family) {
   return std::string(stored_name);
 }
 
-std::optional<std::string> stored_tensor_name(const SafetensorsModel& model, std::string_view canonical) {
+std::optional<std::string> stored_tensor_name(const TensorSource& model, std::string_view canonical) {
   if (model.contains(canonical)) return std::string(canonical);
   if (canonical.starts_with("model.decoder.")) {
     const std::string_view bare = canonical.substr(kModelPrefix.size());
@@ -122,18 +121,18 @@ std::optional<std::string> stored_tensor_name(const SafetensorsModel& model, std
   return std::nullopt;
 }
 
-Tensor load_model_tensor(const SafetensorsModel& model, const ModelConfig& config, std::string_view canonical,
+Tensor load_model_tensor(const TensorSource& model, const ModelConfig& config, std::string_view canonical,
                          const std::vector<int64_t>& shape) {
   const auto stored = stored_tensor_name(model, canonical);
   SYMPRUNE_CHECK(stored.has_value(), "{}", describe_missing(model, config, canonical));
   const TensorInfo& info = model.info(*stored);
   SYMPRUNE_CHECK(info.shape == shape, "tensor '{}' in {} has shape {} but {} implies {}", *stored,
-                 model.file_of(*stored).path().string(), shape_to_string(info.shape), config_name(config),
+                 model.location(*stored), shape_to_string(info.shape), config_name(config),
                  shape_to_string(shape));
   return model.load_f32(*stored);
 }
 
-void validate_model_tensors(const ModelConfig& config, const SafetensorsModel& model) {
+void validate_model_tensors(const ModelConfig& config, const TensorSource& model) {
   for (const auto& expected : expected_tensors(config)) {
     const auto stored = stored_tensor_name(model, expected.name);
     if (!stored) {
@@ -142,7 +141,7 @@ void validate_model_tensors(const ModelConfig& config, const SafetensorsModel& m
     }
     const TensorInfo& info = model.info(*stored);
     SYMPRUNE_CHECK(info.shape == expected.shape, "tensor '{}' in {} has shape {} but {} implies {}", *stored,
-                   model.file_of(*stored).path().string(), shape_to_string(info.shape), config_name(config),
+                   model.location(*stored), shape_to_string(info.shape), config_name(config),
                    shape_to_string(expected.shape));
   }
 }

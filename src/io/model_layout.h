@@ -1,6 +1,6 @@
 #pragma once
 // The tensors a Hugging Face checkpoint must hold for a given config.json (names and shapes), and the
-// check that a SafetensorsModel provides them. Names are the canonical Hugging Face *ForCausalLM
+// check that a TensorSource (safetensors files, a synthetic model) provides them. Names are the canonical Hugging Face *ForCausalLM
 // names ("model.layers.0.self_attn.q_proj.weight", "model.decoder.layers.0.fc1.weight"); OPT files
 // saved from the base model omit the "model." prefix ("decoder.layers.0.fc1.weight") and are
 // accepted through stored_tensor_name / load_model_tensor.
@@ -33,15 +33,15 @@ std::string canonical_name(std::string_view stored_name, ModelFamily family);
 
 // The name under which `canonical` is stored in `model` (itself, or without "model." for OPT);
 // nullopt when absent.
-std::optional<std::string> stored_tensor_name(const SafetensorsModel& model, std::string_view canonical);
+std::optional<std::string> stored_tensor_name(const TensorSource& model, std::string_view canonical);
 
 // Loads a tensor by canonical name as fp32, checking its shape; errors name the tensor and the file
 // ("missing tensor ...", "tensor X in FILE has shape [..] but config.json implies [..]").
-Tensor load_model_tensor(const SafetensorsModel& model, const ModelConfig& config, std::string_view canonical,
+Tensor load_model_tensor(const TensorSource& model, const ModelConfig& config, std::string_view canonical,
                          const std::vector<int64_t>& shape);
 
 // Throws symprune::Error for the first required tensor that is missing or has the wrong shape.
 // Tensors the config does not mention are ignored (e.g. rotary_emb.inv_freq of old checkpoints).
-void validate_model_tensors(const ModelConfig& config, const SafetensorsModel& model);
+void validate_model_tensors(const ModelConfig& config, const TensorSource& model);
 
 }  // namespace symprune::io

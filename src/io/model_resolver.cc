@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/safetensors.h"
 
 namespace symprune::io {
 namespace fs = std::filesystem;
@@ -170,6 +171,10 @@ fs::path hf_hub_cache_dir() {
 
 ResolvedModel resolve_model(const std::string& name_or_path) {
   SYMPRUNE_CHECK(!name_or_path.empty(), "empty model name or path");
+  if (is_synthetic_model(name_or_path)) {
+    SyntheticSpec spec = parse_synthetic_spec(name_or_path);
+    return {{}, "synthetic", std::move(spec)};
+  }
   Search search;
 
   // 1. A directory path.
@@ -224,6 +229,16 @@ ResolvedModel resolve_model(const std::string& name_or_path) {
     for (const auto& [name, id] : repos) message += " " + name;
   }
   throw Error(message);
+}
+
+ModelConfig load_model_config(const ResolvedModel& resolved) {
+  if (resolved.is_synthetic()) return SyntheticModel(*resolved.synthetic).config();
+  return load_config(resolved.dir / "config.json");
+}
+
+std::unique_ptr<TensorSource> open_tensor_source(const ResolvedModel& resolved) {
+  if (resolved.is_synthetic()) return std::make_unique<SyntheticModel>(*resolved.synthetic);
+  return std::make_unique<SafetensorsModel>(SafetensorsModel::open_dir(resolved.dir));
 }
 
 }  // namespace symprune::io

@@ -88,7 +88,7 @@ bool is_symprune_output(const fs::path& dir) {
 
 // ".NAME" + tag + 6 mkdtemp characters beside `target`.
 bool is_temporary_sibling(const std::string& entry, const std::string& name, std::string_view tag) {
-  const std::string prefix = "." + name + std::string(tag);
+  const std::string prefix = hidden_name(name, tag);
   if (entry.size() != prefix.size() + 6 || !entry.starts_with(prefix)) return false;
   for (size_t i = prefix.size(); i < entry.size(); ++i)
     if (std::isalnum(static_cast<unsigned char>(entry[i])) == 0) return false;
@@ -177,7 +177,7 @@ void InputFootprint::check_output(const fs::path& resolved, std::string_view opt
 }
 
 PathLock::PathLock(const fs::path& target, std::string_view option) {
-  lock_path_ = target.parent_path() / ("." + target.filename().string() + ".lock");
+  lock_path_ = target.parent_path() / hidden_name(target.filename().string(), ".lock");
   // Lock, then make sure the file locked is still the one at the path: a releasing holder unlinks it,
   // and a lock on an unlinked file would not exclude anyone.
   for (int attempt = 0; attempt < 100; ++attempt) {

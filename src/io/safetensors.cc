@@ -396,6 +396,33 @@ std::map<std::string, std::string> SafetensorsModel::weight_map() const {
   return out;
 }
 
+std::string SafetensorsModel::location(std::string_view name) const {
+  return file_of(name).path().string();
+}
+
+std::string SafetensorsModel::description() const {
+  return (dir_ / (sharded_ ? kIndexFileName : kSingleFileName)).string();
+}
+
+void SafetensorsModel::read_bytes(std::string_view name, std::vector<std::byte>& out) const {
+  const std::span<const std::byte> mapped = bytes(name);
+  out.assign(mapped.begin(), mapped.end());
+}
+
+std::vector<TensorSource::Shard> SafetensorsModel::shards() const {
+  std::map<std::string, std::vector<std::string>> by_file;  // shard file -> its tensors
+  for (const auto& [name, file] : weight_map()) by_file[file].push_back(name);
+  std::vector<Shard> out;
+  for (auto& [file, names] : by_file) {
+    const SafetensorsFile& st = file_of(names.front());
+    Shard shard{file, {}, st.metadata()};
+    for (const auto& t : st.tensors())
+      if (contains(t.name)) shard.tensors.push_back(t.name);
+    out.push_back(std::move(shard));
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Writing
 

@@ -16,6 +16,7 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "io/tensor_source.h"
 
 namespace symprune::io {
 
@@ -57,25 +58,32 @@ class SafetensorsFile {
 
 // All weights of a model directory: model.safetensors, or the shards listed by
 // model.safetensors.index.json. Pickle files (pytorch_model.bin, *.pt) are refused with a hint.
-class SafetensorsModel {
+class SafetensorsModel : public TensorSource {
  public:
   static SafetensorsModel open_dir(const std::filesystem::path& dir);
 
   const std::filesystem::path& dir() const { return dir_; }
   bool sharded() const { return sharded_; }
-  bool contains(std::string_view name) const;
-  std::vector<std::string> names() const;  // sorted
+  bool contains(std::string_view name) const override;
+  std::vector<std::string> names() const override;  // sorted
   // Throws "missing tensor 'X' in DIR" when absent.
-  const TensorInfo& info(std::string_view name) const;
+  const TensorInfo& info(std::string_view name) const override;
   const SafetensorsFile& file_of(std::string_view name) const;
   std::span<const std::byte> bytes(std::string_view name) const;
   // Reads and converts to fp32; when `expected_shape` is given, a mismatch throws naming the tensor,
   // the file and both shapes.
-  Tensor load_f32(std::string_view name, const std::vector<int64_t>* expected_shape = nullptr) const;
+  Tensor load_f32(std::string_view name, const std::vector<int64_t>* expected_shape = nullptr) const override;
   // Metadata of the first file (all shards written by symprune carry the same).
   const std::map<std::string, std::string>& metadata() const;
   // The shard file each tensor lives in, as written in the index (file name relative to dir).
   std::map<std::string, std::string> weight_map() const;
+
+  // TensorSource: the file path; a copy of the mapped bytes; the input's own shards.
+  std::string location(std::string_view name) const override;
+  std::string description() const override;
+  void read_bytes(std::string_view name, std::vector<std::byte>& out) const override;
+  std::vector<Shard> shards() const override;
+  bool indexed() const override { return sharded_; }
 
  private:
   std::filesystem::path dir_;

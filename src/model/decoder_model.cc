@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "io/model_layout.h"
+#include "io/safetensors.h"
+#include "io/synthetic_model.h"
 
 namespace symprune::model {
 
@@ -37,24 +39,39 @@ DecoderModel& DecoderModel::operator=(DecoderModel&&) noexcept = default;
 DecoderModel::~DecoderModel() = default;
 
 DecoderModel DecoderModel::open(const std::filesystem::path& dir, Backend& backend) {
-  DecoderModel m;
-  m.dir_ = dir;
   const auto config_path = dir / "config.json";
   SYMPRUNE_CHECK(std::filesystem::is_directory(dir), "{}: not a model directory", dir.string());
   SYMPRUNE_CHECK(std::filesystem::exists(config_path), "{}: missing config.json", dir.string());
-  m.config_ = io::load_config(config_path);
-  m.weights_ = std::make_unique<io::SafetensorsModel>(io::SafetensorsModel::open_dir(dir));
+  io::ModelConfig config = io::load_config(config_path);
+  auto weights = std::make_unique<io::SafetensorsModel>(io::SafetensorsModel::open_dir(dir));
+  return open_source(std::move(weights), std::move(config), dir, backend);
+}
+
+DecoderModel DecoderModel::open(const io::ResolvedModel& resolved, Backend& backend) {
+  if (!resolved.is_synthetic()) return open(resolved.dir, backend);
+  auto synthetic = std::make_unique<io::SyntheticModel>(*resolved.synthetic);
+  io::ModelConfig config = synthetic->config();
+  return open_source(std::move(synthetic), std::move(config), {}, backend);
+}
+
+DecoderModel DecoderModel::open_source(std::unique_ptr<io::TensorSource> tensors, io::ModelConfig config,
+                                       const std::filesystem::path& dir, Backend& backend) {
+  DecoderModel m;
+  m.dir_ = dir;
+  m.config_ = std::move(config);
+  m.weights_ = std::move(tensors);
   m.backend_ = &backend;
   m.workspace_ = std::make_unique<Workspace>();
   const auto& c = m.config_;
+  const std::string config_path = c.source.empty() ? std::string("config.json") : c.source;
   if (c.family == io::ModelFamily::kLlama) {
     SYMPRUNE_CHECK(c.hidden_act == "silu", "{}: unsupported LLaMA hidden_act '{}' (supported: silu)",
-                   config_path.string(), c.hidden_act);
+                   config_path, c.hidden_act);
     m.linear_names_ = kLlamaLinears;
     std::optional<Llama3RopeScaling> scaling;
     if (c.rope_scaling) {
       SYMPRUNE_CHECK(c.rope_scaling->type == "llama3",
-                     "{}: unsupported rope_scaling type '{}' (supported: llama3)", config_path.string(),
+                     "{}: unsupported rope_scaling type '{}' (supported: llama3)", config_path,
                      c.rope_scaling->type);
       scaling = Llama3RopeScaling{c.rope_scaling->factor, c.rope_scaling->low_freq_factor,
                                   c.rope_scaling->high_freq_factor,
@@ -63,7 +80,7 @@ DecoderModel DecoderModel::open(const std::filesystem::path& dir, Backend& backe
     m.inv_freq_ = rope_inv_freq(c.head_dim, c.rope_theta, scaling);
   } else {
     SYMPRUNE_CHECK(c.activation_function == "relu",
-                   "{}: unsupported OPT activation_function '{}' (supported: relu)", config_path.string(),
+                   "{}: unsupported OPT activation_function '{}' (supported: relu)", config_path,
                    c.activation_function);
     m.linear_names_ = kOptLinears;
   }
@@ -75,6 +92,28 @@ DecoderModel DecoderModel::open(const std::filesystem::path& dir, Backend& backe
 
 const std::vector<std::string>& DecoderModel::linear_names() const {
   return linear_names_;
+}
+
+std::vector<DecoderModel::LinearShape> DecoderModel::linear_shapes() const {
+  const std::string prefix =
+      config_.family == io::ModelFamily::kLlama ? "model.layers.0." : "model.decoder.layers.0.";
+  std::vector<LinearShape> shapes;
+  for (const auto& name : linear_names_)
+    for (const auto& e : io::expected_block_tensors(config_, 0))
+      if (e.name == prefix + name + ".weight") shapes.push_back({name, e.shape[0], e.shape[1]});
+  SYMPRUNE_ASSERT(shapes.size() == linear_names_.size(), "linear shapes of {}", config_file());
+  return shapes;
+}
+
+std::vector<std::vector<std::string>> DecoderModel::linear_input_groups() const {
+  // Mirrors run_llama_block / run_opt_block: which linears read the same workspace tensor.
+  if (config_.family == io::ModelFamily::kLlama)
+    return {{"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"},
+            {"self_attn.o_proj"},
+            {"mlp.gate_proj", "mlp.up_proj"},
+            {"mlp.down_proj"}};
+  return {
+      {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}, {"self_attn.out_proj"}, {"fc1"}, {"fc2"}};
 }
 
 void DecoderModel::load_globals() {
@@ -107,8 +146,8 @@ void DecoderModel::load_globals() {
   if (!lm_head_tied_) lm_head_ = load("lm_head.weight", {c.vocab_size, head_in});
 }
 
-BlockWeights DecoderModel::load_block(int64_t block) const {
-  const auto& c = config_;
+BlockWeights assemble_block_weights(const io::ModelConfig& c, int64_t block,
+                                    const std::function<Tensor(const io::ExpectedTensor&)>& tensor) {
   const std::string p = c.family == io::ModelFamily::kLlama
                             ? "model.layers." + std::to_string(block) + "."
                             : "model.decoder.layers." + std::to_string(block) + ".";
@@ -117,7 +156,9 @@ BlockWeights DecoderModel::load_block(int64_t block) const {
   for (const auto& expected : io::expected_block_tensors(c, block)) {
     SYMPRUNE_ASSERT(expected.name.starts_with(p), "block tensor {} outside {}", expected.name, p);
     const std::string local = expected.name.substr(p.size());
-    Tensor t = io::load_model_tensor(*weights_, c, expected.name, expected.shape);
+    Tensor t = tensor(expected);
+    SYMPRUNE_ASSERT(t.shape() == expected.shape, "{}: shape {} for {}", expected.name, t.shape_string(),
+                    shape_to_string(expected.shape));
     const auto dot = local.rfind('.');
     const std::string module = local.substr(0, dot), kind = local.substr(dot + 1);
     if (module == "input_layernorm" || module == "self_attn_layer_norm") {
@@ -129,6 +170,13 @@ BlockWeights DecoderModel::load_block(int64_t block) const {
       (kind == "weight" ? lw.weight : lw.bias) = std::move(t);
     }
   }
+  return w;
+}
+
+BlockWeights DecoderModel::load_block(int64_t block) const {
+  BlockWeights w = assemble_block_weights(config_, block, [&](const io::ExpectedTensor& e) {
+    return io::load_model_tensor(*weights_, config_, e.name, e.shape);
+  });
   for (const auto& name : linear_names_)
     SYMPRUNE_ASSERT(w.linears.count(name) && !w.linears.at(name).weight.empty(), "block {} lacks {}", block,
                     name);
@@ -137,18 +185,22 @@ BlockWeights DecoderModel::load_block(int64_t block) const {
 
 const BlockWeights& DecoderModel::block_weights(int64_t block) {
   SYMPRUNE_ASSERT(block >= 0 && block < num_blocks(), "block {} of {}", block, num_blocks());
+  if (!blocks_[static_cast<size_t>(block)]) set_block_weights(block, load_block(block));
+  return *blocks_[static_cast<size_t>(block)];
+}
+
+void DecoderModel::set_block_weights(int64_t block, BlockWeights weights) {
+  SYMPRUNE_ASSERT(block >= 0 && block < num_blocks(), "block {} of {}", block, num_blocks());
   auto& slot = blocks_[static_cast<size_t>(block)];
-  if (!slot) {
-    if (max_resident_blocks_ > 0) {
-      while (static_cast<int64_t>(load_order_.size()) >= max_resident_blocks_) {
-        blocks_[static_cast<size_t>(load_order_.front())].reset();
-        load_order_.erase(load_order_.begin());
-      }
+  std::erase(load_order_, block);
+  if (max_resident_blocks_ > 0) {
+    while (static_cast<int64_t>(load_order_.size()) >= max_resident_blocks_) {
+      blocks_[static_cast<size_t>(load_order_.front())].reset();
+      load_order_.erase(load_order_.begin());
     }
-    slot = std::make_unique<BlockWeights>(load_block(block));
-    load_order_.push_back(block);
   }
-  return *slot;
+  slot = std::make_unique<BlockWeights>(std::move(weights));
+  load_order_.push_back(block);
 }
 
 void DecoderModel::set_linear_weight(const LinearId& id, Tensor weight) {
@@ -164,6 +216,13 @@ void DecoderModel::set_linear_weight(const LinearId& id, Tensor weight) {
   std::erase(load_order_, id.block);  // pinned: eviction would silently restore the stored weight
 }
 
+void DecoderModel::evict_block(int64_t block) {
+  SYMPRUNE_ASSERT(block >= 0 && block < num_blocks(), "block {} of {}", block, num_blocks());
+  if (std::find(load_order_.begin(), load_order_.end(), block) == load_order_.end())
+    return;  // pinned or absent
+  release_block(block);
+}
+
 void DecoderModel::release_block(int64_t block) {
   SYMPRUNE_ASSERT(block >= 0 && block < num_blocks(), "block {} of {}", block, num_blocks());
   blocks_[static_cast<size_t>(block)].reset();
@@ -176,11 +235,11 @@ Tensor DecoderModel::embed(std::span<const int32_t> tokens, int64_t n_seqs, int6
   SYMPRUNE_CHECK(static_cast<int64_t>(tokens.size()) == n_seqs * seq_len, "embed: {} tokens for {} x {}",
                  tokens.size(), n_seqs, seq_len);
   SYMPRUNE_CHECK(seq_len <= max_seq_len(), "{}: sequence length {} exceeds max_position_embeddings {}",
-                 (dir_ / "config.json").string(), seq_len, max_seq_len());
+                 config_file(), seq_len, max_seq_len());
   for (size_t i = 0; i < tokens.size(); ++i)
     SYMPRUNE_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size(),
                    "token id {} at position {} outside the vocabulary [0, {}) of {}", tokens[i], i,
-                   vocab_size(), dir_.string());
+                   vocab_size(), dir_.empty() ? weights_->description() : dir_.string());
   Backend& be = *backend_;
   Tensor h;
   be.embedding(embed_tokens_, tokens, h);
@@ -202,7 +261,7 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
   SYMPRUNE_CHECK(hidden.numel() == n_seqs * seq_len * d, "run_block: hidden {} is not {} x {} x {}",
                  hidden.shape_string(), n_seqs, seq_len, d);
   SYMPRUNE_CHECK(seq_len <= max_seq_len(), "{}: sequence length {} exceeds max_position_embeddings {}",
-                 (dir_ / "config.json").string(), seq_len, max_seq_len());
+                 config_file(), seq_len, max_seq_len());
   if (overrides) {
     for (const auto& [id, tensor] : *overrides) {
       if (id.block != block) continue;

@@ -7,6 +7,7 @@
 #include <compare>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -16,7 +17,9 @@
 #include "core/backend.h"
 #include "core/tensor.h"
 #include "io/hf_config.h"
-#include "io/safetensors.h"
+#include "io/model_layout.h"
+#include "io/model_resolver.h"
+#include "io/tensor_source.h"
 
 namespace symprune::model {
 
@@ -55,17 +58,27 @@ struct BlockWeights {
   std::map<std::string, LinearWeights> linears;  // by module name, e.g. "self_attn.q_proj"
 };
 
+// Assembles a block from its tensors: `tensor(e)` gives the fp32 value of each expected tensor
+// (io::expected_block_tensors) in turn.
+BlockWeights assemble_block_weights(const io::ModelConfig& config, int64_t block,
+                                    const std::function<Tensor(const io::ExpectedTensor&)>& tensor);
+
 class DecoderModel {
  public:
   // Reads config.json, opens the safetensors weights of `dir`, validates every tensor the config
   // implies (io::validate_model_tensors: names and shapes) and loads embeddings, final norm and head.
   static DecoderModel open(const std::filesystem::path& dir, Backend& backend = cpu_backend());
+  // What io::resolve_model found: a directory, or a synthetic model (generated, never stored).
+  static DecoderModel open(const io::ResolvedModel& resolved, Backend& backend = cpu_backend());
   DecoderModel(DecoderModel&&) noexcept;
   DecoderModel& operator=(DecoderModel&&) noexcept;
   ~DecoderModel();
 
   const io::ModelConfig& config() const { return config_; }
-  const std::filesystem::path& dir() const { return dir_; }
+  const std::filesystem::path& dir() const { return dir_; }  // empty for a synthetic model
+  const io::TensorSource& tensors() const { return *weights_; }
+  // config.json's path (or the synthetic model's name), for messages.
+  std::string config_file() const { return config_.source.empty() ? "config.json" : config_.source; }
   int64_t num_blocks() const { return config_.num_layers; }
   int64_t hidden_size() const { return config_.hidden_size; }
   int64_t vocab_size() const { return config_.vocab_size; }
@@ -73,6 +86,15 @@ class DecoderModel {
   int64_t max_seq_len() const { return config_.max_position_embeddings; }
   // Linear module names of one block, in forward order.
   const std::vector<std::string>& linear_names() const;
+  // Their weight shapes [out, in] (the same in every block).
+  struct LinearShape {
+    std::string name;
+    int64_t out = 0, in = 0;
+  };
+  std::vector<LinearShape> linear_shapes() const;
+  // Linears fed the very same input tensor, in forward order: LLaMA {q,k,v} {o} {gate,up} {down};
+  // OPT {q,k,v} {out} {fc1} {fc2}.
+  std::vector<std::vector<std::string>> linear_input_groups() const;
   Backend& backend() const { return *backend_; }
 
   // tokens: n_seqs · seq_len ids, sequence-major. Returns H [n_seqs·seq_len, hidden_size]
@@ -97,9 +119,15 @@ class DecoderModel {
 
   // Block weights, loaded (and cached) on first use.
   const BlockWeights& block_weights(int64_t block);
+  // Installs a block's weights obtained elsewhere (read by another rank and exchanged); they are used as
+  // if block_weights(block) had loaded them (same eviction rules).
+  void set_block_weights(int64_t block, BlockWeights weights);
   // Drops a cached block (it is reloaded from the files on next use). Blocks changed through
   // set_linear_weight are dropped too, losing the change.
   void release_block(int64_t block);
+  // Drops a cached block unless its weights were changed with set_linear_weight (reloading would lose
+  // the change); a caller done with a block calls it to bound memory.
+  void evict_block(int64_t block);
   // Replaces a linear's weight in memory (e.g. with its pruned version) for all later runs; the
   // block stays resident from then on (never evicted by set_max_resident_blocks). Same shape required.
   void set_linear_weight(const LinearId& id, Tensor weight);
@@ -110,6 +138,8 @@ class DecoderModel {
 
  private:
   DecoderModel() = default;
+  static DecoderModel open_source(std::unique_ptr<io::TensorSource> tensors, io::ModelConfig config,
+                                  const std::filesystem::path& dir, Backend& backend);
   struct Workspace;
   void load_globals();
   BlockWeights load_block(int64_t block) const;
@@ -120,7 +150,7 @@ class DecoderModel {
 
   std::filesystem::path dir_;
   io::ModelConfig config_;
-  std::unique_ptr<io::SafetensorsModel> weights_;
+  std::unique_ptr<io::TensorSource> weights_;
   Backend* backend_ = nullptr;
   std::vector<std::string> linear_names_;
   std::vector<float> inv_freq_;

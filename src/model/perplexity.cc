@@ -7,13 +7,14 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "dist/partition.h"
 
 namespace symprune::model {
 namespace {
 
 constexpr int64_t kDefaultTokensPerBatch = 8192;
 constexpr int64_t kLogitRowsPerSlab = 512;         // bounds the [rows, vocab] logits buffer
-constexpr int64_t kParallelMinElements = 1 << 15;  // smaller reductions run on one thread
+constexpr int64_t kParallelMinElements = 1 << 15;  // smaller work runs on one thread
 
 // -log softmax(row)[target], in double.
 double row_nll(const float* row, int64_t vocab, int32_t target) {
@@ -24,49 +25,73 @@ double row_nll(const float* row, int64_t vocab, int32_t target) {
   return std::log(sum) + mx - static_cast<double>(row[target]);
 }
 
+// Σ over rows of row_nll, rows computed in parallel and added in row order (thread-count independent).
+double sum_row_nll(const float* logits, int64_t rows, int64_t vocab, const int32_t* targets,
+                   std::vector<double>& scratch) {
+  scratch.resize(static_cast<size_t>(rows));
+#pragma omp parallel for schedule(static) if (rows * vocab >= kParallelMinElements)
+  for (int64_t r = 0; r < rows; ++r)
+    scratch[static_cast<size_t>(r)] = row_nll(logits + r * vocab, vocab, targets[r]);
+  double total = 0.0;
+  for (int64_t r = 0; r < rows; ++r) total += scratch[static_cast<size_t>(r)];
+  return total;
+}
+
 }  // namespace
 
 double sequence_mean_nll(const Tensor& logits, std::span<const int32_t> tokens) {
   const int64_t vocab = logits.dim(-1);
   const int64_t T = static_cast<int64_t>(tokens.size());
   SYMPRUNE_ASSERT(T >= 2 && logits.numel() == T * vocab, "logits {} for {} tokens", logits.shape_string(), T);
-  double total = 0.0;
-#pragma omp parallel for reduction(+ : total) schedule(static) if ((T - 1) * vocab >= kParallelMinElements)
-  for (int64_t t = 0; t < T - 1; ++t)
-    total += row_nll(logits.data() + t * vocab, vocab, tokens[static_cast<size_t>(t + 1)]);
-  return total / static_cast<double>(T - 1);
+  std::vector<double> scratch;
+  return sum_row_nll(logits.data(), T - 1, vocab, tokens.data() + 1, scratch) / static_cast<double>(T - 1);
 }
 
-PerplexityResult evaluate_perplexity(DecoderModel& model, std::span<const int32_t> tokens,
-                                     const PerplexityOptions& options, const PerplexityProgress& progress) {
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t T = options.seqlen;
-  const int64_t n_tokens = static_cast<int64_t>(tokens.size());
+PerplexityStream::PerplexityStream(DecoderModel& model, std::span<const int32_t> tokens,
+                                   const PerplexityOptions& options, int parts, int part)
+    : model_(model),
+      all_tokens_(tokens),
+      seqlen_(options.seqlen),
+      tokens_(static_cast<int64_t>(tokens.size())) {
+  const int64_t T = seqlen_;
   SYMPRUNE_CHECK(T >= 2, "perplexity needs a sequence length of at least 2, got {}", T);
   SYMPRUNE_CHECK(T <= model.max_seq_len(), "{}: sequence length {} exceeds max_position_embeddings {}",
-                 (model.dir() / "config.json").string(), T, model.max_seq_len());
-  SYMPRUNE_CHECK(n_tokens >= T, "{} tokens, fewer than one chunk of {}", n_tokens, T);
-  int64_t chunks = n_tokens / T;  // the tail is dropped
-  if (options.max_chunks > 0) chunks = std::min(chunks, options.max_chunks);
-  const int64_t batch = options.batch_sequences > 0 ? options.batch_sequences
-                                                    : std::max<int64_t>(1, kDefaultTokensPerBatch / T);
-  const int64_t vocab = model.vocab_size();
+                 model.config_file(), T, model.max_seq_len());
+  SYMPRUNE_CHECK(tokens_ >= T, "{} tokens, fewer than one chunk of {}", tokens_, T);
+  chunks_ = tokens_ / T;  // the tail is dropped
+  if (options.max_chunks > 0) chunks_ = std::min(chunks_, options.max_chunks);
+  batch_ = options.batch_sequences > 0 ? options.batch_sequences
+                                       : std::max<int64_t>(1, kDefaultTokensPerBatch / T);
+  const int64_t batches = (chunks_ + batch_ - 1) / batch_;
+  const dist::Range mine = dist::partition(batches, parts, part);
+  first_chunk_ = std::min(mine.begin * batch_, chunks_);
+  local_chunks_ = std::min(mine.end * batch_, chunks_) - first_chunk_;
+  for (int64_t c0 = first_chunk_; c0 < first_chunk_ + local_chunks_; c0 += batch_) {
+    const int64_t n = std::min(batch_, first_chunk_ + local_chunks_ - c0);
+    hidden_.push_back(
+        model_.embed(all_tokens_.subspan(static_cast<size_t>(c0 * T), static_cast<size_t>(n * T)), n, T));
+  }
+}
 
-  PerplexityResult result;
-  result.tokens = n_tokens;
-  result.seqlen = T;
-  result.chunks = chunks;
-  result.evaluated_tokens = chunks * T;
-  result.chunk_nll.reserve(static_cast<size_t>(chunks));
-
-  Tensor slab, logits;
-  for (int64_t c0 = 0; c0 < chunks; c0 += batch) {
+void PerplexityStream::run_block(int64_t block) {
+  for (Tensor& h : hidden_) {
     interrupt::check();
-    const int64_t n = std::min(batch, chunks - c0);
-    const auto batch_tokens = tokens.subspan(static_cast<size_t>(c0 * T), static_cast<size_t>(n * T));
-    Tensor h = model.embed(batch_tokens, n, T);
-    for (int64_t b = 0; b < model.num_blocks(); ++b) model.run_block(b, h, n, T);
-    const Tensor final = model.final_hidden(h);
+    model_.run_block(block, h, h.numel() / (seqlen_ * model_.hidden_size()), seqlen_);
+  }
+}
+
+std::vector<double> PerplexityStream::local_chunk_nll(const PerplexityProgress& progress) {
+  const int64_t T = seqlen_, vocab = model_.vocab_size();
+  std::vector<double> nll;
+  nll.reserve(static_cast<size_t>(local_chunks_));
+  Tensor slab, logits;
+  std::vector<double> scratch;
+  int64_t c0 = first_chunk_;
+  for (Tensor& h : hidden_) {
+    interrupt::check();
+    const int64_t n = h.numel() / (T * model_.hidden_size());
+    const Tensor final = model_.final_hidden(h);
+    h = Tensor();  // this batch's hidden states are no longer needed
     const int64_t width = final.dim(-1);
     for (int64_t s = 0; s < n; ++s) {
       double total = 0.0;
@@ -76,24 +101,50 @@ PerplexityResult evaluate_perplexity(DecoderModel& model, std::span<const int32_
         slab.resize({rows, width});
         std::memcpy(slab.data(), final.data() + (s * T + r0) * width,
                     static_cast<size_t>(rows * width) * sizeof(float));
-        model.lm_head(slab, logits);
-        const int32_t* next = batch_tokens.data() + s * T + r0 + 1;
-#pragma omp parallel for reduction(+ : total) schedule(static) if (rows * vocab >= kParallelMinElements)
-        for (int64_t r = 0; r < rows; ++r) total += row_nll(logits.data() + r * vocab, vocab, next[r]);
+        model_.lm_head(slab, logits);
+        const int32_t* next = all_tokens_.data() + (c0 + s) * T + r0 + 1;
+        total += sum_row_nll(logits.data(), rows, vocab, next, scratch);
       }
       // NaN/Inf logits would only show up as a NaN perplexity at the end: name the chunk instead.
       SYMPRUNE_CHECK(std::isfinite(total),
                      "perplexity: chunk {} (tokens {}..{}) has a non-finite loss: the model's fp32 forward "
                      "produces NaN or Inf (overflowing or corrupt weights)",
                      c0 + s, (c0 + s) * T, (c0 + s + 1) * T - 1);
-      result.chunk_nll.push_back(total / static_cast<double>(T - 1));
+      nll.push_back(total / static_cast<double>(T - 1));
     }
-    if (progress) progress(c0 + n, chunks);
+    c0 += n;
+    if (progress) progress(c0 - first_chunk_, local_chunks_);
   }
+  hidden_.clear();
+  return nll;
+}
+
+PerplexityResult perplexity_from_chunks(std::vector<double> chunk_nll, int64_t tokens, int64_t seqlen) {
+  PerplexityResult result;
+  result.tokens = tokens;
+  result.seqlen = seqlen;
+  result.chunks = static_cast<int64_t>(chunk_nll.size());
+  result.evaluated_tokens = result.chunks * seqlen;
   double sum = 0.0;
-  for (double v : result.chunk_nll) sum += v;
-  result.mean_nll = sum / static_cast<double>(chunks);
+  for (double v : chunk_nll) sum += v;
+  result.mean_nll = sum / static_cast<double>(result.chunks);
   result.perplexity = std::exp(result.mean_nll);
+  result.chunk_nll = std::move(chunk_nll);
+  return result;
+}
+
+PerplexityResult evaluate_perplexity(DecoderModel& model, std::span<const int32_t> tokens,
+                                     const PerplexityOptions& options, const PerplexityProgress& progress,
+                                     const BlockProgress& block_progress) {
+  const auto start = std::chrono::steady_clock::now();
+  PerplexityStream stream(model, tokens, options);
+  for (int64_t b = 0; b < model.num_blocks(); ++b) {
+    stream.run_block(b);
+    model.evict_block(b);  // one pass over the model: no block is needed twice
+    if (block_progress) block_progress(b + 1, model.num_blocks());
+  }
+  PerplexityResult result =
+      perplexity_from_chunks(stream.local_chunk_nll(progress), stream.tokens(), stream.seqlen());
   result.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

@@ -31,15 +31,50 @@ struct PerplexityResult {
 
 // Called after each batch of chunks with (chunks done, chunks total).
 using PerplexityProgress = std::function<void(int64_t done, int64_t total)>;
+// Called after each block with (blocks done, blocks total).
+using BlockProgress = std::function<void(int64_t done, int64_t total)>;
+
+// Perplexity computed block by block, for a pipeline that visits every block once (the pruning loop runs
+// a dense and a pruned stream beside its calibration passes) and for evaluate_perplexity. The chunks are
+// cut into batches of options.batch_sequences chunks (each batch one forward shape, the same however the
+// work is split); batches are split over `parts` contiguously (dist::partition) and this stream holds
+// part `part`'s hidden states. run_block(b) moves them through block b with the model's current weights;
+// after the last block, local_chunk_nll() gives the NLL of each local chunk, in order. The chunks' NLLs of
+// all parts, concatenated in part order, give the same perplexity as one stream over everything.
+class PerplexityStream {
+ public:
+  // Throws symprune::Error like evaluate_perplexity for a bad seqlen or too few tokens.
+  PerplexityStream(DecoderModel& model, std::span<const int32_t> tokens, const PerplexityOptions& options,
+                   int parts = 1, int part = 0);
+  int64_t chunks() const { return chunks_; }            // all parts
+  int64_t first_chunk() const { return first_chunk_; }  // this part's
+  int64_t local_chunks() const { return local_chunks_; }
+  int64_t seqlen() const { return seqlen_; }
+  int64_t tokens() const { return tokens_; }
+  void run_block(int64_t block);
+  // Final norm, head and NLL, batch by batch; `progress` gets (local chunks done, local chunks).
+  std::vector<double> local_chunk_nll(const PerplexityProgress& progress = {});
+
+ private:
+  DecoderModel& model_;
+  std::span<const int32_t> all_tokens_;
+  int64_t seqlen_ = 0, chunks_ = 0, batch_ = 0, first_chunk_ = 0, local_chunks_ = 0, tokens_ = 0;
+  std::vector<Tensor> hidden_;  // per local batch
+};
+
+// The result from every chunk's NLL (all parts, chunk order): mean in chunk order, exp.
+PerplexityResult perplexity_from_chunks(std::vector<double> chunk_nll, int64_t tokens, int64_t seqlen);
 
 // Throws symprune::Error when seqlen < 2, seqlen exceeds the model's max_position_embeddings, or the
-// tokens do not fill one chunk ("N tokens, fewer than one chunk of T").
+// tokens do not fill one chunk ("N tokens, fewer than one chunk of T"). Runs one PerplexityStream over all
+// blocks, evicting each block's stored weights after use (DecoderModel::evict_block).
 PerplexityResult evaluate_perplexity(DecoderModel& model, std::span<const int32_t> tokens,
                                      const PerplexityOptions& options,
-                                     const PerplexityProgress& progress = {});
+                                     const PerplexityProgress& progress = {},
+                                     const BlockProgress& block_progress = {});
 
 // Mean next-token NLL of one sequence's logits [T, vocab] against its tokens (T-1 predictions),
-// accumulated in double. Exposed for tests.
+// accumulated in double in order. Exposed for tests.
 double sequence_mean_nll(const Tensor& logits, std::span<const int32_t> tokens);
 
 }  // namespace symprune::model

@@ -36,7 +36,8 @@ namespace {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(Communicator& bootstrap, int device) : rank_(bootstrap.rank()), size_(bootstrap.size()) {
+  NcclCommunicator(Communicator& bootstrap, int device)
+      : bootstrap_(bootstrap), rank_(bootstrap.rank()), size_(bootstrap.size()) {
     SYMPRUNE_NCCL_CUDA_CHECK(cudaSetDevice(device));
     ncclUniqueId id{};
     if (rank_ == 0) SYMPRUNE_NCCL_CHECK(ncclGetUniqueId(&id));
@@ -112,12 +113,42 @@ class NcclCommunicator final : public Communicator {
     copy(gathered.data(), device, offsets.back(), cudaMemcpyDeviceToHost);
   }
 
+  void send(std::span<const std::byte> bytes, int dest) override {
+    check_peer(dest, "send");
+    if (bytes.empty()) return;
+    void* device = staging(bytes.size());
+    copy(device, bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
+    SYMPRUNE_NCCL_CHECK(ncclSend(device, bytes.size(), ncclUint8, dest, comm_, stream_));
+    SYMPRUNE_NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void recv(std::span<std::byte> bytes, int source) override {
+    check_peer(source, "recv");
+    if (bytes.empty()) return;
+    void* device = staging(bytes.size());
+    SYMPRUNE_NCCL_CHECK(ncclRecv(device, bytes.size(), ncclUint8, source, comm_, stream_));
+    copy(bytes.data(), device, bytes.size(), cudaMemcpyDeviceToHost);
+  }
+
   void barrier() override {
     int64_t token = 0;
     all_reduce_sum(std::span<int64_t>(&token, 1));
   }
 
+  [[noreturn]] void abort(int exit_code) override {
+    (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+    bootstrap_.abort(exit_code);
+  }
+
  private:
+  void check_peer(int peer, const char* what) const {
+    SYMPRUNE_CHECK(peer >= 0 && peer < size_ && peer != rank_,
+                   "{}: rank {} is not another rank of the nccl "
+                   "communicator (size {}, this is rank {})",
+                   what, peer, size_, rank_);
+  }
+
   template <typename T>
   void reduce(T* values, size_t count, ncclDataType_t type) {
     if (count == 0) return;
@@ -144,6 +175,7 @@ class NcclCommunicator final : public Communicator {
     SYMPRUNE_NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
+  Communicator& bootstrap_;
   int rank_ = 0;
   int size_ = 1;
   ncclComm_t comm_ = nullptr;

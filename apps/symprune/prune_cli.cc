@@ -1,0 +1,190 @@
+#include "prune_cli.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "cli_checks.h"
+#include "recipe_config.h"
+
+namespace symprune::app {
+namespace {
+
+constexpr const char* kMethodsHelp = R"(
+Methods (W[r,c]: output row r, input column c; a_c = input activation norm, b_r = output norm;
+a lower score is pruned first):
+  magnitude     |W|                                   no calibration data needed
+  wanda         |W| * a_c^alpha            (alpha 1)   Wanda
+  owanda        |W| * b_r^alpha            (alpha 1)   output-side Wanda
+  symwanda      |W| * (a_c^alpha + b_r^alpha)          symmetric Wanda (alpha 1)
+  symwanda-sq   |W| * sqrt(a_c^2alpha + b_r^2alpha)    squared variant (alpha 1)
+  symmetric     |W| * (||W[r,:]||2 + ||W[:,c]||2)      no calibration data needed
+  symmetric-sq  |W| * sqrt(||W[r,:]||2^2 + ||W[:,c]||2^2)   no calibration data needed
+  ri            |W|/||W[r,:]||1 + |W|/||W[:,c]||1      relative importance, no calibration data needed
+  ria           ri * a_c^alpha             (alpha 0.5) RIA
+  ria-row       |W|/||W[r,:]||1 * a_c^alpha            the paper's "Col-Sum" ablation (alpha 0.5)
+  ria-col       |W|/||W[:,c]||1 * a_c^alpha            the paper's "Row-Sum" ablation (alpha 0.5)
+  lp            lp-norm relative importance, --p in {0,1,2,3,4,inf}, --strategy S1..S4 (alpha 0.5);
+                S1 |W|(1/R+1/C)  S2 |W|/(R+C)  S3 |W|(R+C)  S4 |W|/(1/R+1/C); p=1,S1 = ria
+  stochria      ria with row/column sums over sampled subsets of tau = max(1, floor(beta*min(m,n)))
+                entries (--beta, --method-seed; alpha 0.5)
+Activation-aware methods (all with alpha, unless --alpha 0) need --calib; the others run no forward pass.
+
+Masks: --sparsity R prunes exactly floor(n*R) weights per output row (--group row, default) or
+floor(m*n*R) per matrix (--group layer); --nm N:M prunes N of every M consecutive inputs in each row.
+--compat wanda: magnitude per layer with the reference "<= threshold" rule, other methods as asked
+(--group layer uses "<= threshold"), and --seqlen defaults to max_position_embeddings. --compat ria: per layer "<= threshold" unless --group row, and
+RIA's fp16 rounding of the relative-importance term for ri and ria.
+
+Refinement (--refine, after the initial mask, before the pruned pass; only the mask changes):
+  dsnot     DSnoT: per output row, swap one pruned and one kept weight per cycle to drive the expected
+            error e_r = sum over pruned c of W[r,c]*mu_c towards 0 (mu_c: mean per-sequence input sum);
+            regrow by W*mu/var^p (--var-power), prune by the Wanda score split by the sign of W*mu;
+            a row stops for good when |e_r| <= --refine-threshold, after --max-cycles swaps, or (with
+            --same-sign; always for N:M) when a swap would flip the sign of its error.
+  r2dsnot   R2-DSnoT: DSnoT with the relative factor 1/||W~[r,:]||1 + 1/||W~[:,c]||1 in the regrow key
+            (--grow-relative) and the prune key (--prune-relative), a_c^--refine-alpha in the prune key,
+            and lp regularizers gamma*||row after the move||_p (--reg-p, --gamma-grow, --gamma-prune).
+  --refine-skip mlp (default, as DSnoT) refines only the self_attn projections; attn only the MLP;
+  none every linear. Refinement needs --calib, whatever the scoring method.
+
+Output: a Hugging Face directory in the input's dtype and sharding; pruned weights exactly zero, every
+other weight bit-identical; config and tokenizer files copied. stdout: per-layer table (sparsity and
+relative reconstruction error ||(W-W~)X||/||WX|| on the dense calibration inputs), and with --eval
+"perplexity.dense: X" / "perplexity.pruned: Y".
+)";
+
+void add_switch(CLI::App* sub, std::deque<Switch>& switches, const std::string& on, const std::string& off,
+                bool& value, const std::string& description) {
+  Switch& s = switches.emplace_back();
+  s.value = &value;
+  s.on_option = sub->add_flag(on, s.on, description);
+  s.off_option = sub->add_flag(off, s.off, "the opposite of " + on);
+  s.on_option->excludes(s.off_option);
+}
+
+}  // namespace
+
+engine::PruneConfig parsed_prune_config(PruneCliOptions& o) {
+  engine::PruneConfig c = o.config;
+  if (o.alpha_option->count() > 0) c.alpha = o.alpha;
+  if (o.sparsity_option->count() > 0) c.sparsity = o.sparsity;
+  for (const auto& sw : o.switches) sw.resolve();
+  c.r2 = o.config.r2;
+  c.out = o.out;
+  c.report = o.report;  // checked before pruning, written by the pipeline at the end
+  if (o.recipe_option->count() > 0) c.input_files.push_back(o.recipe_option->as<std::string>());
+  return c;
+}
+
+void print_prune_result(const engine::PruneConfig& c, const engine::PruneResult& result) {
+  const bool refined = c.refine != "none";
+  std::printf("%-28s %-14s %9s %12s", "layer", "shape", "sparsity", "recon_error");
+  if (refined) std::printf(" %12s %8s %21s", "recon_initial", "swaps", "mean|e| before->after");
+  std::printf("\n");
+  for (const auto& l : result.layers) {
+    const std::string shape = fmt::format("[{}, {}]", l.shape.at(0), l.shape.at(1));
+    const std::string recon = l.recon_error ? fmt::format("{:.6f}", *l.recon_error) : "-";
+    std::printf("%-28s %-14s %9.4f %12s", l.name.c_str(), shape.c_str(), l.sparsity, recon.c_str());
+    if (refined && l.refine) {
+      const std::string initial = l.recon_error_initial ? fmt::format("{:.6f}", *l.recon_error_initial) : "-";
+      const std::string errors =
+          fmt::format("{:.4g} -> {:.4g}", l.refine->mean_abs_error_before, l.refine->mean_abs_error_after);
+      std::printf(" %12s %8lld %21s", initial.c_str(), static_cast<long long>(l.refine->swaps),
+                  errors.c_str());
+    } else if (refined) {
+      std::printf(" %12s %8s %21s", "-", "skipped", "-");
+    }
+    std::printf("\n");
+  }
+  std::printf("sparsity.total: %.6f (%lld of %lld weights, target %.4f, %s)\n", result.sparsity_total(),
+              static_cast<long long>(result.pruned_total), static_cast<long long>(result.params_total),
+              result.sparsity_target, result.mask_description.c_str());
+  if (result.perplexity) {
+    std::printf("perplexity.dense: %.6f\n", result.perplexity->dense);
+    std::printf("perplexity.pruned: %.6f\n", result.perplexity->pruned);
+  }
+  if (!c.out.empty()) std::printf("wrote %s (%.2f s)\n", c.out.string().c_str(), result.timings.total);
+}
+
+void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
+  PruneCliOptions* o = &options;
+  engine::PruneConfig& c = o->config;
+  sub->add_option("--model", c.model, "model directory, short name (llama2-7b) or Hugging Face repo id")
+      ->required();
+  sub->add_option("--method", c.method,
+                  "scoring method: magnitude wanda owanda symwanda symwanda-sq symmetric symmetric-sq ri ria "
+                  "ria-row ria-col lp stochria (see below)")
+      ->required();
+  o->alpha_option = sub->add_option("--alpha", o->alpha,
+                                    "activation exponent of activation-aware methods (default: 1 for the "
+                                    "wanda family, 0.5 for ria, ria-row, ria-col, lp, stochria)");
+  sub->add_option("--p", c.p, "lp: norm order 0 (nonzero count), 1, 2, 3, 4 or inf (default 1)");
+  sub->add_option("--strategy", c.strategy, "lp: combination strategy S1..S4 (default 1)");
+  sub->add_option("--beta", c.beta, "stochria: sampling ratio in (0, 1] (default 0.1)");
+  sub->add_option("--method-seed", c.method_seed, "stochria: sampling seed (default 0)");
+  o->sparsity_option =
+      sub->add_option("--sparsity", o->sparsity, "unstructured sparsity R in [0, 1), e.g. 0.5");
+  auto* group = sub->add_option("--group", c.group,
+                                "unstructured comparison group: row (exactly floor(n*R) per output row, "
+                                "default) or layer (floor(m*n*R) per matrix)");
+  auto* nm = sub->add_option("--nm", c.nm, "semi-structured N:M pattern, e.g. 2:4 (instead of --sparsity)");
+  o->sparsity_option->excludes(nm);
+  nm->excludes(group);
+  sub->add_option("--compat", c.compat,
+                  "none (default), wanda or ria: reproduce that tool's mask rules (see below)");
+  sub->add_option("--refine", c.refine, "mask refinement: none (default), dsnot or r2dsnot (see below)");
+  sub->add_option("--refine-skip", c.refine_skip,
+                  "linears left unrefined: mlp (default, as DSnoT), attn or none");
+  sub->add_option("--max-cycles", c.refine_options.max_cycles,
+                  "refinement: swaps per row at most (default 50)");
+  sub->add_option("--refine-threshold", c.refine_options.threshold,
+                  "refinement: a row stops when |e_r| <= this (default 0.1, in per-sequence-sum units)");
+  sub->add_option("--var-power", c.refine_options.var_power,
+                  "refinement: regrow key divides by var^this (default 1; 0 = no division)");
+  sub->add_flag("--same-sign", c.refine_options.same_sign,
+                "refinement: stop a row before a swap flips the sign of its error (always on for N:M)");
+  // One flag per spelling: CLI11 prints a negatable pair as "--x,--no-x{false}", which reads as "off".
+  add_switch(sub, o->switches, "--grow-relative", "--no-grow-relative", c.r2.grow_relative,
+             "r2dsnot: relative factor in the regrow key (default on)");
+  add_switch(sub, o->switches, "--prune-relative", "--no-prune-relative", c.r2.prune_relative,
+             "r2dsnot: relative factor in the prune key (default on)");
+  sub->add_option("--reg-p", c.r2.reg_p, "r2dsnot: regularizer norm 1, 2 or inf (default 2)");
+  sub->add_option("--gamma-grow", c.r2.gamma_grow, "r2dsnot: regrow regularization weight (default 0)");
+  sub->add_option("--gamma-prune", c.r2.gamma_prune, "r2dsnot: prune regularization weight (default 0)");
+  sub->add_option("--refine-alpha", c.r2.alpha, "r2dsnot: prune key activation exponent (default 0.5)");
+  sub->add_option("--calib", c.calib,
+                  "calibration data: C4-style JSONL (.jsonl/.json, optionally .gz), plain text, a token file "
+                  "(.bin), or 'synthetic' (uniformly random token ids from --seed, for synthetic models); "
+                  "required by activation-aware methods");
+  sub->add_option("--calib-format", c.calib_format,
+                  "auto (by file name), jsonl, text, tokens-u16 or tokens-u32 (default auto)");
+  sub->add_option("--nsamples", c.nsamples, "calibration windows (default 128)");
+  sub->add_option("--micro-batch", c.micro_batch,
+                  "calibration windows per forward pass (default 16384 / seqlen); part of the result's "
+                  "definition (statistics are summed per pass), never derived from the number of ranks");
+  sub->add_option(
+      "--seqlen", c.seqlen,
+      "tokens per calibration window (default 2048; with --compat wanda: max_position_embeddings)");
+  add_python_seed_option(sub, "--seed", c.seed,
+                         "calibration sampling seed with Python's random.seed(S) semantics (default 0; a "
+                         "negative S is |S|, as in Python)");
+  sub->add_option(
+      "--out", o->out,
+      "output directory (Hugging Face layout); must not lie inside the input; required except for "
+      "synthetic models (timing runs)");
+  sub->add_flag("--force", c.force, "replace an existing non-empty --out");
+  sub->add_option("--eval", c.eval,
+                  "text file: report perplexity of the dense and the pruned model (one BOS at its start, "
+                  "chunks of --eval-seqlen tokens)");
+  sub->add_option("--eval-seqlen", c.eval_seqlen, "perplexity chunk length (default: --seqlen)");
+  sub->add_option("--eval-max-chunks", c.eval_max_chunks, "evaluate only the first K chunks (0 = all)");
+  sub->add_option("--report", o->report, "write the JSON report here (atomically)");
+  sub->add_option("--threads", c.threads, "CPU threads (0 = default)");
+  o->recipe_option = add_recipe_option(sub);
+  sub->footer(kMethodsHelp);
+}
+
+}  // namespace symprune::app

@@ -1,0 +1,45 @@
+#pragma once
+// The options of `symprune prune` and `symprune_dist` (one definition: both run the same pipeline with
+// the same options and recipes) and the table both print.
+#include <CLI/CLI.hpp>
+#include <deque>
+#include <string>
+
+#include "engine/prune_pipeline.h"
+
+namespace symprune::app {
+
+// A boolean set by two flags, "--x" and "--no-x" (a recipe may say `x = false` too). Registered as two
+// flags rather than CLI11's "--x,!--no-x", whose help line "--x,--no-x{false}" reads as "default off".
+struct Switch {
+  bool* value = nullptr;
+  bool on = false, off = false;
+  CLI::Option *on_option = nullptr, *off_option = nullptr;
+  void resolve() const {
+    if (off_option->count() > 0) *value = !off;
+    if (on_option->count() > 0) *value = on;
+  }
+};
+
+struct PruneCliOptions {
+  engine::PruneConfig config;
+  double alpha = 0.0;
+  double sparsity = 0.0;
+  std::string out;
+  std::string report;
+  CLI::Option* alpha_option = nullptr;
+  CLI::Option* sparsity_option = nullptr;
+  CLI::Option* recipe_option = nullptr;
+  std::deque<Switch> switches;  // the flags' storage (a deque: elements never move)
+};
+
+// Adds every prune option, --recipe and the methods help to `sub`; values land in `o`.
+void add_prune_options(CLI::App* sub, PruneCliOptions& o);
+
+// The pipeline configuration once the command line (and recipe) are parsed.
+engine::PruneConfig parsed_prune_config(PruneCliOptions& o);
+
+// stdout: per-layer table, sparsity total, perplexities, "wrote OUT".
+void print_prune_result(const engine::PruneConfig& config, const engine::PruneResult& result);
+
+}  // namespace symprune::app

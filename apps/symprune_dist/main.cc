@@ -1,0 +1,109 @@
+// symprune_dist: `symprune prune` over R ranks (DESIGN.md §4): `mpirun -n 8 symprune_dist --model ... --out
+// ...` or `srun symprune_dist ...`. The same options and recipes as `symprune prune`
+// (apps/symprune/prune_cli.h) plus --comm; the same pipeline (engine/prune_pipeline.h), whose output is
+// byte-identical for every R.
+//
+// Failure: errors a user causes (options, paths, a full disk) are agreed on by all ranks, which all end
+// with exit code 1 and rank 0 prints the message. Any other error on any rank prints that rank's message
+// and ends every rank at once (MPI_Abort), so no rank waits in a collective. Interrupts stop all ranks at
+// the next block (exit code 128 + signal).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "core/build_info.h"
+#include "core/error.h"
+#include "core/interrupt.h"
+#include "core/log.h"
+#include "dist/mpi_communicator.h"
+#include "dist/nccl_communicator.h"
+#include "engine/collective_errors.h"
+#include "engine/prune_pipeline.h"
+#include "symprune/cli_checks.h"
+#include "symprune/process_setup.h"
+#include "symprune/prune_cli.h"
+
+namespace {
+
+using namespace symprune;
+
+// "auto": NCCL when built with it and the run is on GPUs (the CUDA backend, to come); MPI otherwise.
+std::unique_ptr<dist::Communicator> make_communicator(const std::string& kind, dist::MpiCommunicator& world) {
+  SYMPRUNE_CHECK(kind == "auto" || kind == "mpi" || kind == "nccl",
+                 "--comm must be auto, mpi or nccl, got '{}'", kind);
+  if (kind == "nccl") return dist::make_nccl_communicator(world, world.local_rank());
+  return nullptr;  // the MPI world itself
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  app::use_passive_openmp_waits(argv);
+  app::install_signal_handling();
+  std::unique_ptr<dist::MpiCommunicator> world;
+  try {
+    world = dist::make_mpi_communicator(&argc, &argv);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "symprune_dist: error: %s\n", e.what());
+    return 1;
+  }
+  const int rank = world->rank(), size = world->size();
+  const bool root = rank == 0;
+  // A rank stops only where all ranks agree (engine/collective_errors.h), never alone inside a collective.
+  interrupt::set_local_checks(size == 1);
+
+  CLI::App app{
+      "symprune_dist: post-training pruning of LLaMA/OPT models over MPI ranks (one per GPU or CPU "
+      "socket); the options of `symprune prune`",
+      "symprune_dist"};
+  app.set_version_flag("--version",
+                       fmt::format("symprune_dist {} (commit {}, {} build)", build_info::kVersion,
+                                   build_info::kGitCommit, build_info::kBuildType));
+  std::string log_level, comm_kind = "auto";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off (env SYMPRUNE_LOG_LEVEL)");
+  app.add_option(
+      "--comm", comm_kind,
+      "communicator: auto (MPI; NCCL once the GPU backend runs the pipeline), mpi (host buffers) or "
+      "nccl (one GPU per node-local rank, bootstrapped over MPI)");
+  app::PruneCliOptions options;
+  app::add_prune_options(&app, options);
+  app::add_numeric_checks(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Every rank parsed the same command line; rank 0 reports.
+    const int code = root ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
+    return code == 0 ? 0 : 1;
+  } catch (const Error& e) {
+    if (root) std::fprintf(stderr, "symprune_dist: error: %s\n", e.what());
+    return 1;
+  }
+
+  try {
+    log::init(rank, log_level, size);
+    const engine::PruneConfig config = app::parsed_prune_config(options);
+    std::unique_ptr<dist::Communicator> nccl;
+    engine::agree_on_errors(*world, [&] { nccl = make_communicator(comm_kind, *world); });
+    dist::Communicator& comm = nccl ? *nccl : *world;
+    log::info("{} ranks over {} ({} node-local on this node)", size, comm.name(), world->local_size());
+    const engine::PruneResult result = engine::prune_model(config, comm);
+    if (root) app::print_prune_result(config, result);
+    return 0;
+  } catch (const interrupt::Interrupted& e) {
+    if (root) std::fprintf(stderr, "symprune_dist: %s\n", e.what());
+    return e.exit_code();
+  } catch (const engine::CollectiveError& e) {
+    if (root) std::fprintf(stderr, "symprune_dist: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "symprune_dist: [rank %d/%d] error: out of memory\n", rank, size);
+    world->abort(1);
+  } catch (const std::exception& e) {
+    // Only this rank knows: say it, then end every rank (they may be waiting for this one).
+    std::fprintf(stderr, "symprune_dist: [rank %d/%d] error: %s\n", rank, size, e.what());
+    world->abort(1);
+  }
+}

@@ -1,0 +1,120 @@
+#include "engine/block_statistics.h"
+
+#include "core/error.h"
+
+namespace symprune::engine {
+
+BlockStatistics::BlockStatistics(dist::Communicator& comm, const model::DecoderModel& model, int64_t block,
+                                 int64_t seq_len, bool collect_output, bool collect_gram)
+    : comm_(comm),
+      backend_(model.backend()),
+      seq_len_(seq_len),
+      collect_output_(collect_output),
+      collect_gram_(collect_gram) {
+  (void)block;
+  const auto shapes = model.linear_shapes();
+  const auto groups = model.linear_input_groups();
+  for (const auto& shape : shapes) {
+    Linear l{shape.name, shape.out, shape.in, 0};
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (const auto& member : groups[g])
+        if (member == shape.name) l.group = g;
+    linears_.push_back(l);
+  }
+  for (const auto& members : groups) {
+    Group g;
+    g.leader = members.front();
+    for (const auto& l : linears_)
+      if (l.name == g.leader) g.n = l.n;
+    if (collect_gram_) g.chain = std::make_unique<OrderedChain>(comm_, static_cast<size_t>(g.n * g.n));
+    groups_.push_back(std::move(g));
+  }
+}
+
+void BlockStatistics::on_linear(const model::LinearId& id, const Tensor& input, const Tensor& output) {
+  const int64_t n = input.dim(-1);
+  const int64_t rows = input.numel() / n;
+  static const Tensor kNoOutput;
+  // A fresh partial per chunk: total = Σ chunks in order (engine/ordered_reduce.h).
+  ActivationStats partial;
+  partial.accumulate(input, collect_output_ ? output : kNoOutput, rows / seq_len_, seq_len_);
+  chunk_stats_[id.name].push_back(std::move(partial));
+  if (!collect_gram_) return;
+  for (auto& group : groups_) {
+    if (group.leader != id.name) continue;
+    // G_chunk = XᵀX as one sgemm: linear(x = Xᵀ [n, rows], W = Xᵀ) = Xᵀ X.
+    transposed_.resize({n, rows});
+    const float* x = input.data();
+    float* xt = transposed_.data();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < n; ++c) xt[c * rows + r] = x[r * n + c];
+    backend_.linear(transposed_, transposed_, nullptr, product_);
+    group.chain->add(product_.values());
+  }
+}
+
+size_t BlockStatistics::packed_length() const {
+  size_t length = 0;
+  for (const auto& l : linears_) length += static_cast<size_t>(3 * l.n + (collect_output_ ? l.m : 0) + 1);
+  return length;
+}
+
+void BlockStatistics::reduce() {
+  // Pack: per chunk, per linear: in_sumsq, in_sum, in_seqsq, [out_sumsq], n_seqs.
+  const size_t length = packed_length();
+  size_t chunks = chunk_stats_.empty() ? 0 : chunk_stats_.begin()->second.size();
+  for (const auto& [name, list] : chunk_stats_)
+    SYMPRUNE_ASSERT(list.size() == chunks, "{}: {} chunks, others {}", name, list.size(), chunks);
+  std::vector<double> packed;
+  packed.reserve(chunks * length);
+  for (size_t chunk = 0; chunk < chunks; ++chunk) {
+    for (const auto& l : linears_) {
+      const ActivationStats& s = chunk_stats_.at(l.name)[chunk];
+      packed.insert(packed.end(), s.in_sumsq.begin(), s.in_sumsq.end());
+      packed.insert(packed.end(), s.in_sum.begin(), s.in_sum.end());
+      packed.insert(packed.end(), s.in_seqsq.begin(), s.in_seqsq.end());
+      if (collect_output_) packed.insert(packed.end(), s.out_sumsq.begin(), s.out_sumsq.end());
+      packed.push_back(static_cast<double>(s.n_seqs));
+    }
+  }
+  SYMPRUNE_ASSERT(packed.size() == chunks * length, "packed {} for {} chunks of {}", packed.size(), chunks,
+                  length);
+  chunk_stats_.clear();
+  const std::vector<double> total = ordered_sum(comm_, packed, length);
+  stats_bytes_ += static_cast<int64_t>((packed.size() + total.size()) * sizeof(double));
+
+  size_t at = 0;
+  auto take = [&](int64_t count) {
+    std::vector<double> v(total.begin() + static_cast<std::ptrdiff_t>(at),
+                          total.begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(count)));
+    at += static_cast<size_t>(count);
+    return v;
+  };
+  for (const auto& l : linears_) {
+    ActivationStats s;
+    s.in_sumsq = take(l.n);
+    s.in_sum = take(l.n);
+    s.in_seqsq = take(l.n);
+    if (collect_output_) s.out_sumsq = take(l.m);
+    s.n_seqs = static_cast<int64_t>(total[at++]);
+    s.seq_len = seq_len_;
+    totals_[l.name] = std::move(s);
+  }
+
+  if (!collect_gram_) return;
+  for (auto& group : groups_) {
+    group.total.n = group.n;
+    group.total.g = group.chain->finish();
+    group.chain.reset();
+    if (comm_.size() > 1) gram_bytes_ += static_cast<int64_t>(2 * group.total.g.size() * sizeof(double));
+  }
+}
+
+const Gram* BlockStatistics::gram(const std::string& linear) const {
+  if (!collect_gram_) return nullptr;
+  for (const auto& l : linears_)
+    if (l.name == linear) return &groups_[l.group].total;
+  return nullptr;
+}
+
+}  // namespace symprune::engine

@@ -1,0 +1,76 @@
+#pragma once
+// The dense pass's statistics of one block (DESIGN.md §3.1), over all ranks: per linear the activation
+// statistics, per group of linears fed the same input (LLaMA q/k/v and gate/up, OPT q/k/v) the Gram matrix
+// G = XᵀX of that input (for the reconstruction error and the Gram-based refinements).
+//
+// Each rank runs the dense block on its chunks of calibration windows; the model calls the observer once
+// per chunk (the micro-batch) and linear. Chunk partials are combined in global chunk order
+// (engine/ordered_reduce.h), so the statistics are bit-identical for any number of ranks and equal to the
+// single-process ones. Statistics: one gather of every chunk's per-channel vectors per block (all linears
+// fused into one buffer). Grams: one ordered chain per input group.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/activation_stats.h"
+#include "core/backend.h"
+#include "dist/communicator.h"
+#include "engine/ordered_reduce.h"
+#include "model/decoder_model.h"
+
+namespace symprune::engine {
+
+// G = XᵀX of one linear input, summed over the calibration chunks in fp64 (n × n, row-major).
+struct Gram {
+  int64_t n = 0;
+  std::vector<double> g;
+};
+
+class BlockStatistics : public model::LinearObserver {
+ public:
+  // `model` gives the linears' shapes and input groups; outputs (Σy²) are collected when collect_output,
+  // Grams when collect_gram.
+  BlockStatistics(dist::Communicator& comm, const model::DecoderModel& model, int64_t block, int64_t seq_len,
+                  bool collect_output, bool collect_gram);
+
+  void on_linear(const model::LinearId& id, const Tensor& input, const Tensor& output) override;
+
+  // Collective, after this rank's dense pass (also on a rank without chunks): combines every rank's chunks.
+  void reduce();
+
+  // After reduce().
+  const ActivationStats& stats(const std::string& linear) const { return totals_.at(linear); }
+  const Gram* gram(const std::string& linear) const;
+  // Bytes this rank sent and received for the reduction (for the scaling figures).
+  int64_t stats_bytes() const { return stats_bytes_; }
+  int64_t gram_bytes() const { return gram_bytes_; }
+
+ private:
+  struct Linear {
+    std::string name;
+    int64_t m = 0, n = 0;
+    size_t group = 0;  // index into groups_
+  };
+  struct Group {
+    std::string leader;  // the first linear of the group: its input is the group's
+    int64_t n = 0;
+    std::unique_ptr<OrderedChain> chain;
+    Gram total;
+  };
+  size_t packed_length() const;
+
+  dist::Communicator& comm_;
+  Backend& backend_;
+  int64_t seq_len_;
+  bool collect_output_, collect_gram_;
+  std::vector<Linear> linears_;  // forward order
+  std::vector<Group> groups_;
+  std::map<std::string, std::vector<ActivationStats>> chunk_stats_;  // per linear, this rank's chunks
+  std::map<std::string, ActivationStats> totals_;
+  Tensor transposed_, product_;
+  int64_t stats_bytes_ = 0, gram_bytes_ = 0;
+};
+
+}  // namespace symprune::engine

@@ -1,0 +1,174 @@
+#include "engine/mask_stage.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "dist/partition.h"
+
+namespace symprune::engine {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+Tensor copy_rows(const Tensor& w, dist::Range rows) {
+  const int64_t n = w.dim(1);
+  Tensor out({rows.size(), n});
+  if (rows.size() > 0)
+    std::memcpy(out.data(), w.data() + rows.begin * n, static_cast<size_t>(rows.size() * n) * sizeof(float));
+  return out;
+}
+
+// Every rank's rows' mask, gathered into the whole matrix's mask (each rank's rows packed on their own).
+Mask gather_mask(dist::Communicator& comm, const Mask& own, int64_t total_rows, int64_t* bytes) {
+  const int64_t cols = own.cols();
+  std::vector<int64_t> counts(static_cast<size_t>(comm.size()));
+  for (int p = 0; p < comm.size(); ++p)
+    counts[static_cast<size_t>(p)] = (dist::partition(total_rows, comm.size(), p).size() * cols + 7) / 8;
+  const std::vector<uint8_t> local = own.pack_bits();
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<uint8_t> all(static_cast<size_t>(total));
+  comm.all_gather_v(std::as_bytes(std::span<const uint8_t>(local)), counts,
+                    std::as_writable_bytes(std::span<uint8_t>(all)));
+  *bytes += total;
+  Mask whole(total_rows, cols);
+  size_t at = 0;
+  for (int p = 0; p < comm.size(); ++p) {
+    const dist::Range rows = dist::partition(total_rows, comm.size(), p);
+    const size_t count = static_cast<size_t>(counts[static_cast<size_t>(p)]);
+    const Mask part = Mask::unpack_bits(rows.size(), cols, std::span<const uint8_t>(all).subspan(at, count));
+    std::copy(part.flat().begin(), part.flat().end(), whole.flat().begin() + rows.begin * cols);
+    at += count;
+  }
+  return whole;
+}
+
+// Per-sequence means and variances and activation norms that DSnoT reads.
+struct RefineInputs {
+  std::vector<double> mu, var, act_norm;
+};
+
+RefineInputs refine_inputs(const ActivationStats& stats) {
+  const int64_t n = stats.in_features();
+  RefineInputs in;
+  for (int64_t c = 0; c < n; ++c) {
+    in.mu.push_back(stats.input_mean_sum(c));
+    in.var.push_back(stats.input_variance(c));
+    in.act_norm.push_back(stats.input_norm(c));
+  }
+  return in;
+}
+
+// Σ_c a[r,c]·(A G)[r,c] per row of A, fp32 products (one sgemm), fp64 sums.
+std::vector<double> row_quadratic_forms(Backend& backend, const Tensor& a, const Tensor& g) {
+  const int64_t rows = a.dim(0), n = a.dim(1);
+  std::vector<double> out(static_cast<size_t>(rows), 0.0);
+  if (rows == 0) return out;
+  Tensor product;
+  backend.linear(a, g, nullptr, product);  // A Gᵀ = A G (G symmetric)
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum = 0.0;
+    for (int64_t c = 0; c < n; ++c)
+      sum += static_cast<double>(a[r * n + c]) * static_cast<double>(product[r * n + c]);
+    out[static_cast<size_t>(r)] = sum;
+  }
+  return out;
+}
+
+// Every rank's per-row values, gathered in row order and added in that order.
+double ordered_row_sum(dist::Communicator& comm, const std::vector<double>& local, int64_t total_rows) {
+  std::vector<int64_t> counts(static_cast<size_t>(comm.size()));
+  for (int p = 0; p < comm.size(); ++p)
+    counts[static_cast<size_t>(p)] =
+        dist::partition(total_rows, comm.size(), p).size() * static_cast<int64_t>(sizeof(double));
+  std::vector<double> all(static_cast<size_t>(total_rows));
+  comm.all_gather_v(std::as_bytes(std::span<const double>(local)), counts,
+                    std::as_writable_bytes(std::span<double>(all)));
+  double sum = 0.0;
+  for (double v : all) sum += v;
+  return sum;
+}
+
+}  // namespace
+
+bool refine_skips(const std::string& skip, const std::string& linear) {
+  const bool attention = linear.rfind("self_attn.", 0) == 0;
+  return (skip == "mlp" && !attention) || (skip == "attn" && attention);
+}
+
+std::optional<double> reconstruction_error(dist::Communicator& comm, Backend& backend,
+                                           const Tensor& weight_rows, const Mask& row_mask,
+                                           int64_t total_rows, const Gram& gram) {
+  const int64_t n = gram.n;
+  Tensor g({n, n});
+  for (int64_t i = 0; i < n * n; ++i) g[i] = static_cast<float>(gram.g[static_cast<size_t>(i)]);
+  Tensor delta({weight_rows.dim(0), weight_rows.dim(1)});
+  const auto flat = row_mask.flat();
+  for (int64_t i = 0; i < weight_rows.numel(); ++i)
+    delta[i] = flat[static_cast<size_t>(i)] ? weight_rows[i] : 0.0f;
+  const double dense =
+      std::max(ordered_row_sum(comm, row_quadratic_forms(backend, weight_rows, g), total_rows), 0.0);
+  const double diff =
+      std::max(ordered_row_sum(comm, row_quadratic_forms(backend, delta, g), total_rows), 0.0);
+  if (dense <= 0.0) return diff <= 0.0 ? std::optional<double>(0.0) : std::nullopt;
+  return std::sqrt(diff / dense);
+}
+
+LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, int64_t block,
+                        const std::string& linear, const Tensor& weight, const ActivationStats* stats,
+                        const Gram* gram) {
+  const int64_t m = weight.dim(0);
+  const dist::Range rows = dist::partition(m, comm.size(), comm.rank());
+  ScoreOptions options = settings.score;
+  options.block = block;
+  options.matrix_name = std::to_string(block) + "." + linear;
+  options.row_begin = rows.begin;
+  options.row_end = rows.end;
+  const Tensor scores =
+      compute_scores(settings.method, weight, settings.scores_need_stats ? stats : nullptr, options);
+  const MatrixPart part{rows.begin, m, [&comm](std::span<int64_t> v) { comm.all_reduce_sum(v); }};
+  Mask own = select_mask(scores, settings.spec, options.matrix_name, &part);
+
+  LinearMask out;
+  const Tensor own_weight = copy_rows(weight, rows);
+  if (settings.refine != "none" && !refine_skips(settings.refine_skip, linear)) {
+    SYMPRUNE_ASSERT(stats != nullptr && gram != nullptr, "refinement of {} without statistics",
+                    options.matrix_name);
+    out.recon_error_initial = reconstruction_error(comm, *settings.backend, own_weight, own, m, *gram);
+    const auto start = std::chrono::steady_clock::now();
+    const RefineInputs in = refine_inputs(*stats);
+    std::optional<NmPattern> nm;
+    if (settings.spec.kind == MaskSpec::kNM) nm = NmPattern{settings.spec.n, settings.spec.m};
+    // R²-DSnoT's relative factor reads the column norms of the whole initially pruned matrix.
+    std::vector<double> column_l1;
+    if (settings.refine_options.r2) {
+      int64_t unused = 0;
+      column_l1 = initial_column_l1(weight, gather_mask(comm, own, m, &unused));
+    }
+    RefineStats local = refine_dsnot(own_weight, in.mu, in.var, in.act_norm, own, settings.refine_options, nm,
+                                     settings.refine_options.r2 ? &column_l1 : nullptr);
+    // Means over all rows: the ranks' row sums added up.
+    std::vector<double> sums = {static_cast<double>(local.swaps),
+                                local.mean_abs_error_before * static_cast<double>(rows.size()),
+                                local.mean_abs_error_after * static_cast<double>(rows.size())};
+    comm.all_reduce_sum(sums);
+    RefineStats total;
+    total.swaps = static_cast<int64_t>(sums[0]);
+    total.mean_abs_error_before = sums[1] / static_cast<double>(m);
+    total.mean_abs_error_after = sums[2] / static_cast<double>(m);
+    out.refine = total;
+    out.refine_seconds = seconds_since(start);
+  }
+  if (gram != nullptr)
+    out.recon_error = reconstruction_error(comm, *settings.backend, own_weight, own, m, *gram);
+  out.mask = gather_mask(comm, own, m, &out.mask_bytes);
+  out.pruned = out.mask.count();
+  return out;
+}
+
+}  // namespace symprune::engine

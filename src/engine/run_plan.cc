@@ -1,0 +1,303 @@
+#include "engine/run_plan.h"
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/system_memory.h"
+#include "dist/partition.h"
+#include "engine/collective_errors.h"
+#include "io/calibration.h"
+#include "model/fingerprint.h"
+
+namespace symprune::engine {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kDefaultSeqlen = 2048;
+constexpr int64_t kDefaultTokensPerPass = 16384;  // calibration tokens per forward pass by default
+
+std::string read_text_file(const fs::path& path, const char* option) {
+  SYMPRUNE_CHECK(fs::is_regular_file(path), "{} {}: no such file", option, path.string());
+  std::ifstream in(path, std::ios::binary);
+  SYMPRUNE_CHECK(in.good(), "{} {}: cannot open", option, path.string());
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  SYMPRUNE_CHECK(!in.bad(), "{} {}: read error", option, path.string());
+  return buffer.str();
+}
+
+struct ResolvedMask {
+  MaskSpec spec;
+  bool compat_ria_fp16 = false;
+  std::string group;  // resolved group name for the report: row, layer or N:M
+};
+
+ResolvedMask resolve_mask(const PruneConfig& c, ScoreMethod method) {
+  ResolvedMask r;
+  SYMPRUNE_CHECK(c.compat == "none" || c.compat == "wanda" || c.compat == "ria",
+                 "--compat must be none, wanda or ria, got '{}'", c.compat);
+  SYMPRUNE_CHECK(c.group.empty() || c.group == "row" || c.group == "layer",
+                 "--group must be row or layer, got '{}'", c.group);
+  SYMPRUNE_CHECK(c.sparsity.has_value() != !c.nm.empty(),
+                 "give exactly one of --sparsity R (unstructured) or --nm N:M (semi-structured)");
+  r.compat_ria_fp16 = c.compat == "ria";
+  if (!c.nm.empty()) {
+    SYMPRUNE_CHECK(c.group.empty(), "--group applies to --sparsity only, not to --nm {}", c.nm);
+    const NmPattern p = parse_nm(c.nm);
+    r.spec = MaskSpec::nm(p);
+    r.group = c.nm;
+    return r;
+  }
+  const double rho = *c.sparsity;
+  SYMPRUNE_CHECK(rho >= 0.0 && rho < 1.0, "--sparsity {} is outside [0, 1)", rho);
+  bool layer = c.group == "layer";
+  bool le = false;
+  if (c.compat != "none") {
+    if (method == ScoreMethod::kMagnitude) {
+      layer = true;  // magnitude is per-layer "≤ θ" in every reference repo
+    } else if (c.compat == "ria" && c.group.empty()) {
+      layer = true;  // RIA's default (no --per_outneuron) is per-layer for every method
+    }
+    le = layer;
+  }
+  r.spec = layer ? MaskSpec::layer(rho, le) : MaskSpec::row(rho);
+  r.group = layer ? "layer" : "row";
+  return r;
+}
+
+nlohmann::json refine_config_json(const PruneConfig& c, const DsnotOptions& o) {
+  if (c.refine == "none") return nullptr;
+  nlohmann::json j = {{"method", c.refine},       {"skip", c.refine_skip},    {"max_cycles", o.max_cycles},
+                      {"threshold", o.threshold}, {"var_power", o.var_power}, {"same_sign", o.same_sign}};
+  if (o.r2) {
+    j["grow_relative"] = o.r2->grow_relative;
+    j["prune_relative"] = o.r2->prune_relative;
+    j["reg_p"] = std::isinf(o.r2->reg_p) ? nlohmann::json("inf") : nlohmann::json(o.r2->reg_p);
+    j["gamma_grow"] = o.r2->gamma_grow;
+    j["gamma_prune"] = o.r2->gamma_prune;
+    j["alpha"] = o.r2->alpha;
+  }
+  return j;
+}
+
+// The hidden states dominate memory: this rank's calibration windows (H and the dense pass's copy of it)
+// and its evaluation chunks (a dense and a pruned stream), d floats per token each. Checked before any
+// work, so an impossible --nsamples is a message, not a bad_alloc.
+void check_memory(int64_t nsamples, int64_t seqlen, int64_t calib_tokens, int64_t eval_tokens,
+                  int64_t hidden_size) {
+  const double d = static_cast<double>(hidden_size);
+  const double needed = static_cast<double>(calib_tokens) * (2.0 * d + 1.0) * sizeof(float) +
+                        static_cast<double>(eval_tokens) * 2.0 * d * sizeof(float);
+  const auto available = available_memory_bytes();
+  if (!available || needed <= static_cast<double>(*available)) return;
+  if (eval_tokens == 0 ||
+      static_cast<double>(calib_tokens) * (2.0 * d + 1.0) * sizeof(float) > static_cast<double>(*available))
+    fail(
+        "--nsamples {} x --seqlen {} needs about {} for the calibration hidden states ({} tokens x {} values "
+        "x "
+        "4 bytes, twice), but only {} of memory is available: lower --nsamples or --seqlen",
+        nsamples, seqlen, format_bytes(needed), calib_tokens, hidden_size,
+        format_bytes(static_cast<double>(*available)));
+  fail(
+      "the run needs about {}: the calibration hidden states and, for --eval, {} tokens x {} values x 4 "
+      "bytes "
+      "twice (dense and pruned), but only {} of memory is available: lower --eval-max-chunks, --nsamples or "
+      "--seqlen",
+      format_bytes(needed), eval_tokens, hidden_size, format_bytes(static_cast<double>(*available)));
+}
+
+void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
+  // --- Everything cheap is checked before any weight is read.
+  const ScoreMethod method = parse_score_method(c.method);
+  ScoreOptions base;
+  base.alpha = c.alpha ? *c.alpha : std::numeric_limits<double>::quiet_NaN();
+  base.p = c.p;
+  base.strategy = c.strategy;
+  base.beta = c.beta;
+  base.seed = c.method_seed;
+  base.matrix_name = "--method " + std::string(score_method_name(method));
+  validate_score_options(method, base);
+  const ResolvedMask mask = resolve_mask(c, method);
+  base.compat_ria_fp16 = mask.compat_ria_fp16;
+  base.matrix_name.clear();
+  SYMPRUNE_CHECK(c.refine == "none" || c.refine == "dsnot" || c.refine == "r2dsnot",
+                 "--refine must be none, dsnot or r2dsnot, got '{}'", c.refine);
+  SYMPRUNE_CHECK(c.refine_skip == "mlp" || c.refine_skip == "attn" || c.refine_skip == "none",
+                 "--refine-skip must be mlp, attn or none, got '{}'", c.refine_skip);
+  const bool refining = c.refine != "none";
+  DsnotOptions refine_options = c.refine_options;
+  refine_options.r2.reset();
+  if (c.refine == "r2dsnot") refine_options.r2 = c.r2;
+  validate_dsnot_options(refine_options);
+  const bool scores_need_stats = score_method_needs_stats(method, base);
+  SYMPRUNE_CHECK(!scores_need_stats || !c.calib.empty(),
+                 "method {} is activation-aware and needs calibration data: give --calib FILE",
+                 score_method_name(method));
+  SYMPRUNE_CHECK(!refining || !c.calib.empty(),
+                 "--refine {} reads activation statistics and needs calibration data: give --calib FILE",
+                 c.refine);
+  r.needs_stats = scores_need_stats || refining;
+  r.needs_output = score_method_uses_output_stats(method) && r.needs_stats;
+  r.collect_gram = r.needs_stats;
+  SYMPRUNE_CHECK(c.nsamples >= 1, "--nsamples must be at least 1, got {}", c.nsamples);
+  SYMPRUNE_CHECK(c.seqlen >= 0, "--seqlen must be at least 1, got {}", c.seqlen);
+  SYMPRUNE_CHECK(c.micro_batch >= 0, "--micro-batch must be at least 1, got {}", c.micro_batch);
+  SYMPRUNE_CHECK(c.eval_seqlen >= 0, "--eval-seqlen must be at least 2, got {}", c.eval_seqlen);
+  SYMPRUNE_CHECK(c.eval_max_chunks >= 0, "--eval-max-chunks must be >= 0, got {}", c.eval_max_chunks);
+
+  r.resolved = io::resolve_model(c.model);
+  const bool synthetic = r.resolved.is_synthetic();
+  SYMPRUNE_CHECK(!c.out.empty() || synthetic,
+                 "--out: no output directory given (it may be left out only for a synthetic model)");
+  r.writes_model = !c.out.empty();
+  // Outputs are checked (and --out locked, by rank 0) before anything heavy: no input may be overwritten,
+  // and a path that cannot work must not fail after hours of pruning.
+  io::InputFootprint inputs;
+  if (!synthetic) inputs.add_model_directory(r.resolved.dir);
+  for (const auto& file : {fs::path(c.calib), fs::path(c.eval)}) inputs.add_file(file);
+  for (const auto& file : c.input_files) inputs.add_file(file);
+  if (comm.rank() == 0) {
+    if (r.writes_model) r.out.emplace(c.out, inputs, c.force);
+    if (!c.report.empty()) io::check_output_file(c.report, inputs, "--report", r.out ? &*r.out : nullptr);
+  }
+  const std::string eval_text = c.eval.empty() ? std::string() : read_text_file(c.eval, "--eval");
+  if (!r.needs_stats && !c.calib.empty())
+    log::info("method {} reads no activations: --calib {} is not used", score_method_name(method), c.calib);
+
+  r.model = std::make_unique<model::DecoderModel>(model::DecoderModel::open(r.resolved));
+  model::DecoderModel& model = *r.model;
+  const std::string config_json = model.config_file();
+  // T: --seqlen, else 2048; under --compat wanda the Wanda repo's rule, T = max_position_embeddings.
+  r.seqlen = c.seqlen > 0 ? c.seqlen : c.compat == "wanda" ? model.max_seq_len() : kDefaultSeqlen;
+  const int64_t eval_seqlen = c.eval_seqlen > 0 ? c.eval_seqlen : r.seqlen;
+  SYMPRUNE_CHECK(c.eval.empty() || eval_seqlen >= 2, "--eval-seqlen must be at least 2, got {}", eval_seqlen);
+  r.model_fingerprint =
+      synthetic ? r.resolved.synthetic->canonical() : model::model_fingerprint(r.resolved.dir);
+  if (r.needs_stats && c.seqlen == 0)
+    SYMPRUNE_CHECK(
+        r.seqlen <= model.max_seq_len(),
+        "--seqlen defaults to {}, which exceeds max_position_embeddings {} of {}: pass --seqlen {} "
+        "(the model's maximum) or less",
+        r.seqlen, model.max_seq_len(), config_json, model.max_seq_len());
+  if (r.needs_stats)
+    SYMPRUNE_CHECK(r.seqlen <= model.max_seq_len(), "--seqlen {} exceeds max_position_embeddings {} of {}",
+                   r.seqlen, model.max_seq_len(), config_json);
+  if (!c.eval.empty())
+    SYMPRUNE_CHECK(eval_seqlen <= model.max_seq_len(),
+                   "--eval-seqlen {} exceeds max_position_embeddings {} of {}", eval_seqlen,
+                   model.max_seq_len(), config_json);
+  // The chunk of windows per forward pass: fixed by the options, never by the number of ranks, because
+  // the statistics are summed chunk by chunk (engine/ordered_reduce.h).
+  r.micro_batch = c.micro_batch > 0 ? c.micro_batch : std::max<int64_t>(1, kDefaultTokensPerPass / r.seqlen);
+  model.set_max_tokens_per_pass(r.micro_batch * r.seqlen);
+  // Every linear shape is the same in each block: check the mask spec against them once, up front.
+  for (const auto& shape : model.linear_shapes())
+    validate_mask_spec(mask.spec, shape.out, shape.in, "0." + shape.name);
+
+  // Token files need no tokenizer: a model directory without one can still be pruned from them.
+  if (r.needs_stats)
+    r.calib_format = c.calib == "synthetic"
+                         ? "synthetic"
+                         : io::resolve_calibration_format(c.calib, c.calib_format, model.vocab_size());
+  const bool token_input =
+      r.calib_format == "tokens-u16" || r.calib_format == "tokens-u32" || r.calib_format == "synthetic";
+  if ((r.needs_stats && !token_input) || !c.eval.empty()) {
+    SYMPRUNE_CHECK(!synthetic,
+                   "{} has no tokenizer: calibrate it with --calib synthetic or a token file (.bin), "
+                   "and evaluate real models only",
+                   r.resolved.display());
+    r.tokenizer = io::load_tokenizer(r.resolved.dir);
+  }
+  if (!c.eval.empty()) {
+    r.evaluate = true;
+    r.eval_tokens = r.tokenizer->encode(eval_text, /*add_bos=*/true);
+    SYMPRUNE_CHECK(static_cast<int64_t>(r.eval_tokens.size()) >= eval_seqlen,
+                   "--eval {}: {} tokens, fewer than one chunk of {}", c.eval, r.eval_tokens.size(),
+                   eval_seqlen);
+    for (size_t i = 0; i < r.eval_tokens.size(); ++i)
+      SYMPRUNE_CHECK(r.eval_tokens[i] >= 0 && r.eval_tokens[i] < model.vocab_size(),
+                     "--eval {}: token id {} at position {} is outside the model vocabulary of {}", c.eval,
+                     r.eval_tokens[i], i, model.vocab_size());
+    r.eval_options.seqlen = eval_seqlen;
+    r.eval_options.max_chunks = c.eval_max_chunks;
+  }
+  // Memory per rank: its share of the calibration chunks and of the evaluation chunks.
+  const int64_t chunks = (c.nsamples + r.micro_batch - 1) / r.micro_batch;
+  const dist::Range mine = dist::partition(chunks, comm.size(), comm.rank());
+  const int64_t local_windows =
+      std::min(mine.end * r.micro_batch, c.nsamples) - std::min(mine.begin * r.micro_batch, c.nsamples);
+  int64_t eval_tokens = 0;
+  if (r.evaluate) {
+    int64_t eval_chunks = static_cast<int64_t>(r.eval_tokens.size()) / eval_seqlen;
+    if (c.eval_max_chunks > 0) eval_chunks = std::min(eval_chunks, c.eval_max_chunks);
+    eval_tokens = (eval_chunks + comm.size() - 1) / comm.size() * eval_seqlen;
+  }
+  check_memory(c.nsamples, r.seqlen, r.needs_stats ? local_windows * r.seqlen : 0, eval_tokens,
+               model.hidden_size());
+
+  // The mask stage's settings.
+  r.mask.backend = &model.backend();
+  r.mask.method = method;
+  r.mask.score = base;
+  r.mask.scores_need_stats = scores_need_stats;
+  r.mask.spec = mask.spec;
+  r.mask.refine = c.refine;
+  r.mask.refine_skip = c.refine_skip;
+  r.mask.refine_options = refine_options;
+  r.mask_description = describe(mask.spec);
+  r.sparsity_target = mask.spec.kind == MaskSpec::kNM
+                          ? static_cast<double>(mask.spec.n) / static_cast<double>(mask.spec.m)
+                          : mask.spec.sparsity;
+
+  // The resolved configuration, recorded in the report.
+  const double alpha = resolved_alpha(method, base);
+  r.config = {
+      {"model", c.model},
+      {"model_dir", r.resolved.display()},
+      {"model_source", r.resolved.source},
+      {"method", std::string(score_method_name(method))},
+      {"alpha", std::isnan(alpha) ? nlohmann::json() : nlohmann::json(alpha)},
+      {"p", std::isinf(c.p) ? nlohmann::json("inf") : nlohmann::json(c.p)},  // JSON has no infinity
+      {"strategy", c.strategy},
+      {"beta", c.beta},
+      {"method_seed", c.method_seed},
+      {"sparsity", c.sparsity ? nlohmann::json(*c.sparsity) : nlohmann::json()},
+      {"group", mask.group},
+      {"nm", c.nm.empty() ? nlohmann::json() : nlohmann::json(c.nm)},
+      {"mask", r.mask_description},
+      {"compat", c.compat},
+      {"compat_ria_fp16", mask.compat_ria_fp16},
+      {"refine", refine_config_json(c, refine_options)},
+      {"calib", c.calib.empty() ? nlohmann::json() : nlohmann::json(c.calib)},
+      {"calib_used", r.needs_stats},
+      {"calib_format", c.calib_format},
+      {"nsamples", c.nsamples},
+      {"seqlen", r.seqlen},
+      {"seed", c.seed},
+      {"micro_batch", r.micro_batch},
+      {"out", c.out.string()},
+      {"force", c.force},
+      {"eval", c.eval.empty() ? nlohmann::json() : nlohmann::json(c.eval)},
+      {"eval_seqlen", eval_seqlen},
+      {"eval_max_chunks", c.eval_max_chunks},
+      {"threads", cpu_threads()},
+      {"ranks", comm.size()},
+      {"communicator", comm.name()},
+      {"recon_error", "||(W-W~)X||_F/||WX||_F on the dense-pass inputs of each block, via G = X^T X"},
+  };
+}
+
+}  // namespace
+
+RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm) {
+  RunPlan r;
+  agree_on_errors(comm, [&] { plan(config, comm, r); });
+  return r;
+}
+
+}  // namespace symprune::engine

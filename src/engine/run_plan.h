@@ -1,0 +1,50 @@
+#pragma once
+// Stage 1 of the pipeline (engine/prune_pipeline.h): validate and resolve. Everything a user can get wrong
+// is checked here, before any block is read, on every rank (the same checks, so the same message), with
+// the output directory checked and locked on rank 0 only.
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/mask_stage.h"
+#include "engine/prune_pipeline.h"
+#include "io/model_resolver.h"
+#include "io/output_dir.h"
+#include "io/tokenizer.h"
+#include "model/decoder_model.h"
+#include "model/perplexity.h"
+
+namespace symprune::engine {
+
+struct RunPlan {
+  io::ResolvedModel resolved;
+  std::unique_ptr<model::DecoderModel> model;
+  std::string model_fingerprint;
+
+  MaskSettings mask;
+  std::string mask_description;
+  double sparsity_target = 0.0;
+  bool needs_stats = false;   // a dense pass with statistics runs (activation-aware scores or refinement)
+  bool needs_output = false;  // Σy² is collected (output-side scores)
+  bool collect_gram = false;  // Gram matrices for the reconstruction error
+
+  int64_t seqlen = 0;
+  int64_t micro_batch = 0;   // calibration windows per forward pass (a chunk)
+  std::string calib_format;  // resolved; "synthetic" for random tokens
+  std::unique_ptr<io::Tokenizer> tokenizer;
+
+  bool evaluate = false;
+  std::vector<int32_t> eval_tokens;
+  model::PerplexityOptions eval_options;
+
+  std::optional<io::OutputDirectory> out;  // rank 0, when an output is written
+  bool writes_model = false;
+  nlohmann::json config;  // the resolved configuration, for the report and the provenance file
+};
+
+// Collective (agree_on_errors): every rank returns the same plan or throws the same error.
+RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm);
+
+}  // namespace symprune::engine

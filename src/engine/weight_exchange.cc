@@ -1,0 +1,90 @@
+#include "engine/weight_exchange.h"
+
+#include <algorithm>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "io/model_layout.h"
+#include "io/safetensors.h"
+
+namespace symprune::engine {
+
+BlockWeightExchange::BlockWeightExchange(dist::Communicator& comm, model::DecoderModel& model)
+    : comm_(comm), model_(model) {}
+
+BlockWeightExchange::~BlockWeightExchange() {
+  if (prefetch_.valid()) prefetch_.wait();  // an error in it has nowhere to go now
+}
+
+std::vector<BlockWeightExchange::Planned> BlockWeightExchange::plan(int64_t block) const {
+  const io::TensorSource& source = model_.tensors();
+  std::vector<Planned> tensors;
+  for (const auto& e : io::expected_block_tensors(model_.config(), block)) {
+    const auto stored = io::stored_tensor_name(source, e.name);
+    SYMPRUNE_CHECK(stored.has_value(), "missing tensor '{}' in {}", e.name, source.description());
+    const io::TensorInfo& info = source.info(*stored);
+    SYMPRUNE_CHECK(info.shape == e.shape, "tensor '{}' in {} has shape {} but {} implies {}", *stored,
+                   source.location(*stored), shape_to_string(info.shape), model_.config_file(),
+                   shape_to_string(e.shape));
+    tensors.push_back({e, *stored, 0, static_cast<size_t>(info.numel() * dtype_size(info.dtype))});
+  }
+  // Largest first, each to the rank with the fewest bytes so far (ties: the lower rank, then the name).
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return tensors[a].bytes > tensors[b].bytes; });
+  std::vector<size_t> load(static_cast<size_t>(comm_.size()), 0);
+  for (size_t i : order) {
+    const auto least = std::min_element(load.begin(), load.end());
+    tensors[i].owner = static_cast<int>(least - load.begin());
+    *least += tensors[i].bytes;
+  }
+  return tensors;
+}
+
+BlockWeightExchange::Share BlockWeightExchange::read_share(int64_t block) const {
+  Share share;
+  for (const Planned& t : plan(block))
+    if (t.owner == comm_.rank()) model_.tensors().read_bytes(t.stored, share[t.stored]);
+  return share;
+}
+
+void BlockWeightExchange::load(int64_t block, int64_t next) {
+  Share share;
+  if (prefetch_.valid() && prefetched_block_ == block) {
+    share = prefetch_.get();
+  } else {
+    if (prefetch_.valid()) prefetch_.get();
+    share = read_share(block);
+  }
+  prefetch_ = {};
+  const std::vector<Planned> tensors = plan(block);
+  std::map<std::string, Tensor> values;
+  for (const Planned& t : tensors) {
+    std::vector<std::byte>& bytes = share[t.stored];
+    if (t.owner == comm_.rank()) {
+      bytes_read_ += static_cast<int64_t>(bytes.size());
+    } else {
+      bytes.resize(t.bytes);
+    }
+    SYMPRUNE_ASSERT(bytes.size() == t.bytes, "{}: {} bytes, expected {}", t.stored, bytes.size(), t.bytes);
+    if (comm_.size() > 1) {
+      comm_.broadcast(bytes, t.owner);
+      bytes_exchanged_ += static_cast<int64_t>(t.bytes);
+    }
+    Tensor value(t.expected.shape);
+    convert_to_f32(model_.tensors().info(t.stored).dtype, bytes.data(), value.data(), value.numel());
+    std::vector<std::byte>().swap(bytes);
+    values.emplace(t.expected.name, std::move(value));
+  }
+  model_.set_block_weights(
+      block, model::assemble_block_weights(model_.config(), block, [&](const io::ExpectedTensor& e) {
+        return std::move(values.at(e.name));
+      }));
+  if (next >= 0 && next < model_.num_blocks()) {
+    prefetched_block_ = next;
+    prefetch_ = std::async(std::launch::async, [this, next] { return read_share(next); });
+  }
+}
+
+}  // namespace symprune::engine

@@ -1,0 +1,52 @@
+#pragma once
+// Block weights for the pipeline (DESIGN.md §4): storage is read once per block, not once per rank. Each
+// rank reads a share of the block's tensors (balanced by bytes, largest first) from the model's
+// TensorSource, the ranks exchange them (one broadcast per tensor from its reader, in the stored dtype),
+// and every rank converts them to fp32 and installs the block in its model. The next block's share is read
+// on a background thread while the current block computes; the exchange itself happens on the calling
+// thread, so only it talks to the communicator.
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "model/decoder_model.h"
+
+namespace symprune::engine {
+
+class BlockWeightExchange {
+ public:
+  BlockWeightExchange(dist::Communicator& comm, model::DecoderModel& model);
+  ~BlockWeightExchange();
+  BlockWeightExchange(const BlockWeightExchange&) = delete;
+  BlockWeightExchange& operator=(const BlockWeightExchange&) = delete;
+
+  // Collective: installs block `block` in the model (model::DecoderModel::set_block_weights); then, when
+  // `next` is a block index, starts reading this rank's share of it in the background.
+  void load(int64_t block, int64_t next = -1);
+
+  int64_t bytes_read() const { return bytes_read_; }            // this rank, from storage
+  int64_t bytes_exchanged() const { return bytes_exchanged_; }  // this rank, in broadcasts
+
+ private:
+  struct Planned {
+    io::ExpectedTensor expected;
+    std::string stored;  // the name in the TensorSource
+    int owner = 0;
+    size_t bytes = 0;
+  };
+  using Share = std::map<std::string, std::vector<std::byte>>;  // stored name -> bytes, this rank's share
+  std::vector<Planned> plan(int64_t block) const;
+  Share read_share(int64_t block) const;
+
+  dist::Communicator& comm_;
+  model::DecoderModel& model_;
+  int64_t prefetched_block_ = -1;
+  std::future<Share> prefetch_;
+  int64_t bytes_read_ = 0, bytes_exchanged_ = 0;
+};
+
+}  // namespace symprune::engine
