@@ -65,6 +65,8 @@ std::string conversion_hint(const fs::path& dir) {
 }
 
 // True for the first bytes of a PyTorch checkpoint: a zip archive (torch >= 1.6) or a raw pickle.
+// Only asked once a file has failed to be safetensors: a valid header length can begin with the same
+// bytes (0x0280 = 640 begins 80 02, like a protocol-2 pickle).
 bool looks_like_pickle(const unsigned char* head, size_t size) {
   if (size >= 4 && head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4) return true;
   if (size >= 2 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5) return true;
@@ -168,12 +170,19 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
   file.map_size_ = static_cast<size_t>(size);
   // From here on `file` owns the mapping, so every throw unmaps it.
 
+  // Decided by content: an 8-byte length that frames a JSON object which parses is safetensors, whatever
+  // its first bytes; only a file that is not gets the pickle diagnosis.
   const auto* head = reinterpret_cast<const unsigned char*>(file.map_);
-  SYMPRUNE_CHECK(!looks_like_pickle(head, file.map_size_),
-                 "{}: this is a PyTorch pickle checkpoint, not safetensors. {}", where,
-                 conversion_hint(path.parent_path()));
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | head[i];  // little-endian
+  const bool framed = header_size >= 2 && header_size <= kMaxSafetensorsHeaderBytes &&
+                      header_size <= size - 8 && head[8] == '{';
+  const auto refuse_pickle = [&] {
+    SYMPRUNE_CHECK(!looks_like_pickle(head, file.map_size_),
+                   "{}: this is a PyTorch pickle checkpoint, not safetensors. {}", where,
+                   conversion_hint(path.parent_path()));
+  };
+  if (!framed) refuse_pickle();
   SYMPRUNE_CHECK(
       header_size <= kMaxSafetensorsHeaderBytes,
       "{}: safetensors header length {} exceeds the {}-byte limit (corrupt or not a safetensors file)", where,
@@ -188,7 +197,13 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
 
   const std::string_view header_text(reinterpret_cast<const char*>(head + 8),
                                      static_cast<size_t>(header_size));
-  const nlohmann::json header = parse_json_text(header_text, where + " (safetensors header)");
+  nlohmann::json header;
+  try {
+    header = parse_json_text(header_text, where + " (safetensors header)");
+  } catch (const Error&) {
+    refuse_pickle();
+    throw;
+  }
   SYMPRUNE_CHECK(header.is_object(), "{}: invalid safetensors header: not a JSON object", where);
 
   for (const auto& [key, value] : header.items()) {

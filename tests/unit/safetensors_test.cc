@@ -430,6 +430,43 @@ TEST_F(CorruptSafetensorsTest, UnsupportedDtype) {
       {"tensor 'ids'", "unsupported dtype I64 (supported: F32, F16, BF16)"});
 }
 
+// A header length whose low bytes are 80 02..05 begins like a protocol-2..5 pickle; such files (about 1
+// in 2048 headers) are valid safetensors and must open. The JSON is padded with spaces to the length.
+TEST_F(SafetensorsTest, HeaderLengthThatBeginsLikeAPickleOpens) {
+  const auto samples = three_dtypes();
+  for (const uint64_t length : {0x0280ull, 0x0380ull, 0x0480ull, 0x0580ull, 0x10280ull, 0x20580ull}) {
+    SCOPED_TRACE(length);
+    write_safetensors(dir_ / "model.safetensors", to_write(samples), {{"format", "pt"}});
+    std::string bytes = read_bytes(dir_ / "model.safetensors");
+    uint64_t header_length = 0;
+    for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | static_cast<unsigned char>(bytes[i]);
+    ASSERT_LE(header_length, length);
+    const std::string header = bytes.substr(8, header_length) + std::string(length - header_length, ' ');
+    bytes = raw_file(header, bytes.substr(8 + header_length));
+    ASSERT_EQ(static_cast<unsigned char>(bytes[0]), 0x80);
+    ASSERT_GE(static_cast<unsigned char>(bytes[1]), 2);
+    ASSERT_LE(static_cast<unsigned char>(bytes[1]), 5);
+    write_bytes(dir_ / "model.safetensors", bytes);
+    expect_model_matches(SafetensorsModel::open_dir(dir_), samples);
+  }
+  // Sharded: every shard's header begins 80 02 / 80 03.
+  fs::remove(dir_ / "model.safetensors");
+  const auto written = write_safetensors_sharded(dir_, to_write(samples), {}, 64);
+  ASSERT_GT(written.size(), 2u);
+  uint64_t length = 0x0280;
+  for (const auto& name : written) {
+    if (!name.ends_with(".safetensors")) continue;
+    std::string bytes = read_bytes(dir_ / name);
+    uint64_t header_length = 0;
+    for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | static_cast<unsigned char>(bytes[i]);
+    bytes = raw_file(bytes.substr(8, header_length) + std::string(length - header_length, ' '),
+                     bytes.substr(8 + header_length));
+    write_bytes(dir_ / name, bytes);
+    length += 0x100;
+  }
+  expect_model_matches(SafetensorsModel::open_dir(dir_), samples);
+}
+
 TEST_F(CorruptSafetensorsTest, PickleFileRefusedWithConversionHint) {
   const std::string zip = std::string("PK\x03\x04", 4) + std::string(60, 'x');
   write_bytes(dir_ / "weights.safetensors", zip);
@@ -437,6 +474,9 @@ TEST_F(CorruptSafetensorsTest, PickleFileRefusedWithConversionHint) {
                {"PyTorch pickle checkpoint, not safetensors", "safe_serialization=True"});
   write_bytes(dir_ / "legacy.bin", std::string("\x80\x02", 2) + std::string(20, 'y'));
   expect_error([&] { SafetensorsFile::open(dir_ / "legacy.bin"); }, {"pickle"});
+  // A pickle whose first bytes happen to frame a '{' is still not JSON: still the pickle diagnosis.
+  write_bytes(dir_ / "framed.bin", std::string("\x80\x02\0\0\0\0\0\0{q\x00(X", 13) + std::string(700, 'y'));
+  expect_error([&] { SafetensorsFile::open(dir_ / "framed.bin"); }, {"PyTorch pickle checkpoint"});
 }
 
 TEST_F(CorruptSafetensorsTest, MetadataMustBeAnObjectOfStrings) {
