@@ -4,10 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 
 #include "core/activation_stats.h"
 #include "core/backend.h"
@@ -20,6 +18,7 @@
 #include "io/model_layout.h"
 #include "io/model_resolver.h"
 #include "io/safetensors.h"
+#include "io/text_file.h"
 #include "io/tokenizer.h"
 #include "model/decoder_model.h"
 #include "model/fingerprint.h"
@@ -35,16 +34,6 @@ constexpr int64_t kDefaultSeqlen = 2048;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-std::string read_text_file(const fs::path& path, const char* option) {
-  SYMPRUNE_CHECK(fs::is_regular_file(path), "{} {}: no such file", option, path.string());
-  std::ifstream in(path, std::ios::binary);
-  SYMPRUNE_CHECK(in.good(), "{} {}: cannot open", option, path.string());
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  SYMPRUNE_CHECK(!in.bad(), "{} {}: read error", option, path.string());
-  return buffer.str();
 }
 
 // 64-bit hash of a tensor's contents, word-wise (fast enough to run on every linear input).
@@ -380,7 +369,8 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
   const io::ResolvedModel resolved = io::resolve_model(c.model);
   result.model_dir = resolved.dir;
   check_output_dir(resolved.dir, c.out, c.force);
-  const std::string eval_text = c.eval.empty() ? std::string() : read_text_file(c.eval, "--eval");
+  const std::string eval_text =
+      c.eval.empty() ? std::string() : io::read_text_file(c.eval, "evaluation text (--eval)");
   if (!needs_stats && !c.calib.empty())
     log::info("method {} reads no activations: --calib {} is not used", score_method_name(method), c.calib);
 
@@ -477,7 +467,7 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
     co.nsamples = c.nsamples;
     co.seqlen = seqlen;
     co.seed = c.seed;
-    co.format = calib_format;
+    co.format = c.calib_format;  // as given: a .bin chosen by name gets its content checked
     const NoTokenizer no_tokenizer;
     const io::Tokenizer& calib_tokenizer =
         tokenizer ? *tokenizer : static_cast<const io::Tokenizer&>(no_tokenizer);

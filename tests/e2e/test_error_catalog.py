@@ -464,6 +464,45 @@ def _(env, tmp):
     return tokenize(tmp / "vocab.json")
 
 
+# --- text and other input files --------------------------------------------------------------------
+
+def eval_text(env, text):
+    return Case("eval", "--model", env.model, "--text", text, "--seqlen", "64", "--max-chunks", "1")
+
+
+@trigger("E-TEXT-NOT-FOUND")
+def _(env, tmp):
+    return eval_text(env, tmp / "no_such_text.txt")
+
+
+@trigger("E-INPUT-IS-DIRECTORY")
+def _(env, tmp):
+    (tmp / "texts").mkdir()
+    return prune(env, tmp, "--eval", tmp / "texts")
+
+
+@trigger("E-INPUT-NOT-REGULAR")
+def _(env, tmp):
+    return eval_text(env, "/dev/zero")
+
+
+@trigger("E-INPUT-READ")
+def _(env, tmp):
+    return Case("tokenize", "--tokenizer", env.model, "--text-file", "/proc/self/mem")
+
+
+@trigger("E-TEXT-NOT-UTF8")
+def _(env, tmp):
+    (tmp / "utf16.txt").write_bytes(env.second.read_text().encode("utf-16"))
+    return eval_text(env, tmp / "utf16.txt")
+
+
+@trigger("E-TEXT-NUL")
+def _(env, tmp):
+    (tmp / "padded.txt").write_bytes(env.first.read_bytes()[:20000] + b"\0" * 4096)
+    return calib_prune(env, tmp, tmp / "padded.txt")
+
+
 # --- calibration data ------------------------------------------------------------------------------
 
 @trigger("E-CAL-NEEDED")
@@ -522,6 +561,12 @@ def _(env, tmp):
 def _(env, tmp):
     (tmp / "tokens.bin").write_bytes(b"\x01\x00\x02")
     return calib_prune(env, tmp, tmp / "tokens.bin")
+
+
+@trigger("E-CAL-TOKENS-LOOK-LIKE-TEXT")
+def _(env, tmp):
+    (tmp / "stories.bin").write_bytes(env.first.read_bytes()[:20000])
+    return calib_prune(env, tmp, tmp / "stories.bin")
 
 
 @trigger("E-CAL-TOKEN-RANGE")

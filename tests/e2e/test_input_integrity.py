@@ -1,12 +1,14 @@
 """Nothing lost, nothing misread: inputs that used to be refused although valid, or accepted although
 garbage, on the stories260K model.
 
-- safetensors files whose 8-byte header length begins 80 02..05 (like a pickle) are safetensors."""
+- safetensors files whose 8-byte header length begins 80 02..05 (like a pickle) are safetensors;
+- text that is not UTF-8, holds NULs, is a directory, a device or a /proc file is named for what it is."""
 import json
 import shutil
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
@@ -35,6 +37,16 @@ def pad_header(path, length):
     assert n <= length, (n, length)
     Path(path).write_bytes(struct.pack("<Q", length) + data[8:8 + n] + b" " * (length - n) + data[8 + n:])
     assert Path(path).read_bytes()[0] == 0x80 and 2 <= Path(path).read_bytes()[1] <= 5
+
+
+def expect_error(proc, *parts):
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    for part in parts:
+        assert str(part) in proc.stderr, (part, proc.stderr)
+
+
+def prune(stories, tmp_path, *args, model=None):
+    return symprune("prune", "--model", model or stories.model, *args, "--out", tmp_path / "pruned", check=False)
 
 
 # --- safetensors headers that begin like a pickle --------------------------------------------------
@@ -72,3 +84,85 @@ def test_sharded_model_with_pickle_like_header_lengths(stories, tmp_path):
     assert "check: ok" in out.stdout
     symprune("prune", "--model", model, *WANDA, "--calib", stories.first, *CALIB, "--out", tmp_path / "pruned")
     assert sorted(p.name for p in (tmp_path / "pruned").glob("*.safetensors")) == sorted(shards)
+
+
+# --- text that is not text -------------------------------------------------------------------------
+
+def utf16(stories):
+    return stories.second.read_text().encode("utf-16")
+
+
+@pytest.mark.parametrize("name,content,parts", [
+    ("utf16.txt", lambda s: s.first.read_text().encode("utf-16"),
+     ["calibration file is not UTF-8 text: invalid byte 0xFF at offset 0", "UTF-16 (BOM FF FE)",
+      "iconv -f UTF-16 -t UTF-8"]),
+    ("zeros.txt", lambda s: b"\0" * 100000, ["calibration file is not text: NUL byte at offset 0"]),
+    ("latin1.txt", lambda s: s.first.read_text()[:20000].replace("a", "\u00e0").encode("latin-1"),
+     ["is not UTF-8 text: invalid byte 0xE0", "Latin-1 or Windows-1252"]),
+    ("docs.jsonl", lambda s: b'{"text": "fine"}\n' + json.dumps({"text": "x"}).encode("utf-16-le") + b"\n",
+     ["calibration file (line 2) is not text: NUL byte at offset 18", "UTF-16LE without a byte order mark"]),
+    ("nul.jsonl", lambda s: json.dumps({"text": s.first.read_text()[:5000] + "\0"}).encode() + b"\n",
+     ['calibration file (line 1, "text" field) is not text: NUL byte at offset 5000']),
+])
+def test_garbage_calibration_is_refused(stories, tmp_path, name, content, parts):
+    calib = tmp_path / name
+    calib.write_bytes(content(stories))
+    expect_error(prune(stories, tmp_path, *WANDA, "--calib", calib, *CALIB), calib, *parts)
+    assert not (tmp_path / "pruned").exists()
+
+
+def test_garbage_evaluation_text_is_refused(stories, tmp_path):
+    text = tmp_path / "utf16.txt"
+    text.write_bytes(utf16(stories))
+    hint = "it looks like UTF-16 (BOM FF FE); convert it with: iconv -f UTF-16 -t UTF-8"
+    expect_error(symprune("eval", "--model", stories.model, "--text", text, "--seqlen", "64", "--max-chunks", "1",
+                          check=False), f"{text}: text file (--text) is not UTF-8 text", hint)
+    expect_error(prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", "--eval", text),
+                 f"{text}: evaluation text (--eval) is not UTF-8 text", hint)
+    expect_error(symprune("tokenize", "--tokenizer", stories.model, "--text-file", text, check=False),
+                 f"{text}: text file (--text-file) is not UTF-8 text", hint)
+    assert not (tmp_path / "pruned").exists()
+
+
+def test_directories_and_devices_say_what_they_are(stories, tmp_path):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    expect_error(symprune("eval", "--model", stories.model, "--text", folder, "--seqlen", "64", check=False),
+                 f"{folder}: text file (--text) is a directory, not a file")
+    expect_error(prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", "--eval", folder),
+                 f"{folder}: evaluation text (--eval) is a directory, not a file")
+    expect_error(prune(stories, tmp_path, *WANDA, "--calib", folder, *CALIB),
+                 f"{folder}: calibration file is a directory, not a file")
+    expect_error(symprune("tokenize", "--tokenizer", stories.model, "--text-file", "/dev/zero", check=False),
+                 "/dev/zero: text file (--text-file) is a character device")
+
+
+def test_proc_files_are_read_to_the_end(stories, tmp_path):
+    """/proc/version reports 0 bytes but holds a line of text: it used to be "empty"."""
+    copy = tmp_path / "version.txt"
+    copy.write_bytes(Path("/proc/version").read_bytes())
+
+    def windows(path):
+        out = symprune("calib", "--tokenizer", stories.model, "--calib", path, "--nsamples", "3", "--seqlen", "8",
+                       "--json")
+        result = json.loads(out.stdout)
+        return result["stream_tokens"], result["windows"], result["fingerprint"]
+    assert windows("/proc/version") == windows(copy)
+    ids = symprune("tokenize", "--tokenizer", stories.model, "--text-file", "/proc/version").stdout
+    assert ids == symprune("tokenize", "--tokenizer", stories.model, "--text-file", copy).stdout
+
+
+def test_text_named_bin_is_not_read_as_token_ids(stories, tmp_path):
+    calib = tmp_path / "stories.bin"
+    calib.write_bytes(stories.first.read_bytes()[:30000])
+    expect_error(prune(stories, tmp_path, *WANDA, "--calib", calib, *CALIB),
+                 f"{calib}: the .bin file holds text, not uint16 token ids",
+                 "give --calib-format text to tokenize it as text, or --calib-format tokens-u16")
+    prune_ok = prune(stories, tmp_path, *WANDA, "--calib", calib, *CALIB, "--calib-format", "text")
+    assert prune_ok.returncode == 0, prune_ok.stderr
+    # Real token files are still read as such.
+    tokens = tmp_path / "tokens.bin"
+    np.array(json.loads(symprune("tokenize", "--tokenizer", stories.model, "--text-file", stories.first,
+                                 "--json").stdout), dtype="<u2").tofile(tokens)
+    shutil.rmtree(tmp_path / "pruned")
+    assert prune(stories, tmp_path, *WANDA, "--calib", tokens, *CALIB).returncode == 0
