@@ -12,6 +12,9 @@ import resource
 import shutil
 import struct
 import subprocess
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -219,9 +222,58 @@ def _(env, tmp):
 
 @trigger("E-ST-BAD-DTYPE")
 def _(env, tmp):
-    model = copy_model(env, tmp)
-    one_tensor_file(model / "model.safetensors", {"dtype": "F64", "shape": [2], "data_offsets": [0, 16]})
+    model = edit_tensors(env, tmp, lambda t: t.update({"model.norm.weight": t["model.norm.weight"].astype(np.float64)}))
     return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-UNKNOWN-DTYPE")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    one_tensor_file(model / "model.safetensors", {"dtype": "Q4_K", "shape": [2], "data_offsets": [0, 16]})
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-FILE-SHRANK")
+def _(env, tmp):
+    # The calibration file is a pipe: prune opens it after mapping the weights; once it does, the model
+    # file is cut to its embedding, then the text arrives and pruning reaches block 0. The model and the
+    # pipe live outside tmp (the model is changed, on purpose).
+    outside = Path(tempfile.mkdtemp(prefix="shrink_"))
+    model = shutil.copytree(env.model, outside / "model")
+    fifo = outside / "calib.fifo"
+    os.mkfifo(fifo)
+    text = env.first.read_bytes()
+    weights = model / "model.safetensors"
+    header_len = struct.unpack("<Q", weights.read_bytes()[:8])[0]
+    done = threading.Event()
+
+    def feed():
+        deadline = time.monotonic() + 120
+        while not done.is_set() and time.monotonic() < deadline:
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: no reader yet
+                time.sleep(0.01)
+                continue
+            os.truncate(weights, 8 + header_len + 512 * 64 * 4)  # keep model.embed_tokens.weight only
+            os.set_blocking(fd, True)
+            try:
+                os.write(fd, text)
+            except BrokenPipeError:
+                pass
+            os.close(fd)
+            return
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+
+    def cleanup():
+        done.set()
+        feeder.join()
+        shutil.rmtree(outside)
+    case = prune(env, tmp, "--calib", fifo, *CALIB, model=model, method=("--method", "wanda", "--sparsity", "0.5"))
+    case.cleanup = cleanup
+    return case
 
 
 @trigger("E-ST-OFFSETS-REVERSED")
@@ -382,6 +434,13 @@ def _(env, tmp):
 def _(env, tmp):
     model = copy_model(env, tmp)
     edit_config(model, hidden_size=0)
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-CFG-EXTRA-LAYERS")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    edit_config(model, num_hidden_layers=4)
     return prune(env, tmp, model=model)
 
 

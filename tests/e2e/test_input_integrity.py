@@ -2,10 +2,13 @@
 garbage, on the stories260K model.
 
 - safetensors files whose 8-byte header length begins 80 02..05 (like a pickle) are safetensors;
-- text that is not UTF-8, holds NULs, is a directory, a device or a /proc file is named for what it is."""
+- text that is not UTF-8, holds NULs, is a directory, a device or a /proc file is named for what it is;
+- a config that undercounts the layers is refused; unused tensors in other dtypes are copied through."""
 import json
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -166,3 +169,48 @@ def test_text_named_bin_is_not_read_as_token_ids(stories, tmp_path):
                                  "--json").stdout), dtype="<u2").tofile(tokens)
     shutil.rmtree(tmp_path / "pruned")
     assert prune(stories, tmp_path, *WANDA, "--calib", tokens, *CALIB).returncode == 0
+
+
+# --- model structure -------------------------------------------------------------------------------
+
+def test_config_with_fewer_layers_than_the_weights_is_refused(stories, tmp_path):
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    config["num_hidden_layers"] = 3
+    (model / "config.json").write_text(json.dumps(config))
+    message = (f"{model / 'config.json'}: num_hidden_layers is 3 but the weights hold 5 layers (tensor "
+               f"'model.layers.3.input_layernorm.weight' in {model / 'model.safetensors'} is in layer 3); the "
+               "layers past 3 would be left unpruned")
+    expect_error(symprune("inspect", "--model", model, check=False), message)
+    expect_error(prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model), message)
+    assert not (tmp_path / "pruned").exists()
+
+
+def test_unused_non_float_tensors_are_copied_through(stories, tmp_path):
+    """An I64 position_ids and an F64 inv_freq (as some checkpoints carry, and transformers loads with a
+    warning) used to make symprune refuse the whole model."""
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    tensors = load_file(str(model / "model.safetensors"))
+    extra = {"model.position_ids": np.arange(512, dtype=np.int64)[None, :],
+             "model.layers.0.self_attn.rotary_emb.inv_freq": 1.0 / 10000 ** (np.arange(0, 8, 2) / 8)}
+    assert extra["model.layers.0.self_attn.rotary_emb.inv_freq"].dtype == np.float64
+    save_file({**tensors, **extra}, str(model / "model.safetensors"), metadata={"format": "pt"})
+
+    out = symprune("inspect", "--model", model).stdout
+    assert "check: ok, 47 tensors match config.json" in out and "; 2 tensor(s) not used by the model" in out
+    proc = symprune("prune", "--model", model, *WANDA, "--calib", stories.first, *CALIB, "--out",
+                    tmp_path / "pruned")
+    for name, dtype in (("model.position_ids", "I64"), ("model.layers.0.self_attn.rotary_emb.inv_freq", "F64")):
+        assert f"tensor '{name}' ({dtype}) is not used by the model: ignored, and copied unchanged" in proc.stderr
+    pruned = load_file(str(tmp_path / "pruned" / "model.safetensors"))
+    for name, value in extra.items():
+        assert pruned[name].dtype == value.dtype and pruned[name].tobytes() == value.tobytes(), name
+    assert np.count_nonzero(pruned["model.layers.0.mlp.up_proj.weight"] == 0) > 0
+
+    script = ("import sys, torch\n"
+              "from transformers import AutoModelForCausalLM\n"
+              "m = AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+              "print(m(torch.tensor([[1, 403, 407]])).logits.shape)\n")
+    load = subprocess.run([sys.executable, "-c", script, str(tmp_path / "pruned")], capture_output=True, text=True)
+    assert load.returncode == 0, load.stderr
+    assert "torch.Size([1, 3, 512])" in load.stdout
