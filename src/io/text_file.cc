@@ -174,6 +174,15 @@ void check_text(std::string_view text, const fs::path& path, std::string_view wh
   }
 }
 
+bool is_valid_utf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const size_t length = utf8_length(text, i);
+    if (length == 0) return false;
+    i += length;
+  }
+  return true;
+}
+
 bool looks_like_text(std::string_view bytes) {
   if (bytes.empty()) return false;
   size_t printable = 0;

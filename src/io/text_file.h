@@ -26,6 +26,9 @@ std::string read_text_file(const std::filesystem::path& path, std::string_view w
 void check_text(std::string_view text, const std::filesystem::path& path, std::string_view what,
                 uint64_t base_offset = 0);
 
+// Whether `text` is well-formed UTF-8 (NUL bytes allowed).
+bool is_valid_utf8(std::string_view text);
+
 // Whether `bytes` read as text: valid UTF-8 without NUL and almost entirely printable characters or
 // whitespace. Token-id files fail it (their ids' high bytes are small, so NUL and control bytes abound).
 bool looks_like_text(std::string_view bytes);

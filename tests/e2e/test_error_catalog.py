@@ -478,6 +478,7 @@ def _(env, tmp):
 def _(env, tmp):
     model = copy_model(env, tmp)
     (model / "tokenizer.bin").unlink()
+    (model / "tokenizer.json").unlink()
     return tokenize(model)
 
 
