@@ -33,11 +33,12 @@ void add_convert_llama2c(CLI::App& app) {
     std::printf(
         "wrote %s: llama2.c v%d, dim %lld, hidden %lld, %lld layers, %lld heads (%lld kv), vocab %lld, seq "
         "%lld, "
-        "%s embeddings, %s\n",
+        "%s embeddings, %s%s\n",
         options->out.c_str(), s.version, static_cast<long long>(s.dim), static_cast<long long>(s.hidden_dim),
         static_cast<long long>(s.n_layers), static_cast<long long>(s.n_heads),
         static_cast<long long>(s.n_kv_heads), static_cast<long long>(s.vocab_size),
-        static_cast<long long>(s.seq_len), s.tied ? "tied" : "untied", s.tokenizer_file.c_str());
+        static_cast<long long>(s.seq_len), s.tied ? "tied" : "untied", s.tokenizer_file.c_str(),
+        s.hf_tokenizer_json ? " + tokenizer.json" : "");
   });
 }
 

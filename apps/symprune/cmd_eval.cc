@@ -6,10 +6,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "command.h"
@@ -19,6 +17,7 @@
 #include "io/atomic_file.h"
 #include "io/model_resolver.h"
 #include "io/output_dir.h"
+#include "io/text_file.h"
 #include "io/tokenizer.h"
 #include "model/decoder_model.h"
 #include "model/fingerprint.h"
@@ -37,16 +36,6 @@ struct EvalOptions {
   int64_t batch = 0;
   int threads = 0;
 };
-
-std::string read_text_file(const std::filesystem::path& path) {
-  SYMPRUNE_CHECK(std::filesystem::is_regular_file(path), "{}: no such text file", path.string());
-  std::ifstream in(path, std::ios::binary);
-  SYMPRUNE_CHECK(in.good(), "{}: cannot open", path.string());
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  SYMPRUNE_CHECK(!in.bad(), "{}: read error", path.string());
-  return buffer.str();
-}
 
 void run_eval(const EvalOptions& o) {
   const auto start = std::chrono::steady_clock::now();
@@ -67,7 +56,7 @@ void run_eval(const EvalOptions& o) {
   model::DecoderModel model = model::DecoderModel::open(resolved.dir);
   SYMPRUNE_CHECK(o.seqlen <= model.max_seq_len(), "--seqlen {} exceeds max_position_embeddings {} of {}",
                  o.seqlen, model.max_seq_len(), (resolved.dir / "config.json").string());
-  const std::string text = read_text_file(o.text);
+  const std::string text = io::read_text_file(o.text, "text file (--text)");
   if (!tokenizer->bos_id())
     log::warn("tokenizer ({}) has no BOS token; the text is evaluated without one", tokenizer->kind());
   const std::vector<int32_t> tokens = tokenizer->encode(text, /*add_bos=*/true);

@@ -1,13 +1,12 @@
 // symprune tokenize: token ids of a text with any supported tokenizer (for checks and scripting).
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "command.h"
 #include "core/error.h"
+#include "io/text_file.h"
 #include "io/tokenizer.h"
 
 namespace symprune::app {
@@ -22,14 +21,6 @@ struct TokenizeOptions {
   bool count = false;
   bool json = false;
 };
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  SYMPRUNE_CHECK(in.good(), "cannot open text file {}", path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  SYMPRUNE_CHECK(!in.bad(), "error reading text file {}", path);
-  return text;
-}
 
 void add_tokenize(CLI::App& app) {
   auto options = std::make_shared<TokenizeOptions>();
@@ -56,7 +47,7 @@ void add_tokenize(CLI::App& app) {
     if (batch->count()) {
       nlohmann::json texts;
       try {
-        texts = nlohmann::json::parse(read_text(options->texts_json));
+        texts = nlohmann::json::parse(io::read_text_file(options->texts_json, "JSON file (--texts-json)"));
       } catch (const nlohmann::json::exception& e) {
         fail("{} is not valid JSON: {}", options->texts_json, e.what());
       }
@@ -70,7 +61,8 @@ void add_tokenize(CLI::App& app) {
       std::printf("%s\n", out.dump().c_str());
       return;
     }
-    const std::string input = file->count() ? read_text(options->text_file) : options->text;
+    const std::string input =
+        file->count() ? io::read_text_file(options->text_file, "text file (--text-file)") : options->text;
     const auto ids = tokenizer->encode(input, !options->no_bos);
     if (options->count) {
       std::printf("%zu\n", ids.size());

@@ -1,15 +1,28 @@
 #include "core/dtype.h"
 
 #include <cmath>
+#include <utility>
+
+#include "core/error.h"
 
 namespace symprune {
+namespace {
+
+// safetensors spellings, in DType order.
+constexpr std::pair<DType, std::string_view> kDtypeNames[] = {
+    {DType::kF32, "F32"},        {DType::kF16, "F16"},        {DType::kBF16, "BF16"},
+    {DType::kF64, "F64"},        {DType::kI64, "I64"},        {DType::kU64, "U64"},
+    {DType::kI32, "I32"},        {DType::kU32, "U32"},        {DType::kI16, "I16"},
+    {DType::kU16, "U16"},        {DType::kI8, "I8"},          {DType::kU8, "U8"},
+    {DType::kBool, "BOOL"},      {DType::kF8E4M3, "F8_E4M3"}, {DType::kF8E5M2, "F8_E5M2"},
+    {DType::kF8E8M0, "F8_E8M0"},
+};
+
+}  // namespace
 
 std::string_view dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-  }
+  for (const auto& [d, name] : kDtypeNames)
+    if (d == dtype) return name;
   return "?";
 }
 
@@ -18,14 +31,18 @@ std::string_view torch_dtype_name(DType dtype) {
     case DType::kF32: return "float32";
     case DType::kF16: return "float16";
     case DType::kBF16: return "bfloat16";
+    default:
+      return "?";
   }
-  return "?";
 }
 
 bool parse_dtype(std::string_view name, DType& out) {
-  if (name == "F32") { out = DType::kF32; return true; }
-  if (name == "F16") { out = DType::kF16; return true; }
-  if (name == "BF16") { out = DType::kBF16; return true; }
+  for (const auto& [d, spelling] : kDtypeNames) {
+    if (spelling == name) {
+      out = d;
+      return true;
+    }
+  }
   return false;
 }
 
@@ -80,6 +97,8 @@ void convert_to_f32(DType dtype, const void* src, float* dst, int64_t count) {
         dst[i] = bf16_to_float(h);
       }
       return;
+    default:
+      SYMPRUNE_ASSERT(false, "convert_to_f32: {} is not a weight dtype", dtype_name(dtype));
   }
 }
 
@@ -101,6 +120,8 @@ void convert_from_f32(DType dtype, const float* src, void* dst, int64_t count) {
         std::memcpy(bytes + 2 * i, &h, 2);
       }
       return;
+    default:
+      SYMPRUNE_ASSERT(false, "convert_from_f32: {} is not a weight dtype", dtype_name(dtype));
   }
 }
 

@@ -106,7 +106,7 @@ Calibration calibrate(const PruneConfig& c, RunPlan& plan, dist::Communicator& c
     co.nsamples = c.nsamples;
     co.seqlen = plan.seqlen;
     co.seed = c.seed;
-    co.format = plan.calib_format;
+    co.format = c.calib_format;  // as given: a .bin chosen by name gets its content checked
     const NoTokenizer no_tokenizer;
     const io::Tokenizer& tokenizer =
         plan.tokenizer ? *plan.tokenizer : static_cast<const io::Tokenizer&>(no_tokenizer);

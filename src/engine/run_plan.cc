@@ -1,9 +1,7 @@
 #include "engine/run_plan.h"
 
 #include <cmath>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -11,6 +9,7 @@
 #include "dist/partition.h"
 #include "engine/collective_errors.h"
 #include "io/calibration.h"
+#include "io/text_file.h"
 #include "model/fingerprint.h"
 
 namespace symprune::engine {
@@ -20,16 +19,6 @@ namespace {
 
 constexpr int64_t kDefaultSeqlen = 2048;
 constexpr int64_t kDefaultTokensPerPass = 16384;  // calibration tokens per forward pass by default
-
-std::string read_text_file(const fs::path& path, const char* option) {
-  SYMPRUNE_CHECK(fs::is_regular_file(path), "{} {}: no such file", option, path.string());
-  std::ifstream in(path, std::ios::binary);
-  SYMPRUNE_CHECK(in.good(), "{} {}: cannot open", option, path.string());
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  SYMPRUNE_CHECK(!in.bad(), "{} {}: read error", option, path.string());
-  return buffer.str();
-}
 
 struct ResolvedMask {
   MaskSpec spec;
@@ -165,7 +154,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
     if (r.writes_model) r.out.emplace(c.out, inputs, c.force);
     if (!c.report.empty()) io::check_output_file(c.report, inputs, "--report", r.out ? &*r.out : nullptr);
   }
-  const std::string eval_text = c.eval.empty() ? std::string() : read_text_file(c.eval, "--eval");
+  const std::string eval_text = c.eval.empty() ? std::string() : io::read_text_file(c.eval, "evaluation text (--eval)");
   if (!r.needs_stats && !c.calib.empty())
     log::info("method {} reads no activations: --calib {} is not used", score_method_name(method), c.calib);
 

@@ -7,7 +7,6 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <string_view>
@@ -17,6 +16,7 @@
 #include "core/error.h"
 #include "io/json_util.h"
 #include "io/python_random.h"
+#include "io/text_file.h"
 
 namespace symprune::io {
 namespace {
@@ -33,14 +33,10 @@ std::string lower(std::string s) {
   return s;
 }
 
-void check_readable_file(const std::filesystem::path& path) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  SYMPRUNE_CHECK(!ec && std::filesystem::exists(status), "{}: calibration file not found", path.string());
-  SYMPRUNE_CHECK(std::filesystem::is_regular_file(status), "{}: not a regular file", path.string());
-  const auto size = std::filesystem::file_size(path, ec);
-  SYMPRUNE_CHECK(!ec, "{}: cannot get the file size: {}", path.string(), ec.message());
-  SYMPRUNE_CHECK(size > 0, "{}: calibration file is empty", path.string());
+constexpr std::string_view kWhat = "calibration file";
+
+[[noreturn]] void fail_empty(const std::filesystem::path& path) {
+  fail("{}: calibration file is empty", path.string());
 }
 
 // Reads a plain or gzip-compressed file in chunks (zlib passes non-gzip content through unchanged).
@@ -56,6 +52,8 @@ class MaybeGzipReader {
   ~MaybeGzipReader() {
     if (file_) gzclose(file_);
   }
+  // Whether the file is gzip data (known once something was read).
+  bool compressed() const { return gzdirect(file_) == 0; }
   MaybeGzipReader(const MaybeGzipReader&) = delete;
   MaybeGzipReader& operator=(const MaybeGzipReader&) = delete;
 
@@ -99,10 +97,15 @@ std::vector<std::string> read_jsonl_texts(const std::filesystem::path& path) {
   std::vector<std::string> texts;
   std::string buffer;
   size_t begin = 0;
+  uint64_t consumed = 0;  // bytes of the (decompressed) file before buffer[0]
   int64_t line_number = 0;
   bool eof = false;
-  auto handle_line = [&](std::string_view line) {
+  auto handle_line = [&](std::string_view line, uint64_t offset) {
     ++line_number;
+    const std::string what = fmt::format("{} (line {}{})", kWhat, line_number,
+                                         reader.compressed() ? ", after gzip decompression" : "");
+    // Checked as text first: a UTF-16 or binary file gets its real diagnosis, not "invalid JSON".
+    check_text(line, path, what, offset);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (std::all_of(line.begin(), line.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r'; }))
       return;
@@ -113,36 +116,44 @@ std::vector<std::string> read_jsonl_texts(const std::filesystem::path& path) {
     SYMPRUNE_CHECK(it != doc.end(), "{}: no \"text\" field", source);
     SYMPRUNE_CHECK(it->is_string(), "{}: \"text\" is not a string", source);
     texts.push_back(it->get<std::string>());
+    // JSON strings are valid UTF-8, but may spell NUL as \u0000.
+    check_text(texts.back(), path, fmt::format("{} (line {}, \"text\" field)", kWhat, line_number));
   };
   while (true) {
     const size_t newline = buffer.find('\n', begin);
     if (newline != std::string::npos) {
-      handle_line(std::string_view(buffer).substr(begin, newline - begin));
+      handle_line(std::string_view(buffer).substr(begin, newline - begin), consumed + begin);
       begin = newline + 1;
       continue;
     }
     if (eof) break;
     buffer.erase(0, begin);
+    consumed += begin;
     begin = 0;
     eof = reader.read_some(buffer, 1 << 20) == 0;
   }
-  if (begin < buffer.size()) handle_line(std::string_view(buffer).substr(begin));
-  SYMPRUNE_CHECK(line_number > 0, "{}: calibration file is empty", path.string());
+  if (begin < buffer.size()) handle_line(std::string_view(buffer).substr(begin), consumed + begin);
+  if (line_number == 0) fail_empty(path);
   SYMPRUNE_CHECK(!texts.empty(), "{}: no documents (every line is blank)", path.string());
   return texts;
 }
 
-std::vector<int32_t> read_token_file(const std::filesystem::path& path, int width, int64_t vocab_size) {
-  const uint64_t size = std::filesystem::file_size(path);
+// `by_name`: the format came from the .bin name ("auto"), so text content is refused rather than read
+// as ids (with a large vocabulary, pairs of ASCII letters are mostly valid uint16 ids).
+std::vector<int32_t> read_token_file(const std::filesystem::path& path, int width, int64_t vocab_size,
+                                     bool by_name) {
+  const std::string bytes = read_input_file(path, kWhat);
+  if (bytes.empty()) fail_empty(path);
+  SYMPRUNE_CHECK(
+      !by_name || !looks_like_text(bytes),
+      "{}: the .bin file holds text, not uint{} token ids (its bytes are printable UTF-8); give "
+      "--calib-format text to tokenize it as text, or --calib-format tokens-u{} to read it as token "
+      "ids anyway",
+      path.string(), 8 * width, 8 * width);
+  const uint64_t size = bytes.size();
   SYMPRUNE_CHECK(size % static_cast<uint64_t>(width) == 0,
                  "{}: {} bytes is not a whole number of uint{} tokens ({} bytes each)", path.string(), size,
                  8 * width, width);
-  std::ifstream in(path, std::ios::binary);
-  SYMPRUNE_CHECK(in.good(), "{}: cannot open: {}", path.string(), std::strerror(errno));
-  std::string bytes(static_cast<size_t>(size), '\0');
-  in.read(bytes.data(), static_cast<std::streamsize>(size));
-  SYMPRUNE_CHECK(static_cast<uint64_t>(in.gcount()) == size, "{}: short read ({} of {} bytes)", path.string(),
-                 in.gcount(), size);
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   const size_t count = static_cast<size_t>(size) / static_cast<size_t>(width);
   std::vector<int32_t> ids(count);
@@ -270,7 +281,7 @@ CalibrationSet load_calibration(const CalibrationOptions& options, const Tokeniz
                  "{}: --nsamples {} × --seqlen {} is more than the {} calibration tokens supported", path,
                  options.nsamples, options.seqlen, kMaxCalibrationTokens);
   const std::string format = resolve_calibration_format(options.file, options.format, vocab_size);
-  check_readable_file(options.file);
+  check_input_file(options.file, kWhat);
 
   CalibrationSet set;
   set.nsamples = options.nsamples;
@@ -282,12 +293,16 @@ CalibrationSet load_calibration(const CalibrationOptions& options, const Tokeniz
   } else {
     std::vector<int32_t> stream;
     if (format == "text") {
-      const std::string text = MaybeGzipReader(options.file).read_all();
-      SYMPRUNE_CHECK(!text.empty(), "{}: calibration file is empty", path);
+      MaybeGzipReader reader(options.file);
+      const std::string text = reader.read_all();
+      if (text.empty()) fail_empty(options.file);
+      check_text(text, options.file,
+                 reader.compressed() ? "calibration file (after gzip decompression)" : kWhat);
       stream = tokenizer.encode(text, /*add_bos=*/true);
       check_ids_in_vocab(options.file, stream, vocab_size);
     } else {
-      stream = read_token_file(options.file, format == "tokens-u16" ? 2 : 4, vocab_size);
+      stream =
+          read_token_file(options.file, format == "tokens-u16" ? 2 : 4, vocab_size, options.format == "auto");
     }
     check_stream_fits(options.file, static_cast<int64_t>(stream.size()), options.seqlen);
     sample_stream(stream, options, set);

@@ -18,10 +18,14 @@
 //               gives the same starts. Windows may overlap; any N works once L >= T+1.
 //   tokens-u16  *.bin: little-endian uint16 ids (nanoGPT / llama2.c pretokenized shards). "auto" picks
 //               it only when vocab_size <= 65536; larger vocabularies must say tokens-u16 or tokens-u32.
+//               A .bin picked by name whose content is text (io::looks_like_text) is refused: the message
+//               says to give tokens-u16 or text explicitly.
 //   tokens-u32  little-endian uint32 ids (never chosen by "auto").
 //               Token files are used as they are: the file is the stream (no BOS is added; such files
 //               carry their own BOS/document separators), windows drawn as for text.
-// JSONL and text files may be gzip-compressed (detected from the content, not the name).
+// JSONL and text files may be gzip-compressed (detected from the content, not the name). Their text must
+// be UTF-8 without NUL bytes (io::check_text; JSONL: every line, and every decoded "text" field).
+// Files are read to their end (pipes and /proc files work); directories and devices are refused.
 // Every token of the result is < vocab_size, otherwise the load fails naming the file.
 #include <cstdint>
 #include <filesystem>

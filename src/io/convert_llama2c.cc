@@ -21,6 +21,7 @@
 #include "core/log.h"
 #include "io/atomic_file.h"
 #include "io/llama2c_checkpoint.h"
+#include "io/llama2c_tokenizer.h"
 #include "io/output_dir.h"
 #include "io/safetensors.h"
 
@@ -165,16 +166,19 @@ nlohmann::ordered_json make_config(const Llama2cHeader& h) {
   return config;
 }
 
-nlohmann::ordered_json make_tokenizer_config(TokenizerKind kind, const Llama2cHeader& h) {
+// No "tokenizer_file" key: transformers takes it as the path of tokenizer.json.
+nlohmann::ordered_json make_tokenizer_config(TokenizerKind kind, const Llama2cHeader& h, bool hf_tokenizer) {
   nlohmann::ordered_json config;
   if (kind == TokenizerKind::kSentencePiece) {
     config["tokenizer_class"] = "LlamaTokenizer";
     config["unk_token"] = "<unk>";
     config["legacy"] = true;  // plain SentencePiece behaviour, as llama2.c tokenizes
-  } else {
-    // No Hugging Face class reads tokenizer.bin; symprune's llama2.c tokenizer loader does.
-    config["tokenizer_format"] = "llama2c";
-    config["tokenizer_file"] = "tokenizer.bin";
+  } else if (hf_tokenizer) {
+    // tokenizer.json for Hugging Face tools; symprune reads tokenizer.bin (same ids).
+    config["tokenizer_class"] = "LlamaTokenizerFast";
+    config["unk_token"] = "<unk>";
+    config["legacy"] = true;  // what tokenizer.json does (one '▁' prepended); also silences a notice
+    config["clean_up_tokenization_spaces"] = false;
   }
   config["bos_token"] = "<s>";
   config["eos_token"] = "</s>";
@@ -202,6 +206,17 @@ ConvertLlama2cSummary convert_llama2c(const fs::path& checkpoint, const fs::path
   check_llama2c_rope_tables(ck, checkpoint);
   const Llama2cHeader& h = ck.header;
   const TokenizerFile tok = load_tokenizer_file(tokenizer, h.vocab_size);
+  // The tokenizer.json twin of tokenizer.bin, so AutoTokenizer, lm-eval and vLLM load the model too.
+  std::string hf_tokenizer_json;
+  if (tok.kind == TokenizerKind::kLlama2c) {
+    try {
+      hf_tokenizer_json =
+          llama2c_hf_tokenizer_json(parse_llama2c_vocabulary(tok.bytes, tokenizer, h.vocab_size));
+    } catch (const Error& e) {
+      log::warn("{}: no tokenizer.json written ({}); Hugging Face tools will not load this tokenizer",
+                tokenizer.string(), e.what());
+    }
+  }
 
   // q/k rows go from llama2.c's interleaved RoPE pairs to Hugging Face's rotate-half layout.
   std::vector<Tensor> q_hf, k_hf;
@@ -235,7 +250,9 @@ ConvertLlama2cSummary convert_llama2c(const fs::path& checkpoint, const fs::path
     write_safetensors(tmp.path() / "model.safetensors", tensors, {{"format", "pt"}});
     write_file(tmp.path() / "config.json", make_config(h).dump(2) + "\n");
     write_file(tmp.path() / tokenizer_name, tok.bytes);
-    write_file(tmp.path() / "tokenizer_config.json", make_tokenizer_config(tok.kind, h).dump(2) + "\n");
+    if (!hf_tokenizer_json.empty()) write_file(tmp.path() / "tokenizer.json", hf_tokenizer_json);
+    write_file(tmp.path() / "tokenizer_config.json",
+               make_tokenizer_config(tok.kind, h, !hf_tokenizer_json.empty()).dump(2) + "\n");
     nlohmann::json provenance = build_provenance();
     provenance["command"] = "convert-llama2c";
     provenance["checkpoint"] = checkpoint.string();
@@ -257,6 +274,7 @@ ConvertLlama2cSummary convert_llama2c(const fs::path& checkpoint, const fs::path
   summary.seq_len = h.seq_len;
   summary.tied = h.shared_classifier;
   summary.tokenizer_file = tokenizer_name;
+  summary.hf_tokenizer_json = !hf_tokenizer_json.empty();
   return summary;
 }
 

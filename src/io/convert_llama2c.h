@@ -1,6 +1,7 @@
 #pragma once
 // llama2.c checkpoint (+ tokenizer) -> Hugging Face LLaMA directory: config.json, model.safetensors
-// (fp32, q/k rows permuted to rotate-half RoPE), the tokenizer file and tokenizer_config.json.
+// (fp32, q/k rows permuted to rotate-half RoPE), the tokenizer file and tokenizer_config.json; for a
+// llama2.c tokenizer.bin also its tokenizer.json equivalent (LlamaTokenizerFast, identical ids).
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -11,7 +12,8 @@ struct ConvertLlama2cSummary {
   int version = 0;
   int64_t dim = 0, hidden_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, vocab_size = 0, seq_len = 0;
   bool tied = true;
-  std::string tokenizer_file;  // "tokenizer.bin" or "tokenizer.model"
+  std::string tokenizer_file;      // "tokenizer.bin" or "tokenizer.model"
+  bool hf_tokenizer_json = false;  // tokenizer.json written beside tokenizer.bin (same ids)
 };
 
 // Writes `out_dir` atomically (a temp directory beside it, renamed at the end); nothing is left

@@ -1,6 +1,8 @@
 // llama2.c tokenizer.bin: int32 max_token_length, then per token {f32 score, i32 length, bytes}.
 // Encoding and decoding follow karpathy/llama2.c run.c (encode()/decode()) step for step, so ids
 // equal the reference implementation's, quirks included (greedy highest-score pair merging).
+#include "io/llama2c_tokenizer.h"
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -21,56 +23,12 @@ constexpr int32_t kByteFallbackOffset = 3;  // <0x00> is id 3 in llama2.c vocabu
 class Llama2cTokenizer final : public Tokenizer {
  public:
   Llama2cTokenizer(const std::filesystem::path& path, int64_t expected_vocab_size) : path_(path) {
-    SYMPRUNE_CHECK(expected_vocab_size >= 0, "llama2.c tokenizer {}: vocab_size {} is negative",
-                   path.string(), expected_vocab_size);
     std::ifstream in(path, std::ios::binary);
     SYMPRUNE_CHECK(in.good(), "cannot open llama2.c tokenizer {}", path.string());
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    size_t offset = 0;
-    auto read_i32 = [&](const char* what, size_t token) -> int32_t {
-      SYMPRUNE_CHECK(offset + 4 <= bytes.size(),
-                     "llama2.c tokenizer {} is truncated: {} of token {} at byte {}", path.string(), what,
-                     token, offset);
-      int32_t v;
-      std::memcpy(&v, bytes.data() + offset, 4);
-      offset += 4;
-      return v;
-    };
-    SYMPRUNE_CHECK(bytes.size() >= 4,
-                   "llama2.c tokenizer {} is truncated: {} bytes, no max_token_length header", path.string(),
-                   bytes.size());
-    max_token_length_ = read_i32("header", 0);
-    SYMPRUNE_CHECK(max_token_length_ > 0 && max_token_length_ <= kMaxTokenLengthLimit,
-                   "llama2.c tokenizer {}: max_token_length {} is out of range (1..{}); not a tokenizer.bin?",
-                   path.string(), max_token_length_, kMaxTokenLengthLimit);
-    // vocab_size 0: read tokens to the end of the file (tok512.bin carries no count).
-    while (expected_vocab_size == 0 ? offset < bytes.size()
-                                    : static_cast<int64_t>(vocab_.size()) < expected_vocab_size) {
-      const size_t i = vocab_.size();
-      const int32_t score_bits = read_i32("score", i);
-      float score;
-      std::memcpy(&score, &score_bits, 4);
-      const int32_t len = read_i32("length", i);
-      SYMPRUNE_CHECK(len >= 0, "llama2.c tokenizer {}: token {} has negative length {}", path.string(), i,
-                     len);
-      SYMPRUNE_CHECK(len <= max_token_length_,
-                     "llama2.c tokenizer {}: token {} has length {} > max_token_length {}", path.string(), i,
-                     len, max_token_length_);
-      SYMPRUNE_CHECK(offset + static_cast<size_t>(len) <= bytes.size(),
-                     "llama2.c tokenizer {} is truncated: token {} needs {} bytes at byte {}, file has {}",
-                     path.string(), i, len, offset, bytes.size());
-      vocab_.emplace_back(bytes.data() + offset, static_cast<size_t>(len));
-      scores_.push_back(score);
-      offset += static_cast<size_t>(len);
-    }
-    SYMPRUNE_CHECK(
-        offset == bytes.size(),
-        "llama2.c tokenizer {}: {} trailing bytes after the {} tokens expected (vocab_size mismatch?)",
-        path.string(), bytes.size() - offset, vocab_.size());
-    SYMPRUNE_CHECK(
-        vocab_.size() >= 256 + kByteFallbackOffset,
-        "llama2.c tokenizer {} has only {} tokens; at least 259 (<unk>, <s>, </s>, 256 bytes) are needed",
-        path.string(), vocab_.size());
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    Llama2cVocabulary vocabulary = parse_llama2c_vocabulary(bytes, path, expected_vocab_size);
+    vocab_ = std::move(vocabulary.pieces);
+    scores_ = std::move(vocabulary.scores);
     // run.c looks tokens up with bsearch over a sorted copy; the vocabularies have no duplicates, and on a
     // duplicate we keep the lowest id.
     lookup_.reserve(vocab_.size() * 2);
@@ -201,7 +159,6 @@ class Llama2cTokenizer final : public Tokenizer {
   }
 
   std::filesystem::path path_;
-  int32_t max_token_length_ = 0;
   std::vector<std::string> vocab_;
   std::vector<float> scores_;
   std::unordered_map<std::string, int32_t> lookup_;
@@ -209,6 +166,58 @@ class Llama2cTokenizer final : public Tokenizer {
 };
 
 }  // namespace
+
+Llama2cVocabulary parse_llama2c_vocabulary(std::string_view bytes, const std::filesystem::path& path,
+                                           int64_t expected_vocab_size) {
+  SYMPRUNE_CHECK(expected_vocab_size >= 0, "llama2.c tokenizer {}: vocab_size {} is negative", path.string(),
+                 expected_vocab_size);
+  Llama2cVocabulary out;
+  size_t offset = 0;
+  auto read_i32 = [&](const char* what, size_t token) -> int32_t {
+    SYMPRUNE_CHECK(offset + 4 <= bytes.size(),
+                   "llama2.c tokenizer {} is truncated: {} of token {} at byte {}", path.string(), what,
+                   token, offset);
+    int32_t v;
+    std::memcpy(&v, bytes.data() + offset, 4);
+    offset += 4;
+    return v;
+  };
+  SYMPRUNE_CHECK(bytes.size() >= 4,
+                 "llama2.c tokenizer {} is truncated: {} bytes, no max_token_length header", path.string(),
+                 bytes.size());
+  out.max_token_length = read_i32("header", 0);
+  SYMPRUNE_CHECK(out.max_token_length > 0 && out.max_token_length <= kMaxTokenLengthLimit,
+                 "llama2.c tokenizer {}: max_token_length {} is out of range (1..{}); not a tokenizer.bin?",
+                 path.string(), out.max_token_length, kMaxTokenLengthLimit);
+  // vocab_size 0: read tokens to the end of the file (tok512.bin carries no count).
+  while (expected_vocab_size == 0 ? offset < bytes.size()
+                                  : static_cast<int64_t>(out.pieces.size()) < expected_vocab_size) {
+    const size_t i = out.pieces.size();
+    const int32_t score_bits = read_i32("score", i);
+    float score;
+    std::memcpy(&score, &score_bits, 4);
+    const int32_t len = read_i32("length", i);
+    SYMPRUNE_CHECK(len >= 0, "llama2.c tokenizer {}: token {} has negative length {}", path.string(), i, len);
+    SYMPRUNE_CHECK(len <= out.max_token_length,
+                   "llama2.c tokenizer {}: token {} has length {} > max_token_length {}", path.string(), i,
+                   len, out.max_token_length);
+    SYMPRUNE_CHECK(offset + static_cast<size_t>(len) <= bytes.size(),
+                   "llama2.c tokenizer {} is truncated: token {} needs {} bytes at byte {}, file has {}",
+                   path.string(), i, len, offset, bytes.size());
+    out.pieces.emplace_back(bytes.data() + offset, static_cast<size_t>(len));
+    out.scores.push_back(score);
+    offset += static_cast<size_t>(len);
+  }
+  SYMPRUNE_CHECK(
+      offset == bytes.size(),
+      "llama2.c tokenizer {}: {} trailing bytes after the {} tokens expected (vocab_size mismatch?)",
+      path.string(), bytes.size() - offset, out.pieces.size());
+  SYMPRUNE_CHECK(
+      out.pieces.size() >= 256 + kByteFallbackOffset,
+      "llama2.c tokenizer {} has only {} tokens; at least 259 (<unk>, <s>, </s>, 256 bytes) are needed",
+      path.string(), out.pieces.size());
+  return out;
+}
 
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::filesystem::path& tokenizer_bin,
                                                   int64_t vocab_size) {

@@ -2,7 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <charconv>
+#include <set>
+
 #include "core/error.h"
+#include "core/log.h"
 
 namespace symprune::io {
 namespace {
@@ -66,6 +71,43 @@ std::string describe_missing(const TensorSource& model, const ModelConfig& confi
                              std::string_view canonical) {
   return fmt::format("missing tensor '{}' in {} (required by {})", canonical, model.description(),
                      config_name(config));
+}
+
+// The decoder layer a stored tensor belongs to ("model.layers.7.mlp.up_proj.weight" -> 7), if any.
+std::optional<int64_t> layer_of(std::string_view name) {
+  for (const std::string_view prefix : {"model.layers.", "model.decoder.layers.", "decoder.layers."}) {
+    if (!name.starts_with(prefix)) continue;
+    const std::string_view rest = name.substr(prefix.size());
+    int64_t layer = 0;
+    const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), layer);
+    if (ec == std::errc() && end != rest.data() && end < rest.data() + rest.size() && *end == '.')
+      return layer;
+  }
+  return std::nullopt;
+}
+
+// Tensors of layers past num_hidden_layers would never be pruned, yet be copied into the output:
+// a config that undercounts the weights is refused instead of silently pruning part of the model.
+void check_no_extra_layers(const ModelConfig& config, const TensorSource& model,
+                           const std::vector<std::string>& names) {
+  const std::string* first = nullptr;
+  int64_t first_layer = 0;
+  int64_t held = config.num_layers;
+  for (const auto& name : names) {
+    const auto layer = layer_of(name);
+    if (!layer || *layer < config.num_layers) continue;
+    held = std::max(held, *layer + 1);
+    if (first == nullptr || *layer < first_layer) {
+      first = &name;
+      first_layer = *layer;
+    }
+  }
+  if (first == nullptr) return;
+  fail(
+      "{}: num_hidden_layers is {} but the weights hold {} layers (tensor '{}' in {} is in layer {}); the "
+      "layers past {} would be left unpruned",
+      config_name(config), config.num_layers, held, *first, model.location(*first),
+      first_layer, config.num_layers);
 }
 
 }  // namespace
@@ -133,6 +175,7 @@ Tensor load_model_tensor(const TensorSource& model, const ModelConfig& config, s
 }
 
 void validate_model_tensors(const ModelConfig& config, const TensorSource& model) {
+  std::set<std::string> used;
   for (const auto& expected : expected_tensors(config)) {
     const auto stored = stored_tensor_name(model, expected.name);
     if (!stored) {
@@ -143,6 +186,21 @@ void validate_model_tensors(const ModelConfig& config, const TensorSource& model
     SYMPRUNE_CHECK(info.shape == expected.shape, "tensor '{}' in {} has shape {} but {} implies {}", *stored,
                    model.location(*stored), shape_to_string(info.shape), config_name(config),
                    shape_to_string(expected.shape));
+    SYMPRUNE_CHECK(is_weight_dtype(info.dtype), "{}: tensor '{}': unsupported dtype {} (supported: F32, F16, BF16)",
+                   model.location(*stored), info.name, dtype_name(info.dtype));
+    used.insert(*stored);
+  }
+  const std::vector<std::string> names = model.names();
+  check_no_extra_layers(config, model, names);
+  for (const auto& name : names) {
+    const TensorInfo& info = model.info(name);
+    // Float leftovers (rotary inv_freq) are routine; an integer or F64 one is worth a word, as transformers
+    // gives one when it loads such a checkpoint.
+    if (used.count(name) == 0 && !is_weight_dtype(info.dtype)) {
+      log::warn(
+          "{}: tensor '{}' ({}) is not used by the model: ignored, and copied unchanged to a pruned model",
+          model.location(name), name, dtype_name(info.dtype));
+    }
   }
 }
 

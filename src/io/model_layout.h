@@ -40,8 +40,10 @@ std::optional<std::string> stored_tensor_name(const TensorSource& model, std::st
 Tensor load_model_tensor(const TensorSource& model, const ModelConfig& config, std::string_view canonical,
                          const std::vector<int64_t>& shape);
 
-// Throws symprune::Error for the first required tensor that is missing or has the wrong shape.
-// Tensors the config does not mention are ignored (e.g. rotary_emb.inv_freq of old checkpoints).
+// Throws symprune::Error for the first required tensor that is missing, has the wrong shape or is not in
+// a weight dtype (F32/F16/BF16), and for tensors of layers past num_hidden_layers (they would stay
+// unpruned). Other tensors the config does not mention are ignored (rotary_emb.inv_freq, position_ids);
+// those in a non-weight dtype (I64, F64, ...) get a warning.
 void validate_model_tensors(const ModelConfig& config, const TensorSource& model);
 
 }  // namespace symprune::io

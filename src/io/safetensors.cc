@@ -3,6 +3,8 @@
 #include "io/atomic_file.h"
 
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <system_error>
@@ -65,10 +68,39 @@ std::string conversion_hint(const fs::path& dir) {
 }
 
 // True for the first bytes of a PyTorch checkpoint: a zip archive (torch >= 1.6) or a raw pickle.
+// Only asked once a file has failed to be safetensors: a valid header length can begin with the same
+// bytes (0x0280 = 640 begins 80 02, like a protocol-2 pickle).
 bool looks_like_pickle(const unsigned char* head, size_t size) {
   if (size >= 4 && head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4) return true;
   if (size >= 2 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5) return true;
   return false;
+}
+
+// SIGBUS while copying from a mapping means the file shrank under it. Copies run under a per-thread
+// jump target, so the signal (delivered to the faulting thread) becomes an Error; a SIGBUS anywhere
+// else gets the previous disposition back and repeats into it.
+thread_local sigjmp_buf* t_sigbus_target = nullptr;
+struct sigaction g_previous_sigbus {};
+
+void on_sigbus(int, siginfo_t*, void*) {
+  if (t_sigbus_target != nullptr) siglongjmp(*t_sigbus_target, 1);
+  ::sigaction(SIGBUS, &g_previous_sigbus, nullptr);
+}
+
+void install_sigbus_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action {};
+    action.sa_sigaction = on_sigbus;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGBUS, &action, &g_previous_sigbus);
+  });
+}
+
+[[noreturn]] void fail_shrank(const fs::path& path, const std::string& detail) {
+  fail("{}: the file shrank while it was being read (truncated or replaced during the run){}", path.string(),
+       detail);
 }
 
 int64_t json_extent(const nlohmann::json& value, const std::string& what) {
@@ -124,7 +156,9 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept {
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
   if (this != &other) {
     if (map_) ::munmap(const_cast<std::byte*>(map_), map_size_);
+    if (fd_ >= 0) ::close(fd_);
     path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
     map_ = std::exchange(other.map_, nullptr);
     map_size_ = std::exchange(other.map_size_, 0);
     data_start_ = other.data_start_;
@@ -136,6 +170,7 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_) ::munmap(const_cast<std::byte*>(map_), map_size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 SafetensorsFile SafetensorsFile::open(const fs::path& path) {
@@ -145,35 +180,32 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
 
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   SYMPRUNE_CHECK(fd >= 0, "{}: cannot open: {}", where, std::strerror(errno));
+  file.fd_ = fd;  // kept open to notice a file that shrinks under the mapping (bytes())
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail("{}: cannot stat: {}", where, std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("{}: not a regular file", where);
-  }
+  SYMPRUNE_CHECK(::fstat(fd, &st) == 0, "{}: cannot stat: {}", where, std::strerror(errno));
+  SYMPRUNE_CHECK(S_ISREG(st.st_mode), "{}: not a regular file", where);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
-    fail("{}: truncated safetensors file: {} bytes, less than the 8-byte header length", where, size);
-  }
+  SYMPRUNE_CHECK(size >= 8, "{}: truncated safetensors file: {} bytes, less than the 8-byte header length",
+                 where, size);
   void* map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_errno = errno;
-  ::close(fd);  // the mapping keeps the file alive
-  SYMPRUNE_CHECK(map != MAP_FAILED, "{}: mmap failed: {}", where, std::strerror(map_errno));
+  SYMPRUNE_CHECK(map != MAP_FAILED, "{}: mmap failed: {}", where, std::strerror(errno));
   file.map_ = static_cast<const std::byte*>(map);
   file.map_size_ = static_cast<size_t>(size);
-  // From here on `file` owns the mapping, so every throw unmaps it.
+  // `file` owns the descriptor and the mapping, so every throw releases them.
 
+  // Decided by content: an 8-byte length that frames a JSON object which parses is safetensors, whatever
+  // its first bytes; only a file that is not gets the pickle diagnosis.
   const auto* head = reinterpret_cast<const unsigned char*>(file.map_);
-  SYMPRUNE_CHECK(!looks_like_pickle(head, file.map_size_),
-                 "{}: this is a PyTorch pickle checkpoint, not safetensors. {}", where,
-                 conversion_hint(path.parent_path()));
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | head[i];  // little-endian
+  const bool framed = header_size >= 2 && header_size <= kMaxSafetensorsHeaderBytes &&
+                      header_size <= size - 8 && head[8] == '{';
+  const auto refuse_pickle = [&] {
+    SYMPRUNE_CHECK(!looks_like_pickle(head, file.map_size_),
+                   "{}: this is a PyTorch pickle checkpoint, not safetensors. {}", where,
+                   conversion_hint(path.parent_path()));
+  };
+  if (!framed) refuse_pickle();
   SYMPRUNE_CHECK(
       header_size <= kMaxSafetensorsHeaderBytes,
       "{}: safetensors header length {} exceeds the {}-byte limit (corrupt or not a safetensors file)", where,
@@ -188,7 +220,13 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
 
   const std::string_view header_text(reinterpret_cast<const char*>(head + 8),
                                      static_cast<size_t>(header_size));
-  const nlohmann::json header = parse_json_text(header_text, where + " (safetensors header)");
+  nlohmann::json header;
+  try {
+    header = parse_json_text(header_text, where + " (safetensors header)");
+  } catch (const Error&) {
+    refuse_pickle();
+    throw;
+  }
   SYMPRUNE_CHECK(header.is_object(), "{}: invalid safetensors header: not a JSON object", where);
 
   for (const auto& [key, value] : header.items()) {
@@ -215,7 +253,11 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
     TensorInfo info;
     info.name = key;
     const std::string dtype = value["dtype"].get<std::string>();
-    SYMPRUNE_CHECK(parse_dtype(dtype, info.dtype), "{}: unsupported dtype {} (supported: F32, F16, BF16)",
+    // Any byte-sized safetensors dtype is read; whether a tensor's dtype suits its use is checked where it
+    // is used (load_f32, validate_model_tensors), so unused I64/F64/... tensors pass through.
+    SYMPRUNE_CHECK(parse_dtype(dtype, info.dtype),
+                   "{}: unknown safetensors dtype '{}' (known: F32, F16, BF16, F64, I64, U64, I32, U32, I16, "
+                   "U16, I8, U8, BOOL, F8_E4M3, F8_E5M2, F8_E8M0)",
                    what, dtype);
     for (const auto& extent : value["shape"]) info.shape.push_back(json_extent(extent, what));
     info.data_begin = json_offset(value["data_offsets"][0], what);
@@ -261,7 +303,33 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
 
 std::span<const std::byte> SafetensorsFile::bytes(const TensorInfo& info) const {
   SYMPRUNE_ASSERT(data_start_ + info.data_end <= map_size_, "tensor {} outside the mapping", info.name);
+  // Reading mapped pages past the end of a file that shrank raises SIGBUS: check before every read.
+  struct stat st {};
+  SYMPRUNE_CHECK(::fstat(fd_, &st) == 0, "{}: cannot stat: {}", path_.string(), std::strerror(errno));
+  if (static_cast<uint64_t>(st.st_size) < data_start_ + info.data_end) {
+    fail_shrank(path_, fmt::format(": it now has {} bytes, tensor '{}' needs {}", st.st_size, info.name,
+                                   data_start_ + info.data_end));
+  }
   return {map_ + data_start_ + info.data_begin, static_cast<size_t>(info.data_end - info.data_begin)};
+}
+
+void read_mapped(const fs::path& file, const std::function<void()>& read) {
+  install_sigbus_handler();
+  sigjmp_buf target;
+  sigjmp_buf* const outer = t_sigbus_target;
+  if (sigsetjmp(target, 1) != 0) {
+    t_sigbus_target = outer;
+    fail_shrank(file, "");
+  }
+  t_sigbus_target = &target;
+  read();
+  t_sigbus_target = outer;
+}
+
+void check_weight_dtype(const SafetensorsFile& file, const TensorInfo& info) {
+  SYMPRUNE_CHECK(is_weight_dtype(info.dtype),
+                 "{}: tensor '{}': unsupported dtype {} (supported: F32, F16, BF16)", file.path().string(),
+                 info.name, dtype_name(info.dtype));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -376,9 +444,11 @@ Tensor SafetensorsModel::load_f32(std::string_view name, const std::vector<int64
     SYMPRUNE_CHECK(ti.shape == *expected_shape, "tensor '{}' in {} has shape {} but {} was expected", name,
                    file.path().string(), shape_to_string(ti.shape), shape_to_string(*expected_shape));
   }
+  check_weight_dtype(file, ti);
   Tensor tensor(ti.shape);
   const auto raw = file.bytes(ti);
-  if (tensor.numel() > 0) convert_to_f32(ti.dtype, raw.data(), tensor.data(), tensor.numel());
+  if (tensor.numel() > 0)
+    read_mapped(file.path(), [&] { convert_to_f32(ti.dtype, raw.data(), tensor.data(), tensor.numel()); });
   return tensor;
 }
 

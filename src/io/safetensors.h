@@ -3,10 +3,13 @@
 // atomic writing. Format: u64 little-endian header length N, N bytes of JSON header
 // {"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}, data.
 // Every header is validated before use: size cap, offsets inside the data section, no overlap,
-// shape x dtype size == byte length, supported dtype, shard names confined to the model directory.
+// shape x dtype size == byte length, known dtype, shard names confined to the model directory.
+// Tensors of any byte-sized safetensors dtype are read as bytes; only F32/F16/BF16 convert to fp32.
+// A file that shrinks while mapped (truncated during a run) is reported as an Error, never a SIGBUS.
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -44,17 +47,27 @@ class SafetensorsFile {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in file (offset) order
   const TensorInfo* find(std::string_view name) const;                 // nullptr when absent
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The tensor's bytes in the mapping. Throws when the file no longer holds them (it shrank since open).
   std::span<const std::byte> bytes(const TensorInfo& info) const;
 
  private:
   SafetensorsFile() = default;
   std::filesystem::path path_;
+  int fd_ = -1;
   const std::byte* map_ = nullptr;
   size_t map_size_ = 0;
   uint64_t data_start_ = 0;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
 };
+
+// Runs `read`, which reads from a mapping of `file`; a SIGBUS it raises because the file shrank under
+// the mapping becomes symprune::Error naming `file`. `read` must own no objects with destructors (it is
+// left by siglongjmp). Calls may nest and run on several threads.
+void read_mapped(const std::filesystem::path& file, const std::function<void()>& read);
+
+// Throws unless `info` is in a weight dtype (F32, F16, BF16), naming the tensor, the file and the dtype.
+void check_weight_dtype(const SafetensorsFile& file, const TensorInfo& info);
 
 // All weights of a model directory: model.safetensors, or the shards listed by
 // model.safetensors.index.json. Pickle files (pytorch_model.bin, *.pt) are refused with a hint.

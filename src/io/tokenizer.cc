@@ -39,10 +39,14 @@ std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& path) {
     // project does not implement, and the .model is the exact reference.
     if (fs::is_regular_file(path / "tokenizer.model"))
       return load_sentencepiece_tokenizer(path / "tokenizer.model");
-    if (fs::is_regular_file(path / "tokenizer.json")) return load_hf_tokenizer_json(path / "tokenizer.json");
+    // convert-llama2c writes tokenizer.bin and a tokenizer.json twin for Hugging Face tools (same ids); the
+    // .bin is the reference, so a tokenizer.json beside a tokenizer.bin is left to those tools.
+    const bool llama2c = fs::is_regular_file(path / "tokenizer.bin");
+    if (!llama2c && fs::is_regular_file(path / "tokenizer.json"))
+      return load_hf_tokenizer_json(path / "tokenizer.json");
     if (fs::is_regular_file(path / "vocab.json") && fs::is_regular_file(path / "merges.txt"))
       return load_gpt2_tokenizer(path / "vocab.json", path / "merges.txt");
-    if (fs::is_regular_file(path / "tokenizer.bin")) return load_llama2c_in_dir(path / "tokenizer.bin", path);
+    if (llama2c) return load_llama2c_in_dir(path / "tokenizer.bin", path);
     fail(
         "no tokenizer found in directory {}: looked for tokenizer.model, tokenizer.json, vocab.json + "
         "merges.txt, "

@@ -28,9 +28,9 @@ class Tokenizer {
 
 // Loads a tokenizer from a file (by its name: *.model, *.json, vocab.json/merges.txt, *.bin) or a
 // model directory, looking in order for tokenizer.model (exact SentencePiece; LLaMA-2 directories
-// also ship a non-byte-level tokenizer.json), tokenizer.json, vocab.json + merges.txt, tokenizer.bin
-// (vocab size from config.json's vocab_size when present). A directory with none of them: error
-// listing what was looked for.
+// also ship a non-byte-level tokenizer.json), tokenizer.json (unless a tokenizer.bin is beside it: the
+// tokenizer.json twin convert-llama2c writes), vocab.json + merges.txt, tokenizer.bin (vocab size from
+// config.json's vocab_size when present). A directory with none of them: error listing what was looked for.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& path);
 
 // BOS: the model's bos_id (LLaMA-2: 1).

@@ -20,6 +20,7 @@ TOKENIZER = DATA / "stories260K" / "tok512.bin"
 REFERENCE = DATA / "stories260K" / "reference" / "logits_once_upon_a_time_lily.f32"
 IDS = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426]
 TOLERANCE = 1e-4  # max |logits - reference| / max |reference|
+SOURCE = pathlib.Path(os.environ["SYMPRUNE_SOURCE_DIR"])
 
 
 def run(*args):
@@ -115,10 +116,16 @@ def llama2c_forward(w, p, ids):
 
 def test_output_directory_contents(model_dir):
     assert sorted(p.name for p in model_dir.iterdir()) == [
-        "config.json", "model.safetensors", "symprune_provenance.json", "tokenizer.bin", "tokenizer_config.json"]
+        "config.json", "model.safetensors", "symprune_provenance.json", "tokenizer.bin", "tokenizer.json",
+        "tokenizer_config.json"]
     provenance = json.loads((model_dir / "symprune_provenance.json").read_text())
     assert provenance["tool"] == "symprune" and provenance["command"] == "convert-llama2c"
     assert provenance["checkpoint"] == str(CHECKPOINT) and provenance["version"] and provenance["commit"]
+    tokenizer_config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    assert tokenizer_config["tokenizer_class"] == "LlamaTokenizerFast"
+    assert (tokenizer_config["bos_token"], tokenizer_config["eos_token"]) == ("<s>", "</s>")
+    assert tokenizer_config["add_bos_token"] is True
+    assert "tokenizer_file" not in tokenizer_config  # transformers would take it as tokenizer.json's path
     assert not [p for p in model_dir.parent.iterdir() if p.name != model_dir.name]  # no temp dirs left
     config = json.loads((model_dir / "config.json").read_text())
     expected = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=172,
@@ -212,3 +219,82 @@ def test_non_empty_output_is_refused_unless_forced(tmp_path):
     assert result.returncode == 0, result.stderr
     assert not (converted / "extra.txt").exists() and (converted / "model.safetensors").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["converted", "out"]
+
+
+# --- Hugging Face tools on the converted and the pruned model -------------------------------------
+
+def sample_texts():
+    """TinyStories paragraphs, C4 documents, unicode, emoji (byte fallback) and whitespace runs."""
+    stories = (DATA / "tinystories" / "tinystories_val.txt").read_text(encoding="utf-8").split("\n\n")[:150]
+    with open(DATA / "c4" / "c4_train00000_first1000.jsonl", encoding="utf-8") as f:
+        c4 = [json.loads(next(f))["text"] for _ in range(30)]
+    return stories + c4 + [
+        "", " ", "x", "Once upon a time, there was a little girl named Lily.", "Zoo",
+        "caf\u00e9 na\u00efve \u00fcber \u00e5ngstr\u00f6m", "\u4f60\u597d\uff0c\u4e16\u754c \u65e5\u672c\u8a9e",
+        "emoji \U0001F600\U0001F389\U0001F916 \u2764\ufe0f and \U0001F1FA\U0001F1F8 flags",
+        "  two  spaces  ", "tabs\t\tand\nnew\n\nlines\r\n", "         nine spaces", "trailing   ",
+        "\u2211 \u221a \u222b math, \u00a0non-breaking\u00a0space", "Spot. Spot saw the shiny car. " * 20]
+
+
+def symprune_ids(tokenizer_dir, texts, tmp_path):
+    batch = tmp_path / "texts.json"
+    batch.write_text(json.dumps(texts))
+    result = run("tokenize", "--tokenizer", tokenizer_dir, "--texts-json", batch)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def check_hf_tokenizer(directory, tmp_path):
+    """AutoTokenizer on `directory` gives symprune's ids (which are llama2.c run.c's) for every text."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+    texts = sample_texts()
+    ours = symprune_ids(directory, texts, tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    assert type(tokenizer).__name__ == "LlamaTokenizerFast"
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) == (1, 2, 0)
+    raw = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    for text, ids in zip(texts, ours):
+        assert tokenizer(text)["input_ids"] == ids, text[:80]
+        assert raw.encode(text).ids == ids, text[:80]
+    # Decoding gives the text back (byte fallback included).
+    for text in texts[-8:]:
+        if text.strip() == text and "\u00a0" not in text:
+            assert tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True) == text
+    return tokenizer
+
+
+def test_transformers_tokenizer_matches_symprune(model_dir, tmp_path):
+    tokenizer = check_hf_tokenizer(model_dir, tmp_path)
+    assert tokenizer("Once upon a time, there was a little girl named Lily.")["input_ids"] == IDS
+
+
+def test_quickstart_output_works_with_transformers(model_dir, tmp_path):
+    """The quickstart's wanda-50 % model (fewer calibration windows) loads with AutoTokenizer and
+    AutoModelForCausalLM, tokenizes like symprune and generates."""
+    import subprocess as sp
+    import sys
+    first, second = tmp_path / "first_half.txt", tmp_path / "second_half.txt"
+    sp.run([sys.executable, SOURCE / "scripts" / "split_text.py", DATA / "tinystories" / "tinystories_val.txt",
+            first, second], check=True, capture_output=True)
+    pruned = tmp_path / "stories260K-wanda50"
+    result = run("prune", "--model", model_dir, "--method", "wanda", "--sparsity", "0.5", "--calib", first,
+                 "--nsamples", "16", "--seqlen", "256", "--eval", second, "--eval-max-chunks", "4", "--out", pruned)
+    assert result.returncode == 0, result.stderr
+    for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.bin"):
+        assert (pruned / name).read_bytes() == (model_dir / name).read_bytes(), name
+    tokenizer = check_hf_tokenizer(pruned, tmp_path)
+
+    import torch
+    from transformers import AutoModelForCausalLM, pipeline
+    model = AutoModelForCausalLM.from_pretrained(str(pruned), torch_dtype=torch.float32)
+    assert (model.model.layers[0].mlp.up_proj.weight == 0).float().mean().item() == pytest.approx(0.5, abs=0.01)
+    inputs = tokenizer("Once upon a time", return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=20, do_sample=False)
+    assert out.shape[1] == inputs["input_ids"].shape[1] + 20
+    text = tokenizer.decode(out[0], skip_special_tokens=True)
+    assert text.startswith("Once upon a time") and len(text) > len("Once upon a time") + 20
+    generated = pipeline("text-generation", model=str(pruned), tokenizer=str(pruned))(
+        "Lily went to the park", max_new_tokens=10, do_sample=False)
+    assert generated[0]["generated_text"].startswith("Lily went to the park")

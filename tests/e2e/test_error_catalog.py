@@ -13,6 +13,9 @@ import resource
 import shutil
 import struct
 import subprocess
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -220,9 +223,58 @@ def _(env, tmp):
 
 @trigger("E-ST-BAD-DTYPE")
 def _(env, tmp):
-    model = copy_model(env, tmp)
-    one_tensor_file(model / "model.safetensors", {"dtype": "F64", "shape": [2], "data_offsets": [0, 16]})
+    model = edit_tensors(env, tmp, lambda t: t.update({"model.norm.weight": t["model.norm.weight"].astype(np.float64)}))
     return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-UNKNOWN-DTYPE")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    one_tensor_file(model / "model.safetensors", {"dtype": "Q4_K", "shape": [2], "data_offsets": [0, 16]})
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-FILE-SHRANK")
+def _(env, tmp):
+    # The calibration file is a pipe: prune opens it after mapping the weights; once it does, the model
+    # file is cut to its embedding, then the text arrives and pruning reaches block 0. The model and the
+    # pipe live outside tmp (the model is changed, on purpose).
+    outside = Path(tempfile.mkdtemp(prefix="shrink_"))
+    model = shutil.copytree(env.model, outside / "model")
+    fifo = outside / "calib.fifo"
+    os.mkfifo(fifo)
+    text = env.first.read_bytes()
+    weights = model / "model.safetensors"
+    header_len = struct.unpack("<Q", weights.read_bytes()[:8])[0]
+    done = threading.Event()
+
+    def feed():
+        deadline = time.monotonic() + 120
+        while not done.is_set() and time.monotonic() < deadline:
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: no reader yet
+                time.sleep(0.01)
+                continue
+            os.truncate(weights, 8 + header_len + 512 * 64 * 4)  # keep model.embed_tokens.weight only
+            os.set_blocking(fd, True)
+            try:
+                os.write(fd, text)
+            except BrokenPipeError:
+                pass
+            os.close(fd)
+            return
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+
+    def cleanup():
+        done.set()
+        feeder.join()
+        shutil.rmtree(outside)
+    case = prune(env, tmp, "--calib", fifo, *CALIB, model=model, method=("--method", "wanda", "--sparsity", "0.5"))
+    case.cleanup = cleanup
+    return case
 
 
 @trigger("E-ST-OFFSETS-REVERSED")
@@ -386,6 +438,13 @@ def _(env, tmp):
     return prune(env, tmp, model=model)
 
 
+@trigger("E-CFG-EXTRA-LAYERS")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    edit_config(model, num_hidden_layers=4)
+    return prune(env, tmp, model=model)
+
+
 @trigger("E-CFG-HEADS")
 def _(env, tmp):
     model = copy_model(env, tmp)
@@ -420,6 +479,7 @@ def _(env, tmp):
 def _(env, tmp):
     model = copy_model(env, tmp)
     (model / "tokenizer.bin").unlink()
+    (model / "tokenizer.json").unlink()
     return tokenize(model)
 
 
@@ -463,6 +523,45 @@ def _(env, tmp):
 def _(env, tmp):
     (tmp / "vocab.json").write_text(json.dumps({"a": 0}))
     return tokenize(tmp / "vocab.json")
+
+
+# --- text and other input files --------------------------------------------------------------------
+
+def eval_text(env, text):
+    return Case("eval", "--model", env.model, "--text", text, "--seqlen", "64", "--max-chunks", "1")
+
+
+@trigger("E-TEXT-NOT-FOUND")
+def _(env, tmp):
+    return eval_text(env, tmp / "no_such_text.txt")
+
+
+@trigger("E-INPUT-IS-DIRECTORY")
+def _(env, tmp):
+    (tmp / "texts").mkdir()
+    return prune(env, tmp, "--eval", tmp / "texts")
+
+
+@trigger("E-INPUT-NOT-REGULAR")
+def _(env, tmp):
+    return eval_text(env, "/dev/zero")
+
+
+@trigger("E-INPUT-READ")
+def _(env, tmp):
+    return Case("tokenize", "--tokenizer", env.model, "--text-file", "/proc/self/mem")
+
+
+@trigger("E-TEXT-NOT-UTF8")
+def _(env, tmp):
+    (tmp / "utf16.txt").write_bytes(env.second.read_text().encode("utf-16"))
+    return eval_text(env, tmp / "utf16.txt")
+
+
+@trigger("E-TEXT-NUL")
+def _(env, tmp):
+    (tmp / "padded.txt").write_bytes(env.first.read_bytes()[:20000] + b"\0" * 4096)
+    return calib_prune(env, tmp, tmp / "padded.txt")
 
 
 # --- calibration data ------------------------------------------------------------------------------
@@ -523,6 +622,12 @@ def _(env, tmp):
 def _(env, tmp):
     (tmp / "tokens.bin").write_bytes(b"\x01\x00\x02")
     return calib_prune(env, tmp, tmp / "tokens.bin")
+
+
+@trigger("E-CAL-TOKENS-LOOK-LIKE-TEXT")
+def _(env, tmp):
+    (tmp / "stories.bin").write_bytes(env.first.read_bytes()[:20000])
+    return calib_prune(env, tmp, tmp / "stories.bin")
 
 
 @trigger("E-CAL-TOKEN-RANGE")

@@ -137,5 +137,5 @@ def test_eval_errors(tmp_path):
 
     proc = run(["eval", "--model", model_dir, "--text", tmp_path / "absent.txt", "--seqlen", SEQLEN])
     assert proc.returncode == 1
-    assert f"symprune: error: {tmp_path / 'absent.txt'}: no such text file" in proc.stderr
+    assert f"symprune: error: {tmp_path / 'absent.txt'}: text file (--text) not found" in proc.stderr
     assert not report.exists()

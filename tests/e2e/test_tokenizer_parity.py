@@ -280,4 +280,4 @@ def test_cli_errors(tmp_path):
     missing = tmp_path / "nope.txt"
     r = subprocess.run([BIN, "tokenize", "--tokenizer", str(DATA / "stories260K" / "tok512.bin"), "--text-file",
                         str(missing)], capture_output=True, text=True)
-    assert r.returncode == 1 and f"cannot open text file {missing}" in r.stderr
+    assert r.returncode == 1 and f"{missing}: text file (--text-file) not found" in r.stderr

@@ -1,5 +1,6 @@
 #pragma once
 #include <filesystem>
+#include <string_view>
 
 namespace symprune::testing {
 
@@ -9,5 +10,7 @@ std::filesystem::path data_dir();
 std::filesystem::path python_executable();
 // A fresh empty directory under the system temp dir, removed by the caller or left for inspection.
 std::filesystem::path make_temp_dir(const char* prefix);
+// Writes `bytes` to `path` (replacing it) and returns `path`.
+std::filesystem::path write_file(const std::filesystem::path& path, std::string_view bytes);
 
 }  // namespace symprune::testing

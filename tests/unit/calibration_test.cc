@@ -3,6 +3,7 @@
 // loop (reference-implementations.md §1.2) with `random` on the same documents; see each test.
 #include "io/calibration.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <zlib.h>
 
@@ -20,6 +21,8 @@ namespace symprune::io {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using namespace std::string_literals;
 
 class ByteTokenizer : public Tokenizer {
  public:
@@ -291,7 +294,8 @@ TEST_F(CalibrationTest, FingerprintIsFnv1aOfLittleEndianInt32) {
 TEST_F(CalibrationTest, MissingDirectoryAndEmptyFiles) {
   const fs::path missing = dir_ / "nope.jsonl";
   EXPECT_EQ(error_of(missing, 1, 4), missing.string() + ": calibration file not found");
-  EXPECT_EQ(error_of(dir_, 1, 4, "text"), dir_.string() + ": not a regular file");
+  EXPECT_EQ(error_of(dir_, 1, 4, "text"), dir_.string() + ": calibration file is a directory, not a file");
+  EXPECT_EQ(error_of("/dev/null", 1, 4, "text"), "/dev/null: calibration file is a character device");
   for (const char* name : {"e.jsonl", "e.txt", "e.bin"}) {
     const auto path = write(name, "");
     EXPECT_EQ(error_of(path, 1, 4), path.string() + ": calibration file is empty");
@@ -300,6 +304,55 @@ TEST_F(CalibrationTest, MissingDirectoryAndEmptyFiles) {
   EXPECT_EQ(error_of(gz_empty, 1, 4), gz_empty.string() + ": calibration file is empty");
   const auto blank = write("blank.jsonl", "\n  \n\n");
   EXPECT_EQ(error_of(blank, 1, 4), blank.string() + ": no documents (every line is blank)");
+}
+
+// UTF-16, Latin-1, NUL bytes: refused with the file, the offset of the first bad byte and a hint, instead
+// of being tokenized into garbage windows.
+TEST_F(CalibrationTest, TextThatIsNotUtf8IsRefused) {
+  const auto utf16 = write("u16.txt", "\xFF\xFEO\0n\0c\0e\0"s);
+  EXPECT_THAT(error_of(utf16, 1, 2),
+              HasSubstr(utf16.string() + ": calibration file is not UTF-8 text: invalid byte 0xFF at "
+                                         "offset 0; it looks like UTF-16 (BOM FF FE)"));
+  const auto nul = write("nul.txt", "abc\0def"s);
+  EXPECT_THAT(error_of(nul, 1, 2),
+              HasSubstr(nul.string() + ": calibration file is not text: NUL byte at offset 3"));
+  const auto gz = write_gz("g.txt.gz", "ok \xFF");
+  EXPECT_THAT(error_of(gz, 1, 2),
+              HasSubstr(gz.string() + ": calibration file (after gzip decompression) is not UTF-8 text: "
+                                      "invalid byte 0xFF at offset 3"));
+  // JSONL: raw lines are checked with their offset in the file, decoded "text" fields for \u0000.
+  const auto line = write("l.jsonl", "{\"text\":\"abc\"}\n{\"text\":\"caf\xE9\"}\n");
+  EXPECT_THAT(error_of(line, 1, 2),
+              HasSubstr(line.string() + ": calibration file (line 2) is not UTF-8 text: invalid byte 0xE9 at "
+                                        "offset 27; it looks like Latin-1"));
+  const auto gz_line = write_gz("l.jsonl.gz", "{\"text\":\"caf\xE9\"}\n");
+  EXPECT_THAT(error_of(gz_line, 1, 2),
+              HasSubstr(": calibration file (line 1, after gzip decompression) is not UTF-8 text"));
+  const auto escaped = write("e.jsonl", "{\"text\":\"abcdef\"}\n{\"text\":\"a\\u0000b\"}\n");
+  EXPECT_THAT(error_of(escaped, 1, 2),
+              HasSubstr(escaped.string() + ": calibration file (line 2, \"text\" field) is not text: "
+                                           "NUL byte at offset 1"));
+  const auto utf16_jsonl = write("u16.jsonl", "\xFF\xFE{\0\"\0"s);
+  EXPECT_THAT(error_of(utf16_jsonl, 1, 2),
+              HasSubstr("it looks like UTF-16 (BOM FF FE); convert it with: iconv"));
+}
+
+// A text file named .bin used to be read as uint16 ids; with a LLaMA-sized vocabulary most pairs of
+// ASCII letters are valid ids, so nothing else caught it. The content decides; forced formats are obeyed.
+TEST_F(CalibrationTest, TextNamedBinIsNotReadAsTokenIds) {
+  std::string text;
+  while (text.size() < 2000)
+    text += "Once upon a time, there was a little girl named Lily. She loved to play.\n";
+  if (text.size() % 2) text += " ";
+  const auto bin = write("story.bin", text);
+  EXPECT_EQ(
+      error_of(bin, 1, 8, "auto", 32000),
+      bin.string() +
+          ": the .bin file holds text, not uint16 token ids (its bytes are printable UTF-8); give "
+          "--calib-format text to tokenize it as text, or --calib-format tokens-u16 to read it as token "
+          "ids anyway");
+  EXPECT_EQ(load(bin, 1, 8, 0, "tokens-u16", 32000).format, "tokens-u16");
+  EXPECT_EQ(load(bin, 1, 8, 0, "text").format, "text");
 }
 
 TEST_F(CalibrationTest, BadJsonLinesNameTheLine) {

@@ -416,9 +416,14 @@ TEST_F(Llama2cTest, ConvertsStories260K) {
   const fs::path out = dir_ / "model";
   const auto summary = convert_llama2c(stories_bin(), stories_tok(), out, false);
   EXPECT_EQ(summary.tokenizer_file, "tokenizer.bin");
+  EXPECT_TRUE(summary.hf_tokenizer_json);
   EXPECT_EQ(dir_entries(out),
             (std::vector<std::string>{"config.json", "model.safetensors", "symprune_provenance.json",
-                                      "tokenizer.bin", "tokenizer_config.json"}));
+                                      "tokenizer.bin", "tokenizer.json", "tokenizer_config.json"}));
+  const auto tokenizer_config = nlohmann::json::parse(read_bytes(out / "tokenizer_config.json"));
+  EXPECT_EQ(tokenizer_config["tokenizer_class"], "LlamaTokenizerFast");
+  EXPECT_FALSE(tokenizer_config.contains("tokenizer_file"));
+  EXPECT_EQ(nlohmann::json::parse(read_bytes(out / "tokenizer.json"))["model"]["type"], "BPE");
   EXPECT_EQ(dir_entries(dir_), (std::vector<std::string>{"model"}));  // no temp dir left
   const auto config = nlohmann::json::parse(read_bytes(out / "config.json"));
   EXPECT_EQ(config["architectures"][0], "LlamaForCausalLM");
@@ -484,6 +489,11 @@ TEST_F(Llama2cTest, ConvertsBothLayoutsToTheSameFilesAndHonoursUntiedClassifier)
   const SafetensorsModel model = SafetensorsModel::open_dir(dir_ / "a");
   EXPECT_EQ(values(model.load_f32("lm_head.weight")), m.cls);
   EXPECT_EQ(values(model.load_f32("model.embed_tokens.weight")), m.emb);
+  // The synthetic vocabulary has no <0xNN> byte pieces, so no tokenizer.json can equal it: the conversion
+  // still succeeds, without one (and without a tokenizer class Hugging Face tools would try to load).
+  EXPECT_FALSE(fs::exists(dir_ / "a" / "tokenizer.json"));
+  EXPECT_FALSE(
+      nlohmann::json::parse(read_bytes(dir_ / "a" / "tokenizer_config.json")).contains("tokenizer_class"));
 }
 
 TEST_F(Llama2cTest, CopiesASentencePieceModelAsTokenizerModel) {
@@ -500,8 +510,10 @@ TEST_F(Llama2cTest, CopiesASentencePieceModelAsTokenizerModel) {
   const fs::path ck = write("big_vocab.bin", m.v0());
   const auto summary = convert_llama2c(ck, spm, dir_ / "out", false);
   EXPECT_EQ(summary.tokenizer_file, "tokenizer.model");
+  EXPECT_FALSE(summary.hf_tokenizer_json);
   EXPECT_EQ(read_bytes(dir_ / "out" / "tokenizer.model"), read_bytes(spm));
   EXPECT_FALSE(fs::exists(dir_ / "out" / "tokenizer.bin"));
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "tokenizer.json"));
   const auto tok_config = nlohmann::json::parse(read_bytes(dir_ / "out" / "tokenizer_config.json"));
   EXPECT_EQ(tok_config["tokenizer_class"], "LlamaTokenizer");
   // The 32000-piece model does not fit the 512-token stories260K.

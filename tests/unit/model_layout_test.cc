@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -130,9 +131,10 @@ class ValidateTest : public ::testing::Test {
 
   // Writes every expected tensor (value = index + 1 everywhere), with optional edits.
   void write(const ModelConfig& c, const std::string& skip = "", const std::string& reshape = "",
-             bool strip_model_prefix = false, bool include_optional = false) {
+             bool strip_model_prefix = false, bool include_optional = false,
+             const std::vector<TensorToWrite>& extra = {}) {
     storage_.clear();
-    std::vector<TensorToWrite> tensors;
+    std::vector<TensorToWrite> tensors = extra;
     const auto list = expected_tensors(c);
     storage_.reserve(list.size());
     for (size_t i = 0; i < list.size(); ++i) {
@@ -223,6 +225,74 @@ TEST_F(ValidateTest, WrongShapeIsNamed) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("missing tensor 'model.nope.weight'"));
+  }
+}
+
+// Layers past num_hidden_layers would be copied into the pruned model unpruned: refused, naming the
+// first tensor of the first extra layer and both counts.
+TEST_F(ValidateTest, ConfigWithFewerLayersThanTheWeightsIsRefused) {
+  json raw = tiny_llama().raw;
+  raw["num_hidden_layers"] = 12;
+  write(parse_config(raw, "/m/config.json"));
+  raw["num_hidden_layers"] = 2;
+  EXPECT_THAT(error_of(parse_config(raw, "/m/config.json")),
+              HasSubstr("/m/config.json: num_hidden_layers is 2 but the weights hold 12 layers (tensor "
+                        "'model.layers.2.input_layernorm.weight' in " +
+                        (dir_ / "model.safetensors").string() +
+                        " is in layer 2); the layers past 2 would be left unpruned"));
+  // OPT, stored with or without the "model." prefix.
+  for (const bool strip : {false, true}) {
+    json opt = tiny_opt(16, true).raw;
+    opt["num_hidden_layers"] = 3;
+    write(parse_config(opt, "/m/config.json"), "", "", strip);
+    EXPECT_THAT(error_of(tiny_opt(16, true)),
+                HasSubstr("num_hidden_layers is 2 but the weights hold 3 layers (tensor '" +
+                          std::string(strip ? "" : "model.") + "decoder.layers.2."));
+  }
+  // Names that only look like layers count for nothing.
+  std::vector<float> one(1, 1.0f);
+  const auto* bytes = reinterpret_cast<const std::byte*>(one.data());
+  const std::vector<TensorToWrite> lookalikes = {
+      {"model.layers.x.weight", DType::kF32, {1}, {bytes, 4}},
+      {"model.layers.7", DType::kF32, {1}, {bytes, 4}},
+      {"model.layers.", DType::kF32, {1}, {bytes, 4}},
+      {"extra.model.layers.9.weight", DType::kF32, {1}, {bytes, 4}}};
+  write(tiny_llama(), "", "", false, false, lookalikes);
+  EXPECT_NO_THROW(validate_model_tensors(tiny_llama(), SafetensorsModel::open_dir(dir_)));
+}
+
+// Unused tensors of any dtype (transformers' position_ids in I64, an F64 inv_freq) are ignored; a tensor
+// the model computes with must be F32, F16 or BF16.
+TEST_F(ValidateTest, NonWeightDtypesOnlyForUnusedTensors) {
+  const std::vector<int64_t> ids = {0, 1, 2, 3};
+  const std::vector<double> inv_freq = {1.0, 0.5};
+  const std::vector<TensorToWrite> extra = {
+      {"model.position_ids", DType::kI64, {1, 4}, std::as_bytes(std::span(ids))},
+      {"model.layers.1.self_attn.rotary_emb.inv_freq", DType::kF64, {2}, std::as_bytes(std::span(inv_freq))}};
+  write(tiny_llama(), "", "", false, false, extra);
+  EXPECT_NO_THROW(validate_model_tensors(tiny_llama(), SafetensorsModel::open_dir(dir_)));
+
+  // model.norm.weight stored as I32 (same width as F32, so only the dtype is wrong).
+  std::vector<TensorToWrite> tensors;
+  std::vector<std::vector<std::byte>> storage;
+  const auto list = expected_tensors(tiny_llama());
+  storage.reserve(list.size());
+  for (const auto& e : list) {
+    storage.emplace_back(static_cast<size_t>(shape_numel(e.shape)) * 4);
+    tensors.push_back(
+        {e.name, e.name == "model.norm.weight" ? DType::kI32 : DType::kF32, e.shape, storage.back()});
+  }
+  write_safetensors_sharded(dir_, tensors, {}, 1ull << 30);
+  const std::string expected =
+      (dir_ / "model.safetensors").string() +
+      ": tensor 'model.norm.weight': unsupported dtype I32 (supported: F32, F16, BF16)";
+  EXPECT_THAT(error_of(tiny_llama()), HasSubstr(expected));
+  const auto model = SafetensorsModel::open_dir(dir_);
+  try {
+    load_model_tensor(model, tiny_llama(), "model.norm.weight", {16});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(expected));
   }
 }
 

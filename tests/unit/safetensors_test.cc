@@ -2,8 +2,11 @@
 // error the reader promises (each asserting the message names the file and the problem).
 #include "io/safetensors.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +17,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -424,10 +428,96 @@ TEST_F(CorruptSafetensorsTest, ShapeTimesDtypeMustEqualByteLength) {
       {"tensor 'w'", "overflows"});
 }
 
-TEST_F(CorruptSafetensorsTest, UnsupportedDtype) {
-  expect_corrupt(
-      raw_file(R"({"ids":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", std::string(8, '\0')),
-      {"tensor 'ids'", "unsupported dtype I64 (supported: F32, F16, BF16)"});
+TEST_F(CorruptSafetensorsTest, UnknownDtype) {
+  expect_corrupt(raw_file(R"({"q":{"dtype":"Q4_K","shape":[1],"data_offsets":[0,8]}})", std::string(8, '\0')),
+                 {"tensor 'q'", "unknown safetensors dtype 'Q4_K'"});
+  // Sub-byte dtypes have no whole-byte element size: refused the same way.
+  expect_corrupt(raw_file(R"({"q":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}})", std::string(1, '\0')),
+                 {"tensor 'q'", "unknown safetensors dtype 'F4'"});
+}
+
+// Tensors a model does not use (position_ids in I64, inv_freq in F64, ...) are read as opaque bytes;
+// converting one to fp32 is refused with the dtype named.
+TEST_F(SafetensorsTest, NonWeightDtypesAreReadAsBytes) {
+  const std::pair<const char*, int> dtypes[] = {
+      {"F64", 8}, {"I64", 8}, {"U64", 8},  {"I32", 4},     {"U32", 4},     {"I16", 2},    {"U16", 2},
+      {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1}};
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (const auto& [name, width] : dtypes) {
+    const size_t begin = data.size();
+    for (int i = 0; i < 3 * width; ++i) data.push_back(static_cast<char>(begin + i));
+    header[std::string("t.") + name] = {
+        {"dtype", name}, {"shape", {3}}, {"data_offsets", {begin, data.size()}}};
+  }
+  write_bytes(dir_ / "model.safetensors", raw_file(header.dump(), data));
+  const auto model = SafetensorsModel::open_dir(dir_);
+  for (const auto& [name, width] : dtypes) {
+    SCOPED_TRACE(name);
+    const std::string tensor = std::string("t.") + name;
+    const TensorInfo& info = model.info(tensor);
+    EXPECT_EQ(dtype_name(info.dtype), name);
+    EXPECT_EQ(dtype_size(info.dtype), width);
+    EXPECT_FALSE(is_weight_dtype(info.dtype));
+    const auto bytes = model.bytes(tensor);
+    ASSERT_EQ(bytes.size(), static_cast<size_t>(3 * width));
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+              data.substr(static_cast<size_t>(info.data_begin), bytes.size()));
+    expect_error([&] { model.load_f32(tensor); },
+                 {(dir_ / "model.safetensors").string(), "tensor '" + tensor + "'",
+                  std::string("unsupported dtype ") + name + " (supported: F32, F16, BF16)"});
+  }
+  // And the writer writes them back unchanged (the pruned-model writer copies them this way).
+  std::vector<TensorToWrite> tensors;
+  const auto file = SafetensorsFile::open(dir_ / "model.safetensors");
+  for (const auto& info : file.tensors())
+    tensors.push_back({info.name, info.dtype, info.shape, file.bytes(info)});
+  write_safetensors(dir_ / "copy.safetensors", tensors, {});
+  const auto copy = SafetensorsFile::open(dir_ / "copy.safetensors");
+  for (const auto& info : copy.tensors()) {
+    const auto a = copy.bytes(info);
+    const auto b = model.bytes(info.name);
+    EXPECT_EQ(dtype_name(info.dtype), dtype_name(model.info(info.name).dtype));
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0) << info.name;
+  }
+}
+
+// A header length whose low bytes are 80 02..05 begins like a protocol-2..5 pickle; such files (about 1
+// in 2048 headers) are valid safetensors and must open. The JSON is padded with spaces to the length.
+TEST_F(SafetensorsTest, HeaderLengthThatBeginsLikeAPickleOpens) {
+  const auto samples = three_dtypes();
+  for (const uint64_t length : {0x0280ull, 0x0380ull, 0x0480ull, 0x0580ull, 0x10280ull, 0x20580ull}) {
+    SCOPED_TRACE(length);
+    write_safetensors(dir_ / "model.safetensors", to_write(samples), {{"format", "pt"}});
+    std::string bytes = read_bytes(dir_ / "model.safetensors");
+    uint64_t header_length = 0;
+    for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | static_cast<unsigned char>(bytes[i]);
+    ASSERT_LE(header_length, length);
+    const std::string header = bytes.substr(8, header_length) + std::string(length - header_length, ' ');
+    bytes = raw_file(header, bytes.substr(8 + header_length));
+    ASSERT_EQ(static_cast<unsigned char>(bytes[0]), 0x80);
+    ASSERT_GE(static_cast<unsigned char>(bytes[1]), 2);
+    ASSERT_LE(static_cast<unsigned char>(bytes[1]), 5);
+    write_bytes(dir_ / "model.safetensors", bytes);
+    expect_model_matches(SafetensorsModel::open_dir(dir_), samples);
+  }
+  // Sharded: every shard's header begins 80 02 / 80 03.
+  fs::remove(dir_ / "model.safetensors");
+  const auto written = write_safetensors_sharded(dir_, to_write(samples), {}, 64);
+  ASSERT_GT(written.size(), 2u);
+  uint64_t length = 0x0280;
+  for (const auto& name : written) {
+    if (!name.ends_with(".safetensors")) continue;
+    std::string bytes = read_bytes(dir_ / name);
+    uint64_t header_length = 0;
+    for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | static_cast<unsigned char>(bytes[i]);
+    bytes = raw_file(bytes.substr(8, header_length) + std::string(length - header_length, ' '),
+                     bytes.substr(8 + header_length));
+    write_bytes(dir_ / name, bytes);
+    length += 0x100;
+  }
+  expect_model_matches(SafetensorsModel::open_dir(dir_), samples);
 }
 
 TEST_F(CorruptSafetensorsTest, PickleFileRefusedWithConversionHint) {
@@ -437,6 +527,9 @@ TEST_F(CorruptSafetensorsTest, PickleFileRefusedWithConversionHint) {
                {"PyTorch pickle checkpoint, not safetensors", "safe_serialization=True"});
   write_bytes(dir_ / "legacy.bin", std::string("\x80\x02", 2) + std::string(20, 'y'));
   expect_error([&] { SafetensorsFile::open(dir_ / "legacy.bin"); }, {"pickle"});
+  // A pickle whose first bytes happen to frame a '{' is still not JSON: still the pickle diagnosis.
+  write_bytes(dir_ / "framed.bin", std::string("\x80\x02\0\0\0\0\0\0{q\x00(X", 13) + std::string(700, 'y'));
+  expect_error([&] { SafetensorsFile::open(dir_ / "framed.bin"); }, {"PyTorch pickle checkpoint"});
 }
 
 TEST_F(CorruptSafetensorsTest, MetadataMustBeAnObjectOfStrings) {
@@ -452,6 +545,71 @@ TEST_F(SafetensorsTest, OpenNonFiles) {
   fs::create_directories(dir_ / "d.safetensors");
   expect_error([&] { SafetensorsFile::open(dir_ / "d.safetensors"); },
                {(dir_ / "d.safetensors").string(), "not a regular file"});
+}
+
+// Another process truncating a model file while a run has it mapped must give an error naming the file,
+// not kill the run with SIGBUS.
+TEST_F(SafetensorsTest, FileTruncatedAfterOpenIsAnErrorNotASigbus) {
+  const std::vector<Sample> samples = {make_sample("a", DType::kF32, {16384}, 1.0f),
+                                       make_sample("b", DType::kF32, {16384}, 1.0f)};
+  const fs::path path = dir_ / "model.safetensors";
+  write_safetensors(path, to_write(samples), {});
+  const auto model = SafetensorsModel::open_dir(dir_);
+  fs::resize_file(path, 4096);
+  const std::string shrank = "the file shrank while it was being read (truncated or replaced during the run)";
+  expect_error([&] { model.load_f32("b"); },
+               {path.string(), shrank, "it now has 4096 bytes, tensor 'b' needs"});
+  expect_error([&] { model.bytes("a"); }, {path.string(), shrank, "tensor 'a'"});
+  // Grown back (rewritten in place), the data is readable again.
+  write_safetensors(dir_ / "again.safetensors", to_write(samples), {});
+  fs::resize_file(path, fs::file_size(dir_ / "again.safetensors"));
+  EXPECT_EQ(model.load_f32("b").numel(), 16384);
+}
+
+// The check before each read leaves a window before the copy; a SIGBUS there becomes an Error as well,
+// on any thread, and the guard leaves no trace for the next read.
+TEST_F(SafetensorsTest, ReadMappedTurnsSigbusIntoAnError) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const fs::path path = dir_ / "data.bin";
+  write_bytes(path, std::string(4 * page, 'x'));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  void* map = ::mmap(nullptr, 4 * page, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  ASSERT_NE(map, MAP_FAILED);
+  const auto* bytes = static_cast<const volatile char*>(map);
+  fs::resize_file(path, page);
+  const auto touch = [&](size_t offset) {
+    return [bytes, offset] {
+      char sink = 0;
+      for (size_t i = 0; i < 64; ++i) sink = static_cast<char>(sink + bytes[offset + i]);
+      (void)sink;
+    };
+  };
+  EXPECT_NO_THROW(read_mapped(path, touch(0)));  // still inside the file
+  expect_error([&] { read_mapped(path, touch(2 * page)); },
+               {path.string(), "the file shrank while it was being read"});
+  std::string from_thread;
+  std::thread worker([&] {
+    try {
+      read_mapped(path, touch(3 * page));
+    } catch (const Error& e) {
+      from_thread = e.what();
+    }
+  });
+  worker.join();
+  EXPECT_THAT(from_thread, HasSubstr("the file shrank while it was being read"));
+  // Nested guards: the inner one catches, the outer one stays armed.
+  expect_error(
+      [&] {
+        read_mapped(path, [&] {
+          EXPECT_THROW(read_mapped(path, touch(2 * page)), Error);
+          touch(3 * page)();
+        });
+      },
+      {"the file shrank"});
+  EXPECT_NO_THROW(read_mapped(path, touch(64)));
+  ::munmap(map, 4 * page);
 }
 
 TEST_F(SafetensorsTest, ShardedWriterArgumentErrors) {

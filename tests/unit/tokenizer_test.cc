@@ -4,11 +4,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/llama2c_tokenizer.h"
 #include "support/test_support.h"
 
 namespace symprune::io {
@@ -297,6 +300,82 @@ TEST(Llama2cTokenizer, CorruptFilesAreErrors) {
   fs::remove_all(dir);
 }
 
+// The tokenizer.json that convert-llama2c writes beside tokenizer.bin: the `tokenizers` library must give
+// run.c's ids (BOS included) for every text; checked on both llama2.c vocabularies of the shared data.
+TEST(Llama2cTokenizer, HfTokenizerJsonEncodesLikeRunC) {
+  const fs::path python = symprune::testing::python_executable();
+  if (!fs::exists(python)) GTEST_SKIP() << "no test Python (set SYMPRUNE_PYTHON)";
+  const auto dir = symprune::testing::make_temp_dir("symprune_tokjson_");
+  nlohmann::json texts = nlohmann::json::array({kVaried, "", " ", "   ", "\n\n\n", "a", "  two  spaces  ",
+                                                "emoji \xF0\x9F\x98\x80\xF0\x9F\x8E\x89 and \xE2\x88\x91",
+                                                std::string(300, 'x'), "Zoo"});
+  const std::string stories = read_file(data("tinystories/tinystories_val.txt")).substr(0, 60000);
+  for (size_t at = 0; at < stories.size();) {
+    const size_t blank = stories.find("\n\n", at);
+    const size_t end = blank == std::string::npos ? stories.size() : blank + 2;
+    texts.push_back(stories.substr(at, end - at));
+    at = end;
+  }
+  const std::string wiki = read_file(data("wikitext2/wiki.test.raw")).substr(0, 30000);
+  texts.push_back(wiki);
+  std::ifstream c4(data("c4/c4_train00000_first1000.jsonl"));
+  std::string line;
+  for (int i = 0; i < 40 && std::getline(c4, line); ++i) texts.push_back(nlohmann::json::parse(line)["text"]);
+  write_file(dir / "texts.json", texts.dump());
+  write_file(dir / "encode.py", R"PY(
+import json, sys
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1])
+texts = json.load(open(sys.argv[2], encoding="utf-8"))
+json.dump([tok.encode(t).ids for t in texts], open(sys.argv[3], "w"))
+)PY");
+  for (const char* bin : {"stories260K/tok512.bin", "llama2c_tokenizer/tokenizer.bin"}) {
+    SCOPED_TRACE(bin);
+    const std::string bytes = read_file(data(bin));
+    write_file(dir / "tokenizer.json", llama2c_hf_tokenizer_json(parse_llama2c_vocabulary(bytes, bin, 0)));
+    const std::string cmd = python.string() + " " + (dir / "encode.py").string() + " " +
+                            (dir / "tokenizer.json").string() + " " + (dir / "texts.json").string() + " " +
+                            (dir / "ids.json").string();
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const auto theirs = nlohmann::json::parse(read_file(dir / "ids.json"));
+    const auto ours = load_llama2c_tokenizer(data(bin), 0);
+    ASSERT_EQ(theirs.size(), texts.size());
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const std::string text = texts[i].get<std::string>();
+      EXPECT_EQ(theirs[i].get<std::vector<int32_t>>(), ours->encode(text, true)) << text.substr(0, 80);
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Llama2cTokenizer, HfTokenizerJsonRefusesWhatItCannotExpress) {
+  std::vector<std::pair<float, std::string>> base = {{0.f, "<unk>"}, {0.f, "\n<s>\n"}, {0.f, "\n</s>\n"}};
+  for (int b = 0; b < 256; ++b) base.emplace_back(0.f, fmt::format("<0x{:02X}>", b));
+  const auto json_of = [&](std::vector<std::pair<float, std::string>> extra) {
+    auto tokens = base;
+    tokens.insert(tokens.end(), extra.begin(), extra.end());
+    return llama2c_hf_tokenizer_json(parse_llama2c_vocabulary(make_bin(8, tokens), "t.bin", 0));
+  };
+  // Minimal valid vocabulary: " ", "a", "b", " a" (" a" = " " + "a" is the one merge).
+  const auto ok = nlohmann::json::parse(json_of({{-1.f, " "}, {-2.f, "a"}, {-3.f, "b"}, {-4.f, " a"}}));
+  EXPECT_EQ(ok["model"]["merges"], nlohmann::json::array({"\u2581 a"}));
+  EXPECT_EQ(ok["model"]["vocab"]["\u2581a"], 262);
+  EXPECT_EQ(ok["model"]["vocab"]["<s>"], 1);
+  // Pieces scoring -1e10 or less never merge in run.c, so they get no merge.
+  EXPECT_TRUE(
+      nlohmann::json::parse(json_of({{-1.f, " "}, {-2.f, "a"}, {-1e10f, " a"}}))["model"]["merges"].empty());
+  expect_error([&] { json_of({{-1.f, "a"}}); }, {"no ' ' piece"});
+  expect_error(
+      [&] {
+        json_of({{-1.f, " "}, {-2.f, "a"}, {-3.f, "a"}});
+      },
+      {"pieces 260 and 261 are both 'a'"});
+  expect_error([&] { json_of({{-1.f, " "}, {-2.f, "\xE2\x96\x81x"}}); }, {"piece 260 contains"});
+  expect_error([&] { json_of({{-1.f, " "}, {-2.f, "\xFF"}}); }, {"piece 260 is not valid UTF-8"});
+  base[3 + 65].second = "A";
+  expect_error([&] { json_of({{-1.f, " "}}); }, {"piece 68 is 'A', not the byte token <0x41>"});
+}
+
 // ---- load_tokenizer selection -------------------------------------------------------------------
 
 TEST(LoadTokenizer, DirectoryPreferenceAndErrors) {
@@ -317,6 +396,10 @@ TEST(LoadTokenizer, DirectoryPreferenceAndErrors) {
   fs::remove(dir / "tokenizer.json");
   fs::create_symlink(data("stories260K/tok512.bin"), dir / "tokenizer.bin");
   EXPECT_EQ(load_tokenizer(dir)->kind(), "llama2c");
+  // A converted llama2.c directory: tokenizer.bin is read, not its tokenizer.json twin.
+  write_file(dir / "tokenizer.json", R"({"model": {"type": "BPE"}, "pre_tokenizer": {"type": "Metaspace"}})");
+  EXPECT_EQ(load_tokenizer(dir)->kind(), "llama2c");
+  fs::remove(dir / "tokenizer.json");
   fs::create_symlink(data("gpt2_tokenizer/vocab.json"), dir / "vocab.json");
   fs::create_symlink(data("gpt2_tokenizer/merges.txt"), dir / "merges.txt");
   EXPECT_EQ(load_tokenizer(dir)->kind(), "bpe-gpt2");

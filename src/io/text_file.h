@@ -1,0 +1,36 @@
+#pragma once
+// Input files read by the commands (calibration text, evaluation text, tokenize --text-file): checks
+// that name the real problem (missing, a directory, a device), reading to EOF rather than by st_size
+// (/proc files report 0 bytes), and the check that text really is text: UTF-8 without NUL bytes, with
+// a hint at what the bytes are instead (UTF-16, gzip, Latin-1, binary).
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace symprune::io {
+
+// Throws unless `path` exists and is a regular file or a pipe. `what` names the file's role in the
+// message ("calibration file", "evaluation text (--eval)"): "<path>: <what> not found", "... is a directory".
+void check_input_file(const std::filesystem::path& path, std::string_view what);
+
+// check_input_file, then every byte up to EOF.
+std::string read_input_file(const std::filesystem::path& path, std::string_view what);
+
+// read_input_file, then check_text over the whole file.
+std::string read_text_file(const std::filesystem::path& path, std::string_view what);
+
+// Throws unless `text` is valid UTF-8 (no overlong forms, surrogates or code points past U+10FFFF) without
+// NUL bytes. The message names `path` and `what`, gives the offset of the first bad byte (plus
+// `base_offset`, for text that starts inside the file) and says what the bytes look like instead.
+void check_text(std::string_view text, const std::filesystem::path& path, std::string_view what,
+                uint64_t base_offset = 0);
+
+// Whether `text` is well-formed UTF-8 (NUL bytes allowed).
+bool is_valid_utf8(std::string_view text);
+
+// Whether `bytes` read as text: valid UTF-8 without NUL and almost entirely printable characters or
+// whitespace. Token-id files fail it (their ids' high bytes are small, so NUL and control bytes abound).
+bool looks_like_text(std::string_view bytes);
+
+}  // namespace symprune::io

@@ -1,0 +1,216 @@
+"""Nothing lost, nothing misread: inputs that used to be refused although valid, or accepted although
+garbage, on the stories260K model.
+
+- safetensors files whose 8-byte header length begins 80 02..05 (like a pickle) are safetensors;
+- text that is not UTF-8, holds NULs, is a directory, a device or a /proc file is named for what it is;
+- a config that undercounts the layers is refused; unused tensors in other dtypes are copied through."""
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+
+from prune_support import Stories, symprune, tree_digest
+
+CALIB = ["--nsamples", "4", "--seqlen", "64"]
+WANDA = ["--method", "wanda", "--sparsity", "0.5"]
+
+
+@pytest.fixture(scope="module")
+def stories(tmp_path_factory):
+    s = Stories(tmp_path_factory.mktemp("stories"))
+    s.digest = tree_digest(s.model)
+    return s
+
+
+def header_length(path):
+    return struct.unpack("<Q", Path(path).read_bytes()[:8])[0]
+
+
+def pad_header(path, length):
+    """Rewrites a safetensors file with its JSON header padded with spaces to `length` bytes."""
+    data = Path(path).read_bytes()
+    n = header_length(path)
+    assert n <= length, (n, length)
+    Path(path).write_bytes(struct.pack("<Q", length) + data[8:8 + n] + b" " * (length - n) + data[8 + n:])
+    assert Path(path).read_bytes()[0] == 0x80 and 2 <= Path(path).read_bytes()[1] <= 5
+
+
+def expect_error(proc, *parts):
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    for part in parts:
+        assert str(part) in proc.stderr, (part, proc.stderr)
+
+
+def prune(stories, tmp_path, *args, model=None):
+    return symprune("prune", "--model", model or stories.model, *args, "--out", tmp_path / "pruned", check=False)
+
+
+# --- safetensors headers that begin like a pickle --------------------------------------------------
+
+def test_single_file_with_pickle_like_header_length(stories, tmp_path):
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    pad_header(model / "model.safetensors", 0x10280)  # bytes 80 02 01 00 ...
+    with safe_open(str(model / "model.safetensors"), framework="numpy") as f:  # valid for the reference
+        assert len(list(f.keys())) == 47
+    out = symprune("inspect", "--model", model)
+    assert "check: ok, 47 tensors match config.json" in out.stdout
+    symprune("prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out", tmp_path / "pruned")
+    assert load_file(str(tmp_path / "pruned" / "model.safetensors")).keys() == load_file(
+        str(model / "model.safetensors")).keys()
+
+
+def test_sharded_model_with_pickle_like_header_lengths(stories, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for path in stories.model.iterdir():
+        if path.suffix != ".safetensors":
+            shutil.copy(path, model / path.name)
+    tensors = load_file(str(stories.model / "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[:24], "model-00002-of-00002.safetensors": names[24:]}
+    weight_map = {}
+    for (shard, members), length in zip(shards.items(), (0x10380, 0x20480)):
+        save_file({n: tensors[n] for n in members}, str(model / shard), metadata={"format": "pt"})
+        pad_header(model / shard, length)
+        weight_map.update({n: shard for n in members})
+    (model / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    out = symprune("inspect", "--model", model)
+    assert "weights: 2 file(s) via model.safetensors.index.json" in out.stdout
+    assert "check: ok" in out.stdout
+    symprune("prune", "--model", model, *WANDA, "--calib", stories.first, *CALIB, "--out", tmp_path / "pruned")
+    assert sorted(p.name for p in (tmp_path / "pruned").glob("*.safetensors")) == sorted(shards)
+
+
+# --- text that is not text -------------------------------------------------------------------------
+
+def utf16(stories):
+    return stories.second.read_text().encode("utf-16")
+
+
+@pytest.mark.parametrize("name,content,parts", [
+    ("utf16.txt", lambda s: s.first.read_text().encode("utf-16"),
+     ["calibration file is not UTF-8 text: invalid byte 0xFF at offset 0", "UTF-16 (BOM FF FE)",
+      "iconv -f UTF-16 -t UTF-8"]),
+    ("zeros.txt", lambda s: b"\0" * 100000, ["calibration file is not text: NUL byte at offset 0"]),
+    ("latin1.txt", lambda s: s.first.read_text()[:20000].replace("a", "\u00e0").encode("latin-1"),
+     ["is not UTF-8 text: invalid byte 0xE0", "Latin-1 or Windows-1252"]),
+    ("docs.jsonl", lambda s: b'{"text": "fine"}\n' + json.dumps({"text": "x"}).encode("utf-16-le") + b"\n",
+     ["calibration file (line 2) is not text: NUL byte at offset 18", "UTF-16LE without a byte order mark"]),
+    ("nul.jsonl", lambda s: json.dumps({"text": s.first.read_text()[:5000] + "\0"}).encode() + b"\n",
+     ['calibration file (line 1, "text" field) is not text: NUL byte at offset 5000']),
+])
+def test_garbage_calibration_is_refused(stories, tmp_path, name, content, parts):
+    calib = tmp_path / name
+    calib.write_bytes(content(stories))
+    expect_error(prune(stories, tmp_path, *WANDA, "--calib", calib, *CALIB), calib, *parts)
+    assert not (tmp_path / "pruned").exists()
+
+
+def test_garbage_evaluation_text_is_refused(stories, tmp_path):
+    text = tmp_path / "utf16.txt"
+    text.write_bytes(utf16(stories))
+    hint = "it looks like UTF-16 (BOM FF FE); convert it with: iconv -f UTF-16 -t UTF-8"
+    expect_error(symprune("eval", "--model", stories.model, "--text", text, "--seqlen", "64", "--max-chunks", "1",
+                          check=False), f"{text}: text file (--text) is not UTF-8 text", hint)
+    expect_error(prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", "--eval", text),
+                 f"{text}: evaluation text (--eval) is not UTF-8 text", hint)
+    expect_error(symprune("tokenize", "--tokenizer", stories.model, "--text-file", text, check=False),
+                 f"{text}: text file (--text-file) is not UTF-8 text", hint)
+    assert not (tmp_path / "pruned").exists()
+
+
+def test_directories_and_devices_say_what_they_are(stories, tmp_path):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    expect_error(symprune("eval", "--model", stories.model, "--text", folder, "--seqlen", "64", check=False),
+                 f"{folder}: text file (--text) is a directory, not a file")
+    expect_error(prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", "--eval", folder),
+                 f"{folder}: evaluation text (--eval) is a directory, not a file")
+    expect_error(prune(stories, tmp_path, *WANDA, "--calib", folder, *CALIB),
+                 f"{folder}: calibration file is a directory, not a file")
+    expect_error(symprune("tokenize", "--tokenizer", stories.model, "--text-file", "/dev/zero", check=False),
+                 "/dev/zero: text file (--text-file) is a character device")
+
+
+def test_proc_files_are_read_to_the_end(stories, tmp_path):
+    """/proc/version reports 0 bytes but holds a line of text: it used to be "empty"."""
+    copy = tmp_path / "version.txt"
+    copy.write_bytes(Path("/proc/version").read_bytes())
+
+    def windows(path):
+        out = symprune("calib", "--tokenizer", stories.model, "--calib", path, "--nsamples", "3", "--seqlen", "8",
+                       "--json")
+        result = json.loads(out.stdout)
+        return result["stream_tokens"], result["windows"], result["fingerprint"]
+    assert windows("/proc/version") == windows(copy)
+    ids = symprune("tokenize", "--tokenizer", stories.model, "--text-file", "/proc/version").stdout
+    assert ids == symprune("tokenize", "--tokenizer", stories.model, "--text-file", copy).stdout
+
+
+def test_text_named_bin_is_not_read_as_token_ids(stories, tmp_path):
+    calib = tmp_path / "stories.bin"
+    calib.write_bytes(stories.first.read_bytes()[:30000])
+    expect_error(prune(stories, tmp_path, *WANDA, "--calib", calib, *CALIB),
+                 f"{calib}: the .bin file holds text, not uint16 token ids",
+                 "give --calib-format text to tokenize it as text, or --calib-format tokens-u16")
+    prune_ok = prune(stories, tmp_path, *WANDA, "--calib", calib, *CALIB, "--calib-format", "text")
+    assert prune_ok.returncode == 0, prune_ok.stderr
+    # Real token files are still read as such.
+    tokens = tmp_path / "tokens.bin"
+    np.array(json.loads(symprune("tokenize", "--tokenizer", stories.model, "--text-file", stories.first,
+                                 "--json").stdout), dtype="<u2").tofile(tokens)
+    shutil.rmtree(tmp_path / "pruned")
+    assert prune(stories, tmp_path, *WANDA, "--calib", tokens, *CALIB).returncode == 0
+
+
+# --- model structure -------------------------------------------------------------------------------
+
+def test_config_with_fewer_layers_than_the_weights_is_refused(stories, tmp_path):
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    config["num_hidden_layers"] = 3
+    (model / "config.json").write_text(json.dumps(config))
+    message = (f"{model / 'config.json'}: num_hidden_layers is 3 but the weights hold 5 layers (tensor "
+               f"'model.layers.3.input_layernorm.weight' in {model / 'model.safetensors'} is in layer 3); the "
+               "layers past 3 would be left unpruned")
+    expect_error(symprune("inspect", "--model", model, check=False), message)
+    expect_error(prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model), message)
+    assert not (tmp_path / "pruned").exists()
+
+
+def test_unused_non_float_tensors_are_copied_through(stories, tmp_path):
+    """An I64 position_ids and an F64 inv_freq (as some checkpoints carry, and transformers loads with a
+    warning) used to make symprune refuse the whole model."""
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    tensors = load_file(str(model / "model.safetensors"))
+    extra = {"model.position_ids": np.arange(512, dtype=np.int64)[None, :],
+             "model.layers.0.self_attn.rotary_emb.inv_freq": 1.0 / 10000 ** (np.arange(0, 8, 2) / 8)}
+    assert extra["model.layers.0.self_attn.rotary_emb.inv_freq"].dtype == np.float64
+    save_file({**tensors, **extra}, str(model / "model.safetensors"), metadata={"format": "pt"})
+
+    out = symprune("inspect", "--model", model).stdout
+    assert "check: ok, 47 tensors match config.json" in out and "; 2 tensor(s) not used by the model" in out
+    proc = symprune("prune", "--model", model, *WANDA, "--calib", stories.first, *CALIB, "--out",
+                    tmp_path / "pruned")
+    for name, dtype in (("model.position_ids", "I64"), ("model.layers.0.self_attn.rotary_emb.inv_freq", "F64")):
+        assert f"tensor '{name}' ({dtype}) is not used by the model: ignored, and copied unchanged" in proc.stderr
+    pruned = load_file(str(tmp_path / "pruned" / "model.safetensors"))
+    for name, value in extra.items():
+        assert pruned[name].dtype == value.dtype and pruned[name].tobytes() == value.tobytes(), name
+    assert np.count_nonzero(pruned["model.layers.0.mlp.up_proj.weight"] == 0) > 0
+
+    script = ("import sys, torch\n"
+              "from transformers import AutoModelForCausalLM\n"
+              "m = AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+              "print(m(torch.tensor([[1, 403, 407]])).logits.shape)\n")
+    load = subprocess.run([sys.executable, "-c", script, str(tmp_path / "pruned")], capture_output=True, text=True)
+    assert load.returncode == 0, load.stderr
+    assert "torch.Size([1, 3, 512])" in load.stdout
