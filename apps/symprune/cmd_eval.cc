@@ -76,12 +76,22 @@ void run_eval(const EvalOptions& o) {
   options.max_chunks = o.max_chunks;
   options.batch_sequences = o.batch;
   const auto eval_start = std::chrono::steady_clock::now();
-  const auto result = model::evaluate_perplexity(model, tokens, options, [&](int64_t done, int64_t total) {
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
-    log::info("chunks {}/{} ({:.1f} s, {:.0f} tokens/s)", done, total, seconds,
-              static_cast<double>(done * o.seqlen) / std::max(seconds, 1e-9));
-  });
+  auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count();
+  };
+  // The model is read once, block by block, through all chunks; then the head scores them.
+  const auto result = model::evaluate_perplexity(
+      model, tokens, options,
+      [&](int64_t done, int64_t total) {
+        if (done == total)
+          log::info("chunks {}/{} scored ({:.1f} s, {:.0f} tokens/s)", done, total, seconds(),
+                    static_cast<double>(done * o.seqlen) / std::max(seconds(), 1e-9));
+      },
+      [&](int64_t done, int64_t total) {
+        const double elapsed = seconds();
+        log::info("block {}/{} ({:.1f} s, ETA {:.1f} s)", done, total, elapsed,
+                  elapsed / static_cast<double>(done) * static_cast<double>(total - done));
+      });
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("perplexity: %.6f\n", result.perplexity);
   std::printf("mean nll: %.6f over %lld chunks of %lld tokens (%lld text tokens), %.2f s\n", result.mean_nll,

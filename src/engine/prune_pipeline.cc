@@ -155,9 +155,13 @@ model::PerplexityResult gather_perplexity(dist::Communicator& comm, model::Perpl
   return model::perplexity_from_chunks(std::move(all), stream.tokens(), stream.seqlen());
 }
 
-// Logs the final evaluation's batches: "pruned perplexity: chunks 64/777 (5.1 s, ETA 57.0 s)".
+// Logs the final evaluation's batches, at most every 2 s and at the end:
+// "pruned perplexity: chunks 64/777 (5.1 s, ETA 57.0 s)".
 model::PerplexityProgress eval_progress(const char* which, Clock::time_point start) {
-  return [which, start](int64_t done, int64_t total) {
+  auto last = std::make_shared<Clock::time_point>(start);
+  return [which, start, last](int64_t done, int64_t total) {
+    if (done < total && seconds_since(*last) < 2.0) return;
+    *last = Clock::now();
     const double elapsed = seconds_since(start);
     log::info("{} perplexity: chunks {}/{} ({:.1f} s, ETA {:.1f} s)", which, done, total, elapsed,
               elapsed / static_cast<double>(done) * static_cast<double>(total - done));

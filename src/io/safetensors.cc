@@ -1,7 +1,5 @@
 #include "io/safetensors.h"
 
-#include "io/atomic_file.h"
-
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -20,6 +18,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/json_util.h"
 
 namespace symprune::io {
@@ -475,8 +474,10 @@ std::string SafetensorsModel::description() const {
 }
 
 void SafetensorsModel::read_bytes(std::string_view name, std::vector<std::byte>& out) const {
-  const std::span<const std::byte> mapped = bytes(name);
-  out.assign(mapped.begin(), mapped.end());
+  const SafetensorsFile& file = file_of(name);
+  const std::span<const std::byte> mapped = file.bytes(info(name));
+  out.resize(mapped.size());
+  read_mapped(file.path(), [&] { std::copy(mapped.begin(), mapped.end(), out.begin()); });
 }
 
 std::vector<TensorSource::Shard> SafetensorsModel::shards() const {

@@ -1,0 +1,95 @@
+"""Failures in symprune_dist end every rank promptly with the failing rank's message, never a hang in a
+collective, and leave nothing at --out (issue 9)."""
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from conftest import mpirun
+from prune_support import symprune
+
+RUN = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "16", "--seqlen", "64", "--micro-batch", "3",
+       "--threads", "1"]
+
+
+def listing(path):
+    return sorted(p.name for p in path.iterdir())
+
+
+def test_bad_options_are_refused_on_every_rank_with_prunes_message(stories, tmp_path, have_mpirun):
+    args = ["--model", stories.model, "--calib", stories.first, *RUN, "--sparsity", "1.5", "--out", tmp_path / "o"]
+    args.remove("0.5")
+    args.remove("--sparsity")
+    single = symprune("prune", *args, check=False)
+    start = time.time()
+    proc = mpirun(3, *args, timeout=60)
+    assert proc.returncode == 1
+    message = single.stderr.strip().splitlines()[-1].removeprefix("symprune: ")
+    assert message in proc.stderr  # the same message symprune prune gives
+    assert proc.stderr.count(message) == 1  # said once (rank 0), not three times
+    assert time.time() - start < 30 and listing(tmp_path) == []
+
+
+def test_a_missing_calibration_file_is_a_clean_error(stories, tmp_path, have_mpirun):
+    proc = mpirun(2, "--model", stories.model, "--calib", tmp_path / "nope.txt", *RUN, "--out", tmp_path / "o",
+                  timeout=60)
+    assert proc.returncode == 1 and "nope.txt" in proc.stderr
+    assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("failing_rank", [0, 2])
+def test_an_error_on_one_rank_ends_every_rank_within_seconds(stories, tmp_path, have_mpirun, failing_rank):
+    start = time.time()
+    proc = mpirun(3, "--model", stories.model, "--calib", stories.first, *RUN, "--out", tmp_path / "o",
+                  env={"SYMPRUNE_FAULT": f"block:2@{failing_rank}:error"}, timeout=60)
+    elapsed = time.time() - start
+    assert proc.returncode != 0
+    assert f"[rank {failing_rank}/3] error: injected fault at block:2" in proc.stderr
+    assert elapsed < 30, f"took {elapsed:.0f} s"
+    assert not (tmp_path / "o").exists()
+
+
+def test_nan_weights_name_the_tensor_and_stop_all_ranks(stories, tmp_path, have_mpirun):
+    model = tmp_path / "model"
+    shutil.copytree(stories.model, model)
+    tensors = load_file(str(model / "model.safetensors"))
+    w = tensors["model.layers.1.mlp.up_proj.weight"].copy()
+    w[100, 7] = np.nan  # in rows owned by rank 1 of 2
+    tensors["model.layers.1.mlp.up_proj.weight"] = w
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    start = time.time()
+    proc = mpirun(2, "--model", model, "--calib", stories.first, *RUN, "--out", tmp_path / "o", timeout=60)
+    assert proc.returncode != 0
+    assert "1.mlp.up_proj" in proc.stderr and "NaN" in proc.stderr
+    assert time.time() - start < 30 and not (tmp_path / "o").exists()
+
+
+def test_memory_exhausted_up_front_is_refused_by_all_ranks(stories, tmp_path, have_mpirun):
+    proc = mpirun(2, "--model", stories.model, "--calib", stories.first, *RUN, "--out", tmp_path / "o",
+                  env={"SYMPRUNE_MEMORY_AVAILABLE": "1000"}, timeout=60)
+    assert proc.returncode == 1 and "of memory is available" in proc.stderr
+    assert listing(tmp_path) == []
+
+
+def test_a_full_disk_on_one_writer_fails_all_ranks_cleanly(tmp_path, have_mpirun):
+    """Shards are written by different ranks; a write error on any of them fails every rank with its message
+    and no staging directory is left."""
+    args = ["--model", "synthetic:tiny-llama:1:layers=2", "--calib", "synthetic", *RUN, "--out", tmp_path / "o"]
+    proc = mpirun(2, *args, env={}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "o" / "model.safetensors").exists()
+    # An output directory on a tiny tmpfs: writing fails with "No space left on device".
+    point = tmp_path / "small"
+    point.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", point], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        proc = mpirun(2, *args[:-1], point / "o", timeout=60)
+        assert proc.returncode == 1, proc.stderr
+        assert "No space left on device" in proc.stderr
+        assert listing(point) == []
+    finally:
+        subprocess.run(["umount", point], check=True)
