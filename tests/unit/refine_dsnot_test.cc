@@ -507,6 +507,24 @@ TEST(RefineR2Dsnot, RowPartitionsMatchTheWholeMatrix) {
   EXPECT_NE(own, m0);
 }
 
+// The helper the pipeline uses for masks refined another way (recon, or reverted by the guard) reports what
+// refine_dsnot reports for its own masks.
+TEST(RefineDsnot, MeanAbsExpectedErrorMatchesTheStats) {
+  for (const MaskSpec& spec : {MaskSpec::row(0.6), MaskSpec::nm(2, 4)}) {
+    RandomLayer layer = random_layer(32, 64, 9);
+    const Mask initial = select_mask(layer.wanda, spec);
+    Mask mask = initial;
+    std::optional<NmPattern> nm;
+    if (spec.kind == MaskSpec::kNM) nm = NmPattern{2, 4};
+    const RefineStats stats = refine_dsnot(layer.w, layer.mu, layer.var, layer.act, mask, DsnotOptions{}, nm);
+    ASSERT_GT(stats.swaps, 0);
+    EXPECT_EQ(mean_abs_expected_error(layer.w, layer.mu, initial), stats.mean_abs_error_before);
+    EXPECT_EQ(mean_abs_expected_error(layer.w, layer.mu, mask), stats.mean_abs_error_after);
+  }
+  expect_error([] { mean_abs_expected_error(Tensor({2, 4}), std::vector<double>(3, 1.0), Mask(2, 4)); },
+               "mask [2, 4] and 3 means do not match the weight [2, 4]");
+}
+
 TEST(RefineDsnot, BadInputErrors) {
   Tensor w({1, 8}, kTwoSwapRow);
   Mask mask(1, 8);
