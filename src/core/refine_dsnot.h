@@ -86,9 +86,9 @@ struct RefineStats {
   int64_t swaps = 0;                   // over all rows
   double mean_abs_error_before = 0.0;  // mean over rows of |e_r| for the input mask
   double mean_abs_error_after = 0.0;   // same for the refined mask
-  // Σ_r of the change of E_r = Δw_r G Δw_rᵀ = ‖(W − W̃)[r,:] Xᵀ‖² (exact, fp64; refine_recon.h). Set by
-  // refine_recon and by the pipeline for every refined matrix; refine_dsnot has no G and leaves it 0.
-  double recon_sq_change = 0.0;
+  // Σ_r of the change of E_r = Δw_r G Δw_rᵀ = ‖(W − W̃)[r,:] Xᵀ‖² (exact, fp64; refine_recon.h): set by
+  // refine_recon and by the guard; refine_dsnot has no G and leaves it unset.
+  std::optional<double> recon_sq_change;
   int64_t rows_reverted = 0;  // --refine-guard: rows restored to the initial mask (refine_recon.h)
 };
 

@@ -369,6 +369,7 @@ RefineStats refine_recon(const Tensor& W, const double* gram, int64_t n, Mask& m
                    diag[static_cast<size_t>(c)]);
   }
   RefineStats stats;
+  stats.recon_sq_change = 0.0;
   if (options.max_cycles == 0 || m == 0 || n < 2) return stats;
 
   const int64_t pool = std::min<int64_t>(options.pool, n);
@@ -405,7 +406,7 @@ RefineStats refine_recon(const Tensor& W, const double* gram, int64_t n, Mask& m
   }
   for (const RowResult& row : results) {  // row order: independent of the thread count
     stats.swaps += row.swaps;
-    stats.recon_sq_change += row.change;
+    *stats.recon_sq_change += row.change;
   }
   return stats;
 }

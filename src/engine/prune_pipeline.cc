@@ -16,6 +16,7 @@
 #include "core/masks.h"
 #include "core/scores.h"
 #include "engine/pruned_model_writer.h"
+#include "engine/refine_linear.h"
 #include "io/calibration.h"
 #include "io/model_layout.h"
 #include "io/model_resolver.h"
@@ -249,39 +250,6 @@ void check_finite_stats(const ActivationStats& stats, const std::string& linear,
                    linear, r, block);
 }
 
-struct RefineInputs {
-  std::vector<double> mu, var, act_norm;
-};
-
-RefineInputs refine_inputs(const ActivationStats& stats) {
-  const int64_t n = static_cast<int64_t>(stats.in_sumsq.size());
-  RefineInputs in;
-  in.mu.resize(static_cast<size_t>(n));
-  in.var.resize(static_cast<size_t>(n));
-  in.act_norm.resize(static_cast<size_t>(n));
-  for (int64_t c = 0; c < n; ++c) {
-    in.mu[static_cast<size_t>(c)] = stats.input_mean_sum(c);
-    in.var[static_cast<size_t>(c)] = stats.input_variance(c);
-    in.act_norm[static_cast<size_t>(c)] = stats.input_norm(c);
-  }
-  return in;
-}
-
-nlohmann::json refine_config_json(const PruneConfig& c, const DsnotOptions& o) {
-  if (c.refine == "none") return nullptr;
-  nlohmann::json j = {{"method", c.refine},       {"skip", c.refine_skip},    {"max_cycles", o.max_cycles},
-                      {"threshold", o.threshold}, {"var_power", o.var_power}, {"same_sign", o.same_sign}};
-  if (o.r2) {
-    j["grow_relative"] = o.r2->grow_relative;
-    j["prune_relative"] = o.r2->prune_relative;
-    j["reg_p"] = std::isinf(o.r2->reg_p) ? nlohmann::json("inf") : nlohmann::json(o.r2->reg_p);
-    j["gamma_grow"] = o.r2->gamma_grow;
-    j["gamma_prune"] = o.r2->gamma_prune;
-    j["alpha"] = o.r2->alpha;
-  }
-  return j;
-}
-
 }  // namespace
 
 nlohmann::json PruneResult::report() const {
@@ -298,6 +266,9 @@ nlohmann::json PruneResult::report() const {
           {"swaps", l.refine->swaps},
           {"mean_abs_error_before", l.refine->mean_abs_error_before},
           {"mean_abs_error_after", l.refine->mean_abs_error_after},
+          {"rows_reverted", l.refine->rows_reverted},
+          {"recon_sq_change",
+           l.refine->recon_sq_change ? nlohmann::json(*l.refine->recon_sq_change) : nlohmann::json()},
           {"recon_error_initial",
            l.recon_error_initial ? nlohmann::json(*l.recon_error_initial) : nlohmann::json()}};
     } else {
@@ -355,15 +326,8 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
   validate_score_options(method, base);
   const ResolvedMask mask = resolve_mask(c, method);
   base.compat_ria_fp16 = mask.compat_ria_fp16;
-  SYMPRUNE_CHECK(c.refine == "none" || c.refine == "dsnot" || c.refine == "r2dsnot",
-                 "--refine must be none, dsnot or r2dsnot, got '{}'", c.refine);
-  SYMPRUNE_CHECK(c.refine_skip == "mlp" || c.refine_skip == "attn" || c.refine_skip == "none",
-                 "--refine-skip must be mlp, attn or none, got '{}'", c.refine_skip);
-  const bool refining = c.refine != "none";
-  DsnotOptions refine_options = c.refine_options;
-  refine_options.r2.reset();
-  if (c.refine == "r2dsnot") refine_options.r2 = c.r2;
-  validate_dsnot_options(refine_options);
+  const RefineSettings refine_settings = resolve_refine_settings(c);
+  const bool refining = refine_settings.enabled();
   const bool scores_need_stats = score_method_needs_stats(method, base);
   SYMPRUNE_CHECK(!scores_need_stats || !c.calib.empty(),
                  "method {} is activation-aware and needs calibration data: give --calib FILE",
@@ -451,7 +415,7 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
       {"mask", result.mask_description},
       {"compat", c.compat},
       {"compat_ria_fp16", mask.compat_ria_fp16},
-      {"refine", refine_config_json(c, refine_options)},
+      {"refine", refine_config_json(refine_settings)},
       {"calib", c.calib.empty() ? nlohmann::json() : nlohmann::json(c.calib)},
       {"calib_used", needs_stats},
       {"calib_format", c.calib_format},
@@ -537,10 +501,9 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
       if (refining && !refine_skips(c.refine_skip, name)) {
         layer.recon_error_initial = reconstruction_error(backend, w, m, *gram);
         const auto tr = Clock::now();
-        const RefineInputs in = refine_inputs(*stats);
         std::optional<NmPattern> nm;
         if (mask.spec.kind == MaskSpec::kNM) nm = NmPattern{mask.spec.n, mask.spec.m};
-        layer.refine = refine_dsnot(w, in.mu, in.var, in.act_norm, m, refine_options, nm);
+        layer.refine = refine_linear(refine_settings, w, *stats, gram->g.data(), gram->n, m, nm);
         refine_seconds += seconds_since(tr);
       }
       layer.pruned = m.count();

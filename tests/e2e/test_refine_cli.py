@@ -64,8 +64,8 @@ def test_report_records_the_refinement_config(stories, tmp_path):
     run(stories, tmp_path / "r2", "--sparsity", "0.5", "--refine", "r2dsnot", "--no-grow-relative",
         "--reg-p", "inf", "--gamma-prune", "1e-3", "--same-sign")
     config = read_json(tmp_path / "r2.json")["config"]["refine"]
-    assert config == {"method": "r2dsnot", "skip": "mlp", "max_cycles": 50, "threshold": 0.1, "var_power": 1.0,
-                      "same_sign": True, "grow_relative": False, "prune_relative": True, "reg_p": "inf",
+    assert config == {"method": "r2dsnot", "skip": "mlp", "max_cycles": 50, "guard": False, "threshold": 0.1,
+                      "var_power": 1.0, "same_sign": True, "grow_relative": False, "prune_relative": True, "reg_p": "inf",
                       "gamma_grow": 0.0, "gamma_prune": 1e-3, "alpha": 0.5}
     timings = read_json(tmp_path / "r2.json")["timings"]
     assert timings["refine"] > 0

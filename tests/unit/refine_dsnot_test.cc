@@ -518,11 +518,15 @@ TEST(RefineDsnot, MeanAbsExpectedErrorMatchesTheStats) {
     if (spec.kind == MaskSpec::kNM) nm = NmPattern{2, 4};
     const RefineStats stats = refine_dsnot(layer.w, layer.mu, layer.var, layer.act, mask, DsnotOptions{}, nm);
     ASSERT_GT(stats.swaps, 0);
+    EXPECT_FALSE(stats.recon_sq_change.has_value());  // no G here
     EXPECT_EQ(mean_abs_expected_error(layer.w, layer.mu, initial), stats.mean_abs_error_before);
     EXPECT_EQ(mean_abs_expected_error(layer.w, layer.mu, mask), stats.mean_abs_error_after);
   }
-  expect_error([] { mean_abs_expected_error(Tensor({2, 4}), std::vector<double>(3, 1.0), Mask(2, 4)); },
-               "mask [2, 4] and 3 means do not match the weight [2, 4]");
+  expect_error(
+      [] {
+        mean_abs_expected_error(Tensor({2, 4}), std::vector<double>(3, 1.0), Mask(2, 4));
+      },
+      "mask [2, 4] and 3 means do not match the weight [2, 4]");
 }
 
 TEST(RefineDsnot, BadInputErrors) {

@@ -90,7 +90,7 @@ TEST(RefineRecon, HandTracedCrossTermPicksTheCorrelatedWeight) {
   const RefineStats stats = refine_recon(w, kTraceGram.data(), 4, mask, ReconOptions{});
   EXPECT_EQ(stats.swaps, 1);
   EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{1, 2}));
-  EXPECT_EQ(stats.recon_sq_change, -4.0);
+  EXPECT_EQ(stats.recon_sq_change.value(), -4.0);
   EXPECT_EQ(row_error(w, kTraceGram, mask, 0), 4.0);
 }
 
@@ -107,7 +107,7 @@ TEST(RefineRecon, HandTracedTieGoesToTheLowerColumn) {
   const RefineStats stats = refine_recon(w, kTraceGram.data(), 4, mask, ReconOptions{});
   EXPECT_EQ(stats.swaps, 1);
   EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{1, 3}));
-  EXPECT_EQ(stats.recon_sq_change, -1.0);
+  EXPECT_EQ(stats.recon_sq_change.value(), -1.0);
 }
 
 // A diagonal G has no cross terms: a swap lowers E_r only if the regrown weight's saliency w²·G_cc exceeds
@@ -133,7 +133,7 @@ TEST(RefineRecon, RowStopsAtOnceWhenNoSwapHelps) {
     const RefineStats stats = refine_recon(w, gram.data(), n, mask, exhaustive(n), nm);
     EXPECT_EQ(stats.swaps, 0) << describe(spec);
     EXPECT_EQ(mask, initial) << describe(spec);
-    EXPECT_EQ(stats.recon_sq_change, 0.0);
+    EXPECT_EQ(stats.recon_sq_change.value(), 0.0);
   }
   // A magnitude mask ignores G: recon moves it to the saliency order, and every swap lowers E.
   Tensor magnitude = w;
@@ -143,7 +143,7 @@ TEST(RefineRecon, RowStopsAtOnceWhenNoSwapHelps) {
   const RefineStats stats = refine_recon(w, gram.data(), n, mask, exhaustive(n));
   EXPECT_GT(stats.swaps, 0);
   EXPECT_EQ(mask, select_mask(saliency, MaskSpec::row(0.6)));
-  EXPECT_NEAR(total_error(w, gram, mask) - before, stats.recon_sq_change, 1e-9 * before);
+  EXPECT_NEAR(total_error(w, gram, mask) - before, stats.recon_sq_change.value(), 1e-9 * before);
 }
 
 // ---- Random data ----
@@ -251,7 +251,8 @@ TEST(RefineRecon, ExhaustiveSearchMatchesDirectRecomputation) {
         const RefineStats stats = refine_recon(p.w, p.gram.data(), 16, mask, exhaustive(16, cycles), nm);
         EXPECT_EQ(mask, expected) << describe(spec) << " seed " << seed << " cycles " << cycles;
         EXPECT_EQ(stats.swaps, swaps);
-        EXPECT_EQ(stats.recon_sq_change, total_error(p.w, p.gram, mask) - total_error(p.w, p.gram, initial));
+        EXPECT_EQ(stats.recon_sq_change.value(),
+                  total_error(p.w, p.gram, mask) - total_error(p.w, p.gram, initial));
         if (cycles == 50) EXPECT_GT(swaps, 0);
       }
     }
@@ -273,7 +274,7 @@ TEST(RefineRecon, RandomRowsNeverGetWorse) {
     Mask mask = initial;
     const RefineStats stats = refine_recon(p.w, p.gram.data(), n, mask, ReconOptions{}, nm);
     EXPECT_GT(stats.swaps, 0) << describe(spec);
-    EXPECT_LT(stats.recon_sq_change, 0.0);
+    EXPECT_LT(stats.recon_sq_change.value(), 0.0);
     double before_total = 0.0, change = 0.0;
     for (int64_t r = 0; r < m; ++r) {
       const double before = row_error(p.w, p.gram, initial, r), after = row_error(p.w, p.gram, mask, r);
@@ -288,7 +289,7 @@ TEST(RefineRecon, RandomRowsNeverGetWorse) {
           EXPECT_EQ(pruned, nm->n) << "row " << r << " group " << g;
         }
     }
-    EXPECT_NEAR(stats.recon_sq_change, change, 1e-9 * before_total);
+    EXPECT_NEAR(stats.recon_sq_change.value(), change, 1e-9 * before_total);
     EXPECT_EQ(std::vector<float>(p.w.values().begin(), p.w.values().end()),
               std::vector<float>(w_copy.values().begin(), w_copy.values().end()));
     std::printf("[%s] swaps %lld, E %.6g -> %.6g\n", describe(spec).c_str(),
@@ -330,7 +331,7 @@ TEST(RefineRecon, RowSlicesAndThreadsGiveTheSameMasks) {
     const RefineStats s2 = refine_recon(p.w, p.gram.data(), n, two, ReconOptions{}, nm);
     EXPECT_EQ(one, two);
     EXPECT_EQ(s1.swaps, s2.swaps);
-    EXPECT_EQ(s1.recon_sq_change, s2.recon_sq_change);
+    EXPECT_EQ(s1.recon_sq_change.value(), s2.recon_sq_change.value());
     EXPECT_NE(one, initial);
     for (const auto& [begin, end] :
          {std::pair<int64_t, int64_t>{0, split}, std::pair<int64_t, int64_t>{split, m}}) {
