@@ -18,33 +18,14 @@
 #include "core/masks.h"
 #include "core/refine_dsnot.h"
 #include "core/tensor.h"
+#include "support/mask_test_support.h"
 
 namespace symprune {
 namespace {
 
-template <typename F>
-void expect_error(F body, const std::string& part) {
-  try {
-    body();
-    ADD_FAILURE() << "expected symprune::Error containing '" << part << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "message: " << e.what();
-  }
-}
-
-Mask mask_from(int64_t rows, int64_t cols, const std::vector<std::vector<int>>& pruned) {
-  Mask mask(rows, cols);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int c : pruned[static_cast<size_t>(r)]) mask.set(r, c, true);
-  return mask;
-}
-
-std::vector<int> pruned_columns(const Mask& mask, int64_t r) {
-  std::vector<int> out;
-  for (int64_t c = 0; c < mask.cols(); ++c)
-    if (mask.pruned(r, c)) out.push_back(static_cast<int>(c));
-  return out;
-}
+using symprune::testing::expect_error;
+using symprune::testing::mask_from;
+using symprune::testing::pruned_columns;
 
 // E_r = Δw G Δwᵀ, summed directly in fp64.
 double row_error(const Tensor& w, const std::vector<double>& gram, const Mask& mask, int64_t r) {
