@@ -49,7 +49,7 @@ namespace symprune {
 
 struct ReconOptions {
   int max_cycles = 50;  // swaps per row at most (--max-cycles)
-  int pool = 96;        // columns per row with an exact g (step 1): ~2× DSnoT's time at n = 4096
+  int pool = 96;        // columns per row with an exact g (step 1): 1.9–2.5× DSnoT's time at n = 4096
   int shortlist = 8;    // unstructured: candidates per side evaluated as pairs each cycle (step 3)
 };
 
