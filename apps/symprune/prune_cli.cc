@@ -47,6 +47,13 @@ Refinement (--refine, after the initial mask, before the pruned pass; only the m
   r2dsnot   R2-DSnoT: DSnoT with the relative factor 1/||W~[r,:]||1 + 1/||W~[:,c]||1 in the regrow key
             (--grow-relative) and the prune key (--prune-relative), a_c^--refine-alpha in the prune key,
             and lp regularizers gamma*||row after the move||_p (--reg-p, --gamma-grow, --gamma-prune).
+  recon     per output row, swap the pruned/kept pair that most lowers the row's exact reconstruction
+            error E_r = dw G dw^T on the calibration inputs (G = X^T X, dw = the row's pruned weights),
+            among the weights nearest the mask's saliency boundary; a row stops when no swap lowers E_r
+            or after --max-cycles swaps, so no row ever gets worse. Reads --max-cycles only.
+  --refine-guard (dsnot, r2dsnot): keep a refined row only if its E_r did not rise, else restore its
+  initial mask (the report counts these rows); off by default, for parity with the DSnoT code. With
+  recon it is accepted and changes nothing.
   --refine-skip mlp (default, as DSnoT) refines only the self_attn projections; attn only the MLP;
   none every linear. Refinement needs --calib, whatever the scoring method.
 
@@ -82,7 +89,8 @@ engine::PruneConfig parsed_prune_config(PruneCliOptions& o) {
 void print_prune_result(const engine::PruneConfig& c, const engine::PruneResult& result) {
   const bool refined = c.refine != "none";
   std::printf("%-28s %-14s %9s %12s", "layer", "shape", "sparsity", "recon_error");
-  if (refined) std::printf(" %12s %8s %21s", "recon_initial", "swaps", "mean|e| before->after");
+  if (refined)
+    std::printf(" %12s %8s %8s %21s", "recon_initial", "swaps", "reverted", "mean|e| before->after");
   std::printf("\n");
   for (const auto& l : result.layers) {
     const std::string shape = fmt::format("[{}, {}]", l.shape.at(0), l.shape.at(1));
@@ -92,10 +100,10 @@ void print_prune_result(const engine::PruneConfig& c, const engine::PruneResult&
       const std::string initial = l.recon_error_initial ? fmt::format("{:.6f}", *l.recon_error_initial) : "-";
       const std::string errors =
           fmt::format("{:.4g} -> {:.4g}", l.refine->mean_abs_error_before, l.refine->mean_abs_error_after);
-      std::printf(" %12s %8lld %21s", initial.c_str(), static_cast<long long>(l.refine->swaps),
-                  errors.c_str());
+      std::printf(" %12s %8lld %8lld %21s", initial.c_str(), static_cast<long long>(l.refine->swaps),
+                  static_cast<long long>(l.refine->rows_reverted), errors.c_str());
     } else if (refined) {
-      std::printf(" %12s %8s %21s", "-", "skipped", "-");
+      std::printf(" %12s %8s %8s %21s", "-", "skipped", "-", "-");
     }
     std::printf("\n");
   }
@@ -135,7 +143,9 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
   nm->excludes(group);
   sub->add_option("--compat", c.compat,
                   "none (default), wanda or ria: reproduce that tool's mask rules (see below)");
-  sub->add_option("--refine", c.refine, "mask refinement: none (default), dsnot or r2dsnot (see below)");
+  sub->add_option("--refine", c.refine, "mask refinement: none (default), dsnot, r2dsnot or recon (see below)");
+  sub->add_flag("--refine-guard", c.refine_guard,
+                "refinement: restore a row's initial mask when refining raised its reconstruction error");
   sub->add_option("--refine-skip", c.refine_skip,
                   "linears left unrefined: mlp (default, as DSnoT), attn or none");
   sub->add_option("--max-cycles", c.refine_options.max_cycles,

@@ -289,6 +289,26 @@ std::vector<double> initial_column_l1(const Tensor& W, const Mask& mask) {
   return col_l1;
 }
 
+double mean_abs_expected_error(const Tensor& W, const std::vector<double>& mu, const Mask& mask) {
+  SYMPRUNE_CHECK(W.rank() == 2 && mask.rows() == W.dim(0) && mask.cols() == W.dim(1) &&
+                     static_cast<int64_t>(mu.size()) == W.dim(1),
+                 "mean_abs_expected_error: mask [{}, {}] and {} means do not match the weight {}",
+                 mask.rows(), mask.cols(), mu.size(), W.shape_string());
+  const int64_t m = W.dim(0), n = W.dim(1);
+  const std::vector<float> mu_f(mu.begin(), mu.end());  // refine_dsnot's fp32 products
+  std::vector<double> errors(static_cast<size_t>(m));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < m; ++r) {
+    std::vector<float> d(static_cast<size_t>(n));
+    for (int64_t c = 0; c < n; ++c)
+      d[static_cast<size_t>(c)] = W.data()[r * n + c] * mu_f[static_cast<size_t>(c)];
+    errors[static_cast<size_t>(r)] = row_error(d, mask.row(r));
+  }
+  double sum = 0.0;
+  for (double e : errors) sum += std::fabs(e);  // row order, as refine_dsnot
+  return m > 0 ? sum / static_cast<double>(m) : 0.0;
+}
+
 void validate_dsnot_options(const DsnotOptions& options) {
   SYMPRUNE_CHECK(options.max_cycles >= 0, "--max-cycles must be >= 0, got {}", options.max_cycles);
   SYMPRUNE_CHECK(options.threshold >= 0.0, "--refine-threshold must be a number >= 0, got {}",

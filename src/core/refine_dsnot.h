@@ -86,6 +86,10 @@ struct RefineStats {
   int64_t swaps = 0;                   // over all rows
   double mean_abs_error_before = 0.0;  // mean over rows of |e_r| for the input mask
   double mean_abs_error_after = 0.0;   // same for the refined mask
+  // Σ_r of the change of E_r = Δw_r G Δw_rᵀ = ‖(W − W̃)[r,:] Xᵀ‖² (exact, fp64; refine_recon.h): set by
+  // refine_recon and by the guard; refine_dsnot has no G and leaves it unset.
+  std::optional<double> recon_sq_change;
+  int64_t rows_reverted = 0;  // --refine-guard: rows restored to the initial mask (refine_recon.h)
 };
 
 // W [m, n]; mu = μ̃ (n), var = v (n), act_norm = a_c (n) for the Wanda prune order; mask [m, n] is the
@@ -100,6 +104,10 @@ RefineStats refine_dsnot(const Tensor& W, const std::vector<double>& mu, const s
                          const std::vector<double>& act_norm, Mask& mask, const DsnotOptions& options,
                          std::optional<NmPattern> nm = std::nullopt,
                          const std::vector<double>* column_l1 = nullptr);
+
+// Mean over rows of |e_r|, e_r = Σ_{pruned c} W[r,c]·μ̃_c with fp32 products summed in fp64: the
+// mean_abs_error_* that refine_dsnot reports, for any mask (also one refined another way).
+double mean_abs_expected_error(const Tensor& W, const std::vector<double>& mu, const Mask& mask);
 
 // Σ_r |W[r,c]| over the kept entries of `mask` (‖W̃[:,c]‖₁), summed in row order.
 std::vector<double> initial_column_l1(const Tensor& W, const Mask& mask);

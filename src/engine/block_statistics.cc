@@ -80,8 +80,9 @@ void BlockStatistics::reduce() {
   SYMPRUNE_ASSERT(packed.size() == chunks * length, "packed {} for {} chunks of {}", packed.size(), chunks,
                   length);
   chunk_stats_.clear();
-  const std::vector<double> total = ordered_sum(comm_, packed, length);
-  stats_bytes_ += static_cast<int64_t>((packed.size() + total.size()) * sizeof(double));
+  int64_t gathered = 0;
+  const std::vector<double> total = ordered_sum(comm_, packed, length, &gathered);
+  if (comm_.size() > 1) stats_bytes_ += gathered;
 
   size_t at = 0;
   auto take = [&](int64_t count) {

@@ -48,22 +48,6 @@ Mask gather_mask(dist::Communicator& comm, const Mask& own, int64_t total_rows, 
   return whole;
 }
 
-// Per-sequence means and variances and activation norms that DSnoT reads.
-struct RefineInputs {
-  std::vector<double> mu, var, act_norm;
-};
-
-RefineInputs refine_inputs(const ActivationStats& stats) {
-  const int64_t n = stats.in_features();
-  RefineInputs in;
-  for (int64_t c = 0; c < n; ++c) {
-    in.mu.push_back(stats.input_mean_sum(c));
-    in.var.push_back(stats.input_variance(c));
-    in.act_norm.push_back(stats.input_norm(c));
-  }
-  return in;
-}
-
 // Σ_c a[r,c]·(A G)[r,c] per row of A, fp32 products (one sgemm), fp64 sums.
 std::vector<double> row_quadratic_forms(Backend& backend, const Tensor& a, const Tensor& g) {
   const int64_t rows = a.dim(0), n = a.dim(1);
@@ -136,31 +120,34 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
 
   LinearMask out;
   const Tensor own_weight = copy_rows(weight, rows);
-  if (settings.refine != "none" && !refine_skips(settings.refine_skip, linear)) {
+  const RefineSettings& refine = settings.refine;
+  if (refine.enabled() && !refine_skips(refine.skip, linear)) {
     SYMPRUNE_ASSERT(stats != nullptr && gram != nullptr, "refinement of {} without statistics",
                     options.matrix_name);
     out.recon_error_initial = reconstruction_error(comm, *settings.backend, own_weight, own, m, *gram);
     const auto start = std::chrono::steady_clock::now();
-    const RefineInputs in = refine_inputs(*stats);
     std::optional<NmPattern> nm;
     if (settings.spec.kind == MaskSpec::kNM) nm = NmPattern{settings.spec.n, settings.spec.m};
     // R²-DSnoT's relative factor reads the column norms of the whole initially pruned matrix.
     std::vector<double> column_l1;
-    if (settings.refine_options.r2) {
+    if (refine.method == "r2dsnot") {
       int64_t unused = 0;
       column_l1 = initial_column_l1(weight, gather_mask(comm, own, m, &unused));
     }
-    RefineStats local = refine_dsnot(own_weight, in.mu, in.var, in.act_norm, own, settings.refine_options, nm,
-                                     settings.refine_options.r2 ? &column_l1 : nullptr);
-    // Means over all rows: the ranks' row sums added up.
-    std::vector<double> sums = {static_cast<double>(local.swaps),
-                                local.mean_abs_error_before * static_cast<double>(rows.size()),
-                                local.mean_abs_error_after * static_cast<double>(rows.size())};
+    const RefineStats local = refine_linear(refine, own_weight, *stats, gram->g.data(), gram->n, own, nm,
+                                            column_l1.empty() ? nullptr : &column_l1);
+    // Totals over all rows: the ranks' row sums added up (report figures).
+    std::vector<double> sums = {
+        static_cast<double>(local.swaps), local.mean_abs_error_before * static_cast<double>(rows.size()),
+        local.mean_abs_error_after * static_cast<double>(rows.size()),
+        static_cast<double>(local.rows_reverted), local.recon_sq_change.value_or(0.0)};
     comm.all_reduce_sum(sums);
     RefineStats total;
     total.swaps = static_cast<int64_t>(sums[0]);
     total.mean_abs_error_before = sums[1] / static_cast<double>(m);
     total.mean_abs_error_after = sums[2] / static_cast<double>(m);
+    total.rows_reverted = static_cast<int64_t>(sums[3]);
+    if (local.recon_sq_change) total.recon_sq_change = sums[4];
     out.refine = total;
     out.refine_seconds = seconds_since(start);
   }

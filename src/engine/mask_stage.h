@@ -20,6 +20,7 @@
 #include "core/scores.h"
 #include "dist/communicator.h"
 #include "engine/block_statistics.h"
+#include "engine/refine_linear.h"
 
 namespace symprune::engine {
 
@@ -29,9 +30,7 @@ struct MaskSettings {
   ScoreOptions score;  // block and matrix_name are set per linear
   bool scores_need_stats = false;
   MaskSpec spec;
-  std::string refine = "none";  // none, dsnot, r2dsnot
-  std::string refine_skip = "mlp";
-  DsnotOptions refine_options;  // r2 set for r2dsnot
+  RefineSettings refine;  // engine/refine_linear.h
 };
 
 struct LinearMask {

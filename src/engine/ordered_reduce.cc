@@ -4,7 +4,8 @@
 
 namespace symprune::engine {
 
-std::vector<double> ordered_sum(dist::Communicator& comm, std::span<const double> local, size_t length) {
+std::vector<double> ordered_sum(dist::Communicator& comm, std::span<const double> local, size_t length,
+                                int64_t* gathered_bytes) {
   SYMPRUNE_ASSERT(length > 0 && local.size() % length == 0, "{} values are not chunks of {}", local.size(),
                   length);
   std::vector<int64_t> counts(static_cast<size_t>(comm.size()), 0);
@@ -12,6 +13,7 @@ std::vector<double> ordered_sum(dist::Communicator& comm, std::span<const double
   comm.all_reduce_sum(counts);
   int64_t total_bytes = 0;
   for (int64_t c : counts) total_bytes += c;
+  if (gathered_bytes != nullptr) *gathered_bytes = total_bytes;
   std::vector<double> all(static_cast<size_t>(total_bytes) / sizeof(double));
   comm.all_gather_v(std::as_bytes(local), counts, std::as_writable_bytes(std::span<double>(all)));
   std::vector<double> total(length, 0.0);

@@ -22,7 +22,9 @@ namespace symprune::engine {
 // `local` holds this rank's chunks' partial vectors back to back (count × length doubles), chunks in
 // order; ranks hold consecutive runs of chunks, rank 0 the first. Every rank gets the total of all
 // chunks' partials, added in chunk order to zeros. Collective: every rank calls it with the same length.
-std::vector<double> ordered_sum(dist::Communicator& comm, std::span<const double> local, size_t length);
+// `gathered_bytes` (optional) receives the size of all chunks' partials, what each rank ends up holding.
+std::vector<double> ordered_sum(dist::Communicator& comm, std::span<const double> local, size_t length,
+                                int64_t* gathered_bytes = nullptr);
 
 class OrderedChain {
  public:

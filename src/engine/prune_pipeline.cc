@@ -189,6 +189,9 @@ nlohmann::json PruneResult::report() const {
           {"swaps", l.refine->swaps},
           {"mean_abs_error_before", l.refine->mean_abs_error_before},
           {"mean_abs_error_after", l.refine->mean_abs_error_after},
+          {"rows_reverted", l.refine->rows_reverted},
+          {"recon_sq_change",
+           l.refine->recon_sq_change ? nlohmann::json(*l.refine->recon_sq_change) : nlohmann::json()},
           {"recon_error_initial",
            l.recon_error_initial ? nlohmann::json(*l.recon_error_initial) : nlohmann::json()}};
     } else {
@@ -401,6 +404,8 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     const auto dense = gather_perplexity(comm, *dense_eval, dense_local, &result.communication.eval);
     result.perplexity = PerplexityPair{dense.perplexity, 0.0, dense.seqlen, dense.chunks};
     try {
+      log::info("scoring the pruned model's evaluation chunks");
+      fault::at("pruned_eval", comm.rank());
       const auto tp = Clock::now();
       const auto pruned_local = pruned_eval->local_chunk_nll(eval_progress("pruned", tp));
       result.timings.eval_pruned += seconds_since(tp);

@@ -57,13 +57,16 @@ struct PruneConfig {
   std::string nm;                  // "N:M" or ""
   std::string compat = "none";     // none, wanda, ria
 
-  // Mask refinement after the initial mask, before the pruned pass (DESIGN.md §3.4): "none", "dsnot" or
-  // "r2dsnot". refine_skip: "mlp" (DSnoT's default: only the attention projections are refined), "attn"
-  // or "none". For "r2dsnot" the pipeline sets refine_options.r2 from r2.
+  // Mask refinement after the initial mask, before the pruned pass (DESIGN.md §3.4): "none", "dsnot",
+  // "r2dsnot" or "recon" (engine/refine_linear.h). refine_skip: "mlp" (DSnoT's default: only the attention
+  // projections are refined), "attn" or "none". For "r2dsnot" the pipeline sets refine_options.r2 from r2;
+  // recon reads refine_options.max_cycles only. refine_guard: keep a refined row only if its
+  // reconstruction error on the calibration inputs did not rise.
   std::string refine = "none";
   std::string refine_skip = "mlp";
   DsnotOptions refine_options;
   R2Options r2;
+  bool refine_guard = false;
 
   std::string calib;  // calibration file ("" = none; "synthetic" = uniformly random token ids from --seed)
   std::string calib_format = "auto";
@@ -90,8 +93,9 @@ struct LayerResult {
   int64_t pruned = 0;
   double sparsity = 0.0;
   std::optional<double> recon_error;  // absent when no forward pass ran
-  // Refinement (absent when the matrix was not refined): swaps, mean |e_r| before/after, and the
-  // reconstruction error of the initial mask (recon_error is then the refined mask's).
+  // Refinement (absent when the matrix was not refined): swaps, mean |e_r| before/after, rows reverted by
+  // the guard, the exact change of ‖(W − W̃)X‖² where computed (refine_linear.h), and the reconstruction
+  // error of the initial mask (recon_error is then the refined mask's).
   std::optional<RefineStats> refine;
   std::optional<double> recon_error_initial;
 };

@@ -55,29 +55,29 @@ void copy_file_checked(const fs::path& from, const fs::path& to) {
   ::close(in);
 }
 
-// One shard of the copy: every tensor's stored bytes, with the pruned entries of masked tensors zeroed.
+// One shard of the copy: every tensor's stored bytes, with the pruned entries of masked tensors zeroed; one
+// tensor in memory at a time.
 void write_shard(const io::TensorSource& source, const io::TensorSource::Shard& shard,
                  const std::map<std::string, PackedMask>& masks, const fs::path& target) {
-  std::vector<std::vector<std::byte>> bytes(shard.tensors.size());
   std::vector<io::TensorToWrite> tensors;
-  for (size_t i = 0; i < shard.tensors.size(); ++i) {
-    const std::string& name = shard.tensors[i];
+  for (const auto& name : shard.tensors) {
     const io::TensorInfo& info = source.info(name);
-    source.read_bytes(name, bytes[i]);
-    auto it = masks.find(name);
-    if (it != masks.end()) {
-      const size_t width = static_cast<size_t>(dtype_size(info.dtype));
-      const PackedMask& mask = it->second;
-      const int64_t count = mask.rows * mask.cols;
-      for (int64_t e = 0; e < count; ++e)
-        if (mask.pruned(e)) std::memset(bytes[i].data() + static_cast<size_t>(e) * width, 0, width);
-    }
-    tensors.push_back({name, info.dtype, info.shape, bytes[i]});
+    tensors.push_back({name, info.dtype, info.shape, {}});
   }
   std::map<std::string, std::string> metadata = shard.metadata;
   metadata.emplace("format", "pt");
   fs::create_directories(target.parent_path());
-  io::write_safetensors(target, tensors, metadata);
+  io::write_safetensors_streamed(target, tensors, metadata, [&](size_t i, std::vector<std::byte>& bytes) {
+    interrupt::check();
+    source.read_bytes(tensors[i].name, bytes);
+    auto it = masks.find(tensors[i].name);
+    if (it == masks.end()) return;
+    const size_t width = static_cast<size_t>(dtype_size(tensors[i].dtype));
+    const PackedMask& mask = it->second;
+    const int64_t count = mask.rows * mask.cols;
+    for (int64_t e = 0; e < count; ++e)
+      if (mask.pruned(e)) std::memset(bytes.data() + static_cast<size_t>(e) * width, 0, width);
+  });
 }
 
 // Every other top-level file of the input directory, byte-identical (the index too: same shards, same

@@ -59,21 +59,6 @@ ResolvedMask resolve_mask(const PruneConfig& c, ScoreMethod method) {
   return r;
 }
 
-nlohmann::json refine_config_json(const PruneConfig& c, const DsnotOptions& o) {
-  if (c.refine == "none") return nullptr;
-  nlohmann::json j = {{"method", c.refine},       {"skip", c.refine_skip},    {"max_cycles", o.max_cycles},
-                      {"threshold", o.threshold}, {"var_power", o.var_power}, {"same_sign", o.same_sign}};
-  if (o.r2) {
-    j["grow_relative"] = o.r2->grow_relative;
-    j["prune_relative"] = o.r2->prune_relative;
-    j["reg_p"] = std::isinf(o.r2->reg_p) ? nlohmann::json("inf") : nlohmann::json(o.r2->reg_p);
-    j["gamma_grow"] = o.r2->gamma_grow;
-    j["gamma_prune"] = o.r2->gamma_prune;
-    j["alpha"] = o.r2->alpha;
-  }
-  return j;
-}
-
 // The hidden states dominate memory: this rank's calibration windows (H and the dense pass's copy of it)
 // and its evaluation chunks (a dense and a pruned stream), d floats per token each. Checked before any
 // work, so an impossible --nsamples is a message, not a bad_alloc.
@@ -114,15 +99,8 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   const ResolvedMask mask = resolve_mask(c, method);
   base.compat_ria_fp16 = mask.compat_ria_fp16;
   base.matrix_name.clear();
-  SYMPRUNE_CHECK(c.refine == "none" || c.refine == "dsnot" || c.refine == "r2dsnot",
-                 "--refine must be none, dsnot or r2dsnot, got '{}'", c.refine);
-  SYMPRUNE_CHECK(c.refine_skip == "mlp" || c.refine_skip == "attn" || c.refine_skip == "none",
-                 "--refine-skip must be mlp, attn or none, got '{}'", c.refine_skip);
-  const bool refining = c.refine != "none";
-  DsnotOptions refine_options = c.refine_options;
-  refine_options.r2.reset();
-  if (c.refine == "r2dsnot") refine_options.r2 = c.r2;
-  validate_dsnot_options(refine_options);
+  const RefineSettings refine = resolve_refine_settings(c);
+  const bool refining = refine.enabled();
   const bool scores_need_stats = score_method_needs_stats(method, base);
   SYMPRUNE_CHECK(!scores_need_stats || !c.calib.empty(),
                  "method {} is activation-aware and needs calibration data: give --calib FILE",
@@ -154,7 +132,8 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
     if (r.writes_model) r.out.emplace(c.out, inputs, c.force);
     if (!c.report.empty()) io::check_output_file(c.report, inputs, "--report", r.out ? &*r.out : nullptr);
   }
-  const std::string eval_text = c.eval.empty() ? std::string() : io::read_text_file(c.eval, "evaluation text (--eval)");
+  const std::string eval_text =
+      c.eval.empty() ? std::string() : io::read_text_file(c.eval, "evaluation text (--eval)");
   if (!r.needs_stats && !c.calib.empty())
     log::info("method {} reads no activations: --calib {} is not used", score_method_name(method), c.calib);
 
@@ -235,9 +214,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   r.mask.score = base;
   r.mask.scores_need_stats = scores_need_stats;
   r.mask.spec = mask.spec;
-  r.mask.refine = c.refine;
-  r.mask.refine_skip = c.refine_skip;
-  r.mask.refine_options = refine_options;
+  r.mask.refine = refine;
   r.mask_description = describe(mask.spec);
   r.sparsity_target = mask.spec.kind == MaskSpec::kNM
                           ? static_cast<double>(mask.spec.n) / static_cast<double>(mask.spec.m)
@@ -261,7 +238,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       {"mask", r.mask_description},
       {"compat", c.compat},
       {"compat_ria_fp16", mask.compat_ria_fp16},
-      {"refine", refine_config_json(c, refine_options)},
+      {"refine", refine_config_json(refine)},
       {"calib", c.calib.empty() ? nlohmann::json() : nlohmann::json(c.calib)},
       {"calib_used", r.needs_stats},
       {"calib_format", c.calib_format},

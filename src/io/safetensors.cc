@@ -325,6 +325,15 @@ void read_mapped(const fs::path& file, const std::function<void()>& read) {
   t_sigbus_target = outer;
 }
 
+void release_pages(std::span<const std::byte> mapped) {
+  if (mapped.empty()) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(mapped.data()) / page * page;
+  const auto end = reinterpret_cast<uintptr_t>(mapped.data() + mapped.size());
+  // Advice only: a read-only private file mapping refaults the pages from the file when touched again.
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 void check_weight_dtype(const SafetensorsFile& file, const TensorInfo& info) {
   SYMPRUNE_CHECK(is_weight_dtype(info.dtype),
                  "{}: tensor '{}': unsupported dtype {} (supported: F32, F16, BF16)", file.path().string(),
@@ -478,6 +487,9 @@ void SafetensorsModel::read_bytes(std::string_view name, std::vector<std::byte>&
   const std::span<const std::byte> mapped = file.bytes(info(name));
   out.resize(mapped.size());
   read_mapped(file.path(), [&] { std::copy(mapped.begin(), mapped.end(), out.begin()); });
+  // The pipeline reads each tensor once per pass: drop its pages from this process (they stay in the page
+  // cache), so resident memory does not grow with every block read.
+  release_pages(mapped);
 }
 
 std::vector<TensorSource::Shard> SafetensorsModel::shards() const {
@@ -534,8 +546,12 @@ void remove_stale_shards(const fs::path& dir, const std::vector<std::string>& ke
 
 }  // namespace
 
-void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The header (8-byte aligned as the reference writer pads it), then each tensor's bytes from `bytes_of`.
+void write_safetensors_file(const fs::path& path, const std::vector<TensorToWrite>& tensors,
+                            const std::map<std::string, std::string>& metadata,
+                            const std::function<std::span<const std::byte>(size_t)>& bytes_of) {
   check_names(tensors, path);
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
@@ -544,15 +560,17 @@ void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& t
     header["__metadata__"] = std::move(meta);
   }
   uint64_t offset = 0;
+  std::vector<uint64_t> sizes;
   for (const auto& t : tensors) {
-    const uint64_t n = checked_tensor_bytes(t, path);
+    const uint64_t n =
+        tensor_byte_size(t.shape, t.dtype, fmt::format("{}: tensor '{}'", path.string(), t.name));
+    sizes.push_back(n);
     const uint64_t end = checked_add(offset, n, path.string());
     header[t.name] = {
         {"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
     offset = end;
   }
   std::string header_text = header.dump();
-  // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   SYMPRUNE_CHECK(header_text.size() <= kMaxSafetensorsHeaderBytes,
                  "{}: header of {} bytes exceeds the {}-byte limit", path.string(), header_text.size(),
@@ -564,7 +582,31 @@ void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& t
     for (int i = 0; i < 8; ++i, n >>= 8) length[i] = static_cast<unsigned char>(n & 0xff);
     write_all(fd, length, 8, target);
     write_all(fd, header_text.data(), header_text.size(), target);
-    for (const auto& t : tensors) write_all(fd, t.bytes.data(), t.bytes.size(), target);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const std::span<const std::byte> bytes = bytes_of(i);
+      SYMPRUNE_CHECK(bytes.size() == sizes[i], "{}: tensor '{}' has {} bytes, its shape needs {}",
+                     path.string(), tensors[i].name, bytes.size(), sizes[i]);
+      write_all(fd, bytes.data(), bytes.size(), target);
+    }
+  });
+}
+
+}  // namespace
+
+void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  for (const auto& t : tensors) checked_tensor_bytes(t, path);
+  write_safetensors_file(path, tensors, metadata, [&](size_t i) { return tensors[i].bytes; });
+}
+
+void write_safetensors_streamed(
+    const fs::path& path, const std::vector<TensorToWrite>& tensors,
+    const std::map<std::string, std::string>& metadata,
+    const std::function<void(size_t index, std::vector<std::byte>& bytes)>& fill) {
+  std::vector<std::byte> buffer;
+  write_safetensors_file(path, tensors, metadata, [&](size_t i) {
+    fill(i, buffer);
+    return std::span<const std::byte>(buffer);
   });
 }
 

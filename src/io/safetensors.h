@@ -65,6 +65,8 @@ class SafetensorsFile {
 // the mapping becomes symprune::Error naming `file`. `read` must own no objects with destructors (it is
 // left by siglongjmp). Calls may nest and run on several threads.
 void read_mapped(const std::filesystem::path& file, const std::function<void()>& read);
+// Drops the pages of `mapped` (a span of a SafetensorsFile's mapping) from this process's memory.
+void release_pages(std::span<const std::byte> mapped);
 
 // Throws unless `info` is in a weight dtype (F32, F16, BF16), naming the tensor, the file and the dtype.
 void check_weight_dtype(const SafetensorsFile& file, const TensorInfo& info);
@@ -116,6 +118,11 @@ struct TensorToWrite {
 // written in the given order, 8-byte-aligned header as the reference writer does.
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata);
+// The same file, with each tensor's bytes produced by fill(i, buffer) just before it is written (the
+// `bytes` spans are ignored): one tensor in memory at a time, whatever the file's size.
+void write_safetensors_streamed(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
+                                const std::map<std::string, std::string>& metadata,
+                                const std::function<void(size_t index, std::vector<std::byte>& bytes)>& fill);
 
 // Writes `tensors` into `dir` as model.safetensors, or, when they exceed `max_shard_bytes`,
 // as model-0000i-of-0000n.safetensors plus model.safetensors.index.json (Hugging Face naming).

@@ -97,3 +97,13 @@ def output_digest(root):
 
 def read_json(path):
     return json.loads(Path(path).read_text())
+
+
+def assert_only_the_mask_changed(name, dense, plain, refined, nm):
+    """A refined weight tensor keeps every unpruned weight of the dense one, the pruned count of each row
+    of the unrefined `plain` one and, for nm = (N, M), N pruned in every group of M."""
+    p, r = plain == 0, refined == 0
+    assert np.array_equal(refined[~r], dense[~r]), name  # kept weights untouched
+    assert np.array_equal(p.sum(axis=1), r.sum(axis=1)), name  # count per row unchanged
+    if nm:
+        assert np.all(r.reshape(-1, nm[1]).sum(axis=1) == nm[0]), name

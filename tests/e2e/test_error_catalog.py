@@ -980,6 +980,11 @@ def _(env, tmp):
     return prune(env, tmp, "--refine", "dsnot")
 
 
+@trigger("E-REFINE-GUARD-WITHOUT-REFINE")
+def _(env, tmp):
+    return refine_prune(env, tmp, "--refine-guard")
+
+
 # ---------------------------------------------------------------------------------------------------
 # Tests
 # ---------------------------------------------------------------------------------------------------

@@ -222,8 +222,10 @@ def test_sigkill_leaves_a_staging_directory_that_the_next_run_removes(stories, t
 
 def test_interrupted_pruned_evaluation_keeps_the_model_and_marks_the_report(stories, tmp_path):
     out, report = tmp_path / "out", tmp_path / "r.json"
-    run = Run(prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64", "--report", report))
-    run.wait_for("pruned perplexity: chunks")
+    # The pruned evaluation's last stage waits (as if long): the model is written by then.
+    run = Run(prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64", "--report", report),
+              env={"SYMPRUNE_FAULT": "pruned_eval:sleep=60"})
+    run.wait_for("scoring the pruned model's evaluation chunks")
     run.proc.send_signal(signal.SIGINT)
     assert run.finish() == 130
     assert f"the pruned model {out} is complete, but its evaluation was not finished" in run.stderr

@@ -9,7 +9,7 @@
 import numpy as np
 import pytest
 
-from prune_support import load_tensors, output_digest, read_json, symprune
+from prune_support import assert_only_the_mask_changed, load_tensors, output_digest, read_json, symprune
 
 CALIB = ["--nsamples", "16", "--seqlen", "128", "--seed", "0"]
 
@@ -37,11 +37,8 @@ def test_refinement_changes_only_the_mask(stories, tmp_path, skip, refined_prefi
     total_swaps = 0
     for name, layer in report.items():
         key = f"model.layers.{name}.weight"
-        w, p, r = dense[key], plain[key] == 0, refined[key] == 0
-        assert np.array_equal(refined[key][~r], w[~r]), name  # kept weights untouched
-        assert np.array_equal(p.sum(axis=1), r.sum(axis=1)), name  # count per row unchanged
-        if mask[0] == "--nm":
-            assert np.all(r.reshape(-1, 4).sum(axis=1) == 2), name
+        assert_only_the_mask_changed(name, dense[key], plain[key], refined[key], (2, 4) if mask[0] == "--nm" else None)
+        p, r = plain[key] == 0, refined[key] == 0
         linear = name.split(".", 1)[1]
         if linear.startswith(refined_prefix):
             info = layer["refine"]
@@ -64,8 +61,8 @@ def test_report_records_the_refinement_config(stories, tmp_path):
     run(stories, tmp_path / "r2", "--sparsity", "0.5", "--refine", "r2dsnot", "--no-grow-relative",
         "--reg-p", "inf", "--gamma-prune", "1e-3", "--same-sign")
     config = read_json(tmp_path / "r2.json")["config"]["refine"]
-    assert config == {"method": "r2dsnot", "skip": "mlp", "max_cycles": 50, "threshold": 0.1, "var_power": 1.0,
-                      "same_sign": True, "grow_relative": False, "prune_relative": True, "reg_p": "inf",
+    assert config == {"method": "r2dsnot", "skip": "mlp", "max_cycles": 50, "guard": False, "threshold": 0.1,
+                      "var_power": 1.0, "same_sign": True, "grow_relative": False, "prune_relative": True, "reg_p": "inf",
                       "gamma_grow": 0.0, "gamma_prune": 1e-3, "alpha": 0.5}
     timings = read_json(tmp_path / "r2.json")["timings"]
     assert timings["refine"] > 0

@@ -21,6 +21,8 @@ CASES = {
     "stochria": ["--method", "stochria", "--sparsity", "0.5", "--method-seed", "3"],
     "wanda-2:4": ["--method", "wanda", "--nm", "2:4"],
     "wanda+dsnot": ["--method", "wanda", "--sparsity", "0.6", "--refine", "dsnot"],
+    "wanda+recon": ["--method", "wanda", "--sparsity", "0.6", "--refine", "recon", "--refine-skip", "none"],
+    "wanda-2:4+dsnot+guard": ["--method", "wanda", "--nm", "2:4", "--refine", "dsnot", "--refine-guard"],
     "ria+r2dsnot": ["--method", "ria", "--sparsity", "0.6", "--refine", "r2dsnot", "--refine-skip", "none",
                     "--gamma-prune", "1e-3"],
 }

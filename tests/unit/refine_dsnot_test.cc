@@ -16,33 +16,14 @@
 #include "core/error.h"
 #include "core/masks.h"
 #include "core/tensor.h"
+#include "support/mask_test_support.h"
 
 namespace symprune {
 namespace {
 
-template <typename F>
-void expect_error(F body, const std::string& part) {
-  try {
-    body();
-    ADD_FAILURE() << "expected symprune::Error containing '" << part << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "message: " << e.what();
-  }
-}
-
-Mask mask_from(int64_t rows, int64_t cols, const std::vector<std::vector<int>>& pruned) {
-  Mask mask(rows, cols);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int c : pruned[static_cast<size_t>(r)]) mask.set(r, c, true);
-  return mask;
-}
-
-std::vector<int> pruned_columns(const Mask& mask, int64_t r) {
-  std::vector<int> out;
-  for (int64_t c = 0; c < mask.cols(); ++c)
-    if (mask.pruned(r, c)) out.push_back(static_cast<int>(c));
-  return out;
-}
+using symprune::testing::expect_error;
+using symprune::testing::mask_from;
+using symprune::testing::pruned_columns;
 
 // With μ̃ = v = a = 1: D = W, regrow key G = W on pruned entries, Wanda score = |W|.
 const std::vector<double> kOnes8(8, 1.0);
@@ -505,6 +486,28 @@ TEST(RefineR2Dsnot, RowPartitionsMatchTheWholeMatrix) {
   Mask own = slice(0, split).second;
   refine_dsnot(w0, layer.mu, layer.var, layer.act, own, options);
   EXPECT_NE(own, m0);
+}
+
+// The helper the pipeline uses for masks refined another way (recon, or reverted by the guard) reports what
+// refine_dsnot reports for its own masks.
+TEST(RefineDsnot, MeanAbsExpectedErrorMatchesTheStats) {
+  for (const MaskSpec& spec : {MaskSpec::row(0.6), MaskSpec::nm(2, 4)}) {
+    RandomLayer layer = random_layer(32, 64, 9);
+    const Mask initial = select_mask(layer.wanda, spec);
+    Mask mask = initial;
+    std::optional<NmPattern> nm;
+    if (spec.kind == MaskSpec::kNM) nm = NmPattern{2, 4};
+    const RefineStats stats = refine_dsnot(layer.w, layer.mu, layer.var, layer.act, mask, DsnotOptions{}, nm);
+    ASSERT_GT(stats.swaps, 0);
+    EXPECT_FALSE(stats.recon_sq_change.has_value());  // no G here
+    EXPECT_EQ(mean_abs_expected_error(layer.w, layer.mu, initial), stats.mean_abs_error_before);
+    EXPECT_EQ(mean_abs_expected_error(layer.w, layer.mu, mask), stats.mean_abs_error_after);
+  }
+  expect_error(
+      [] {
+        mean_abs_expected_error(Tensor({2, 4}), std::vector<double>(3, 1.0), Mask(2, 4));
+      },
+      "mask [2, 4] and 3 means do not match the weight [2, 4]");
 }
 
 TEST(RefineDsnot, BadInputErrors) {

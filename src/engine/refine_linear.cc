@@ -1,0 +1,102 @@
+// One linear's refinement (refine_linear.h): method dispatch, the guard and the report's fields.
+#include "engine/refine_linear.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/prune_pipeline.h"
+
+namespace symprune::engine {
+namespace {
+
+struct RefineInputs {
+  std::vector<double> mu, var, act_norm;
+};
+
+RefineInputs refine_inputs(const ActivationStats& stats) {
+  const int64_t n = stats.in_features();
+  RefineInputs in;
+  in.mu.resize(static_cast<size_t>(n));
+  in.var.resize(static_cast<size_t>(n));
+  in.act_norm.resize(static_cast<size_t>(n));
+  for (int64_t c = 0; c < n; ++c) {
+    in.mu[static_cast<size_t>(c)] = stats.input_mean_sum(c);
+    in.var[static_cast<size_t>(c)] = stats.input_variance(c);
+    in.act_norm[static_cast<size_t>(c)] = stats.input_norm(c);
+  }
+  return in;
+}
+
+}  // namespace
+
+RefineSettings resolve_refine_settings(const PruneConfig& c) {
+  SYMPRUNE_CHECK(c.refine == "none" || c.refine == "dsnot" || c.refine == "r2dsnot" || c.refine == "recon",
+                 "--refine must be none, dsnot, r2dsnot or recon, got '{}'", c.refine);
+  SYMPRUNE_CHECK(c.refine_skip == "mlp" || c.refine_skip == "attn" || c.refine_skip == "none",
+                 "--refine-skip must be mlp, attn or none, got '{}'", c.refine_skip);
+  SYMPRUNE_CHECK(
+      !c.refine_guard || c.refine != "none",
+      "--refine-guard keeps a refined row only if its error did not rise, so it needs a refinement: "
+      "give --refine dsnot, r2dsnot or recon");
+  RefineSettings s;
+  s.method = c.refine;
+  s.skip = c.refine_skip;
+  s.guard = c.refine_guard;
+  s.dsnot = c.refine_options;
+  s.dsnot.r2.reset();
+  if (c.refine == "r2dsnot") s.dsnot.r2 = c.r2;
+  validate_dsnot_options(s.dsnot);
+  s.recon.max_cycles = c.refine_options.max_cycles;
+  validate_recon_options(s.recon);
+  return s;
+}
+
+nlohmann::json refine_config_json(const RefineSettings& s) {
+  if (!s.enabled()) return nullptr;
+  nlohmann::json j = {
+      {"method", s.method}, {"skip", s.skip}, {"max_cycles", s.dsnot.max_cycles}, {"guard", s.guard}};
+  if (s.method == "recon") {
+    j["pool"] = s.recon.pool;
+    j["shortlist"] = s.recon.shortlist;
+    return j;
+  }
+  j["threshold"] = s.dsnot.threshold;
+  j["var_power"] = s.dsnot.var_power;
+  j["same_sign"] = s.dsnot.same_sign;
+  if (const auto& r2 = s.dsnot.r2) {
+    j["grow_relative"] = r2->grow_relative;
+    j["prune_relative"] = r2->prune_relative;
+    j["reg_p"] = std::isinf(r2->reg_p) ? nlohmann::json("inf") : nlohmann::json(r2->reg_p);
+    j["gamma_grow"] = r2->gamma_grow;
+    j["gamma_prune"] = r2->gamma_prune;
+    j["alpha"] = r2->alpha;
+  }
+  return j;
+}
+
+RefineStats refine_linear(const RefineSettings& s, const Tensor& w, const ActivationStats& stats,
+                          const double* gram, int64_t n, Mask& mask, std::optional<NmPattern> nm,
+                          const std::vector<double>* column_l1) {
+  SYMPRUNE_ASSERT(s.enabled(), "refine_linear called without a refinement method");
+  const RefineInputs in = refine_inputs(stats);
+  if (s.method == "recon") {
+    const Mask initial = mask;
+    RefineStats result = refine_recon(w, gram, n, mask, s.recon, nm);
+    result.mean_abs_error_before = mean_abs_expected_error(w, in.mu, initial);
+    result.mean_abs_error_after = mean_abs_expected_error(w, in.mu, mask);
+    return result;
+  }
+  const Mask initial = s.guard ? mask : Mask();
+  RefineStats result = refine_dsnot(w, in.mu, in.var, in.act_norm, mask, s.dsnot, nm, column_l1);
+  if (!s.guard) return result;
+  std::vector<double> changes = recon_row_changes(w, gram, n, initial, mask);
+  result.rows_reverted = revert_rows_that_rose(initial, mask, changes);
+  double change = 0.0;
+  for (double row : changes) change += row;  // row order: independent of the thread count
+  result.recon_sq_change = change;
+  if (result.rows_reverted > 0) result.mean_abs_error_after = mean_abs_expected_error(w, in.mu, mask);
+  return result;
+}
+
+}  // namespace symprune::engine
