@@ -75,11 +75,10 @@ void add_switch(CLI::App* sub, std::deque<Switch>& switches, const std::string& 
 }  // namespace
 
 engine::PruneConfig parsed_prune_config(PruneCliOptions& o) {
+  for (const auto& sw : o.switches) sw.resolve();  // into o.config, before it is copied
   engine::PruneConfig c = o.config;
   if (o.alpha_option->count() > 0) c.alpha = o.alpha;
   if (o.sparsity_option->count() > 0) c.sparsity = o.sparsity;
-  for (const auto& sw : o.switches) sw.resolve();
-  c.r2 = o.config.r2;
   c.out = o.out;
   c.report = o.report;  // checked before pruning, written by the pipeline at the end
   if (o.recipe_option->count() > 0) c.input_files.push_back(o.recipe_option->as<std::string>());
@@ -143,7 +142,8 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
   nm->excludes(group);
   sub->add_option("--compat", c.compat,
                   "none (default), wanda or ria: reproduce that tool's mask rules (see below)");
-  sub->add_option("--refine", c.refine, "mask refinement: none (default), dsnot, r2dsnot or recon (see below)");
+  sub->add_option("--refine", c.refine,
+                  "mask refinement: none (default), dsnot, r2dsnot or recon (see below)");
   sub->add_flag("--refine-guard", c.refine_guard,
                 "refinement: restore a row's initial mask when refining raised its reconstruction error");
   sub->add_option("--refine-skip", c.refine_skip,
@@ -192,6 +192,10 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
   sub->add_option("--eval-seqlen", c.eval_seqlen, "perplexity chunk length (default: --seqlen)");
   sub->add_option("--eval-max-chunks", c.eval_max_chunks, "evaluate only the first K chunks (0 = all)");
   sub->add_option("--report", o->report, "write the JSON report here (atomically)");
+  add_switch(
+      sub, o->switches, "--recon-error", "--no-recon-error", c.recon_error,
+      "report ||(W-W~)X||/||WX|| per linear (default on; its Gram matrices cost about one more forward "
+      "pass and n^2 values per input exchanged between ranks; recon and --refine-guard collect them anyway)");
   sub->add_option("--threads", c.threads, "CPU threads (0 = default)");
   o->recipe_option = add_recipe_option(sub);
   sub->footer(kMethodsHelp);

@@ -122,9 +122,10 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
   const Tensor own_weight = copy_rows(weight, rows);
   const RefineSettings& refine = settings.refine;
   if (refine.enabled() && !refine_skips(refine.skip, linear)) {
-    SYMPRUNE_ASSERT(stats != nullptr && gram != nullptr, "refinement of {} without statistics",
-                    options.matrix_name);
-    out.recon_error_initial = reconstruction_error(comm, *settings.backend, own_weight, own, m, *gram);
+    SYMPRUNE_ASSERT(stats != nullptr, "refinement of {} without statistics", options.matrix_name);
+    const bool report = gram != nullptr && settings.report_recon_error;
+    if (report)
+      out.recon_error_initial = reconstruction_error(comm, *settings.backend, own_weight, own, m, *gram);
     const auto start = std::chrono::steady_clock::now();
     std::optional<NmPattern> nm;
     if (settings.spec.kind == MaskSpec::kNM) nm = NmPattern{settings.spec.n, settings.spec.m};
@@ -134,8 +135,9 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
       int64_t unused = 0;
       column_l1 = initial_column_l1(weight, gather_mask(comm, own, m, &unused));
     }
-    const RefineStats local = refine_linear(refine, own_weight, *stats, gram->g.data(), gram->n, own, nm,
-                                            column_l1.empty() ? nullptr : &column_l1);
+    const RefineStats local =
+        refine_linear(refine, own_weight, *stats, gram ? gram->g.data() : nullptr, gram ? gram->n : 0, own,
+                      nm, column_l1.empty() ? nullptr : &column_l1);
     // Totals over all rows: the ranks' row sums added up (report figures).
     std::vector<double> sums = {
         static_cast<double>(local.swaps), local.mean_abs_error_before * static_cast<double>(rows.size()),
@@ -151,7 +153,7 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
     out.refine = total;
     out.refine_seconds = seconds_since(start);
   }
-  if (gram != nullptr)
+  if (gram != nullptr && settings.report_recon_error)
     out.recon_error = reconstruction_error(comm, *settings.backend, own_weight, own, m, *gram);
   out.mask = gather_mask(comm, own, m, &out.mask_bytes);
   out.pruned = out.mask.count();

@@ -30,7 +30,8 @@ struct MaskSettings {
   ScoreOptions score;  // block and matrix_name are set per linear
   bool scores_need_stats = false;
   MaskSpec spec;
-  RefineSettings refine;  // engine/refine_linear.h
+  RefineSettings refine;           // engine/refine_linear.h
+  bool report_recon_error = true;  // with a Gram matrix: the reconstruction errors of the report
 };
 
 struct LinearMask {

@@ -81,6 +81,11 @@ struct PruneConfig {
   // Other files the run reads (a recipe): outputs may not replace them.
   std::vector<std::filesystem::path> input_files;
 
+  // Report ‖(W−W̃)X‖/‖WX‖ per linear (needs the Gram matrices XᵀX: about one extra forward pass of work
+  // and n² doubles per input exchanged between ranks). Collected anyway for --refine recon and
+  // --refine-guard, which read them.
+  bool recon_error = true;
+
   std::string eval;         // perplexity text file ("" = no evaluation)
   int64_t eval_seqlen = 0;  // 0 = seqlen
   int64_t eval_max_chunks = 0;

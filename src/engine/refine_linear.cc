@@ -80,6 +80,8 @@ RefineStats refine_linear(const RefineSettings& s, const Tensor& w, const Activa
                           const std::vector<double>* column_l1) {
   SYMPRUNE_ASSERT(s.enabled(), "refine_linear called without a refinement method");
   const RefineInputs in = refine_inputs(stats);
+  SYMPRUNE_ASSERT(gram != nullptr || (s.method != "recon" && !s.guard), "{} needs the Gram matrix",
+                  s.guard ? "--refine-guard" : "--refine recon");
   if (s.method == "recon") {
     const Mask initial = mask;
     RefineStats result = refine_recon(w, gram, n, mask, s.recon, nm);

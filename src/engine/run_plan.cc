@@ -110,7 +110,9 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
                  c.refine);
   r.needs_stats = scores_need_stats || refining;
   r.needs_output = score_method_uses_output_stats(method) && r.needs_stats;
-  r.collect_gram = r.needs_stats;
+  const bool refine_reads_gram = refine.method == "recon" || refine.guard;
+  r.collect_gram = r.needs_stats && (c.recon_error || refine_reads_gram);
+  r.mask.report_recon_error = c.recon_error;
   SYMPRUNE_CHECK(c.nsamples >= 1, "--nsamples must be at least 1, got {}", c.nsamples);
   SYMPRUNE_CHECK(c.seqlen >= 0, "--seqlen must be at least 1, got {}", c.seqlen);
   SYMPRUNE_CHECK(c.micro_batch >= 0, "--micro-batch must be at least 1, got {}", c.micro_batch);
@@ -254,7 +256,10 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       {"threads", cpu_threads()},
       {"ranks", comm.size()},
       {"communicator", comm.name()},
-      {"recon_error", "||(W-W~)X||_F/||WX||_F on the dense-pass inputs of each block, via G = X^T X"},
+      {"recon_error", c.recon_error
+                          ? nlohmann::json("||(W-W~)X||_F/||WX||_F on the dense-pass inputs of each "
+                                           "block, via G = X^T X")
+                          : nlohmann::json("off (--no-recon-error)")},
   };
 }
 

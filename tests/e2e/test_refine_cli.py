@@ -93,3 +93,17 @@ def test_opt_skip_rules(tmp_path, skip, refined):
         assert (layer["refine"] is not None) == (linear in refined), layer["name"]
         swaps += layer["refine"]["swaps"] if layer["refine"] else 0
     assert swaps > 0
+
+
+def test_no_recon_error_skips_the_gram_matrices_but_not_the_masks(stories, tmp_path):
+    """--no-recon-error drops the report's reconstruction errors (their Gram matrices cost about one more
+    forward pass); the masks are the same. recon and --refine-guard read the Gram matrices anyway."""
+    run(stories, tmp_path / "with", "--sparsity", "0.6", "--refine", "dsnot")
+    _, layers = run(stories, tmp_path / "without", "--sparsity", "0.6", "--refine", "dsnot", "--no-recon-error")
+    assert output_digest(tmp_path / "with") == output_digest(tmp_path / "without")
+    assert all(layer["recon_error"] is None for layer in layers.values())
+    assert all(layer["refine"] is None or layer["refine"]["recon_error_initial"] is None for layer in layers.values())
+    assert read_json(f"{tmp_path / 'without'}.json")["config"]["recon_error"] == "off (--no-recon-error)"
+    run(stories, tmp_path / "guarded", "--sparsity", "0.6", "--refine", "dsnot", "--refine-guard", "--no-recon-error")
+    guarded = read_json(f"{tmp_path / 'guarded'}.json")["layers"]
+    assert any(layer["refine"] and layer["refine"]["rows_reverted"] > 0 for layer in guarded)
