@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace symprune::dist {
 
@@ -55,6 +56,12 @@ class Communicator {
   // is left waiting in a collective.
   [[noreturn]] virtual void abort(int exit_code) = 0;
 };
+
+// all_gather_v's arguments checked (the messages every implementation gives): counts.size() == size,
+// counts >= 0, counts[rank] == local_bytes, gathered_bytes == Σ counts. Returns the byte offset of each
+// rank's part, with the total at the end (size + 1 entries).
+std::vector<size_t> gather_offsets(std::span<const int64_t> counts, int size, int rank, size_t local_bytes,
+                                   size_t gathered_bytes);
 
 // A single-process communicator: size 1, rank 0, every collective is the identity (a copy for the
 // gathers); send/recv have no peer and throw. Used by `symprune` (one process) and by tests.

@@ -33,12 +33,7 @@ class LocalCommunicator final : public Communicator {
 
   void all_gather_v(std::span<const std::byte> local, std::span<const int64_t> counts,
                     std::span<std::byte> gathered) override {
-    SYMPRUNE_CHECK(counts.size() == 1, "all_gather_v: {} counts given for a communicator of size 1",
-                   counts.size());
-    SYMPRUNE_CHECK(counts[0] >= 0 && static_cast<uint64_t>(counts[0]) == local.size(),
-                   "all_gather_v: rank 0 contributes {} bytes but counts[0] is {}", local.size(), counts[0]);
-    SYMPRUNE_CHECK(gathered.size() == local.size(), "all_gather_v: output has {} bytes, expected {}",
-                   gathered.size(), local.size());
+    gather_offsets(counts, 1, 0, local.size(), gathered.size());
     std::copy(local.begin(), local.end(), gathered.begin());
   }
 

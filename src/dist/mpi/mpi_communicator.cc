@@ -108,18 +108,7 @@ class MpiWorld final : public MpiCommunicator {
 
   void all_gather_v(std::span<const std::byte> local, std::span<const int64_t> counts,
                     std::span<std::byte> gathered) override {
-    SYMPRUNE_CHECK(counts.size() == static_cast<size_t>(size_),
-                   "all_gather_v: {} counts given for a communicator of size {}", counts.size(), size_);
-    std::vector<size_t> offsets(counts.size() + 1, 0);
-    for (size_t r = 0; r < counts.size(); ++r) {
-      SYMPRUNE_CHECK(counts[r] >= 0, "all_gather_v: counts[{}] is negative ({})", r, counts[r]);
-      offsets[r + 1] = offsets[r] + static_cast<size_t>(counts[r]);
-    }
-    SYMPRUNE_CHECK(static_cast<size_t>(counts[static_cast<size_t>(rank_)]) == local.size(),
-                   "all_gather_v: rank {} contributes {} bytes but counts[{}] is {}", rank_, local.size(),
-                   rank_, counts[static_cast<size_t>(rank_)]);
-    SYMPRUNE_CHECK(gathered.size() == offsets.back(), "all_gather_v: output has {} bytes, expected {}",
-                   gathered.size(), offsets.back());
+    const std::vector<size_t> offsets = gather_offsets(counts, size_, rank_, local.size(), gathered.size());
     std::copy(local.begin(), local.end(), gathered.begin() + static_cast<std::ptrdiff_t>(offsets[rank_]));
     if (offsets.back() <= static_cast<size_t>(std::numeric_limits<int>::max())) {
       std::vector<int> sizes(counts.size()), displacements(counts.size());
