@@ -13,6 +13,8 @@ find_package(ZLIB REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# Checkpoints (io/checkpoint_file.cc, the only user): Debian's openmpi flavour of HDF5, used serially.
+pkg_check_modules(HDF5 REQUIRED IMPORTED_TARGET hdf5-openmpi)
 
 if(SYMPRUNE_WITH_MPI)
   find_package(MPI REQUIRED COMPONENTS CXX)

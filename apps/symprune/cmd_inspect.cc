@@ -1,5 +1,7 @@
 // `symprune inspect --model M`: where the model was found, its config summary, every tensor (name,
 // dtype, shape, file) with totals, and the check that the weights match what config.json implies.
+// `symprune inspect FILE.h5`: what a checkpoint (engine/checkpoint.h) holds, and whether its checksums
+// verify (exit code 1 when not).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,6 +11,9 @@
 #include <string>
 
 #include "command.h"
+#include "core/error.h"
+#include "io/checkpoint_file.h"
+#include <nlohmann/json.hpp>
 #include "io/hf_config.h"
 #include "io/model_layout.h"
 #include "io/model_resolver.h"
@@ -19,8 +24,51 @@ namespace {
 
 struct InspectOptions {
   std::string model;
+  std::string checkpoint;
   bool no_table = false;
 };
+
+void run_inspect_checkpoint(const std::string& file) {
+  const io::CheckpointReader reader(file);
+  const io::CheckpointHeader& h = reader.header();
+  fmt::print("checkpoint: {}\n", file);
+  fmt::print("format: {} version {}\n", io::kCheckpointFormat, h.version);
+  fmt::print("run: {}\n", h.run_id);
+  fmt::print("blocks done: {} of {} (resumes at block {})\n", h.next_block, h.blocks, h.next_block + 1);
+  bool verified = true;
+  std::vector<std::string> problems;
+  fmt::print("{:<20}  {:<7}  {:<22}  {:>14}  {}\n", "dataset", "type", "shape", "bytes", "checksums");
+  nlohmann::json state;
+  for (const auto& name : reader.dataset_names()) {
+    const auto shape = reader.shape(name);
+    const bool floats = shape.size() > 1;
+    int64_t bytes = floats ? 4 : 1;
+    for (int64_t d : shape) bytes *= d;
+    const auto problem = reader.verify(name);
+    if (problem) {
+      verified = false;
+      problems.push_back(*problem);
+    }
+    fmt::print("{:<20}  {:<7}  {:<22}  {:>14}  {}\n", name, floats ? "float32" : "uint8",
+               fmt::format("[{}]", fmt::join(shape, ", ")), bytes, problem ? "BAD" : "ok");
+    if (name == "state" && !problem) {
+      std::vector<std::byte> text(static_cast<size_t>(shape.at(0)));
+      reader.read_units("state", 0, text);
+      state = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(text.data()), text.size()),
+                                    nullptr, /*allow_exceptions=*/false);
+    }
+  }
+  if (state.is_object()) {
+    const auto& identity = state.value("identity", nlohmann::json::object());
+    fmt::print("fingerprints: {}\n", identity.value("fingerprints", nlohmann::json::object()).dump());
+    fmt::print("configuration: {}\n", identity.value("config", nlohmann::json::object()).dump());
+    fmt::print("layers pruned: {}, masks: {}\n", state.value("layers", nlohmann::json::array()).size(),
+               state.value("masks", nlohmann::json::array()).size());
+  }
+  for (const auto& p : problems) fmt::print("problem: {}\n", p);
+  fmt::print("checksums: {}\n", verified ? "all verify" : "FAILED");
+  SYMPRUNE_CHECK(verified, "checkpoint {} is corrupt: {}", file, problems.front());
+}
 
 void run_inspect(const InspectOptions& options) {
   const io::ResolvedModel resolved = io::resolve_model(options.model);
@@ -108,12 +156,24 @@ void run_inspect(const InspectOptions& options) {
 void add_inspect(CLI::App& app) {
   auto options = std::make_shared<InspectOptions>();
   CLI::App* sub = app.add_subcommand(
-      "inspect", "Show a model's config and tensors and check the weights against config.json");
-  sub->add_option("--model", options->model,
-                  "model directory, short name (llama2-7b, opt-1.3b, ...) or Hugging Face repo id")
-      ->required();
+      "inspect",
+      "Show a model's config and tensors and check the weights against config.json, or what a checkpoint "
+      "holds");
+  auto* model = sub->add_option("--model", options->model,
+                                "model directory, short name (llama2-7b, opt-1.3b, ...) or Hugging Face repo id");
+  auto* checkpoint =
+      sub->add_option("checkpoint", options->checkpoint, "a checkpoint file (--checkpoint of prune) to describe");
+  model->excludes(checkpoint);
   sub->add_flag("--no-table", options->no_table, "omit the per-tensor table");
-  sub->callback([options] { run_inspect(*options); });
+  sub->callback([options] {
+    SYMPRUNE_CHECK(!options->model.empty() || !options->checkpoint.empty(),
+                   "inspect: give --model M (a model) or a checkpoint FILE.h5");
+    if (!options->checkpoint.empty()) {
+      run_inspect_checkpoint(options->checkpoint);
+    } else {
+      run_inspect(*options);
+    }
+  });
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli_checks.h"
+#include "engine/checkpoint.h"
 #include "recipe_config.h"
 
 namespace symprune::app {
@@ -81,11 +82,18 @@ engine::PruneConfig parsed_prune_config(PruneCliOptions& o) {
   if (o.sparsity_option->count() > 0) c.sparsity = o.sparsity;
   c.out = o.out;
   c.report = o.report;  // checked before pruning, written by the pipeline at the end
+  c.checkpoint = o.checkpoint;
   if (o.recipe_option->count() > 0) c.input_files.push_back(o.recipe_option->as<std::string>());
   return c;
 }
 
 void print_prune_result(const engine::PruneConfig& c, const engine::PruneResult& result) {
+  if (result.already_complete) {
+    std::printf("already complete: this run finished earlier (marker %s); nothing was done\n",
+                engine::checkpoint_marker(c.resume == "auto" ? c.checkpoint : std::filesystem::path(c.resume))
+                    .c_str());
+    return;
+  }
   const bool refined = c.refine != "none";
   std::printf("%-28s %-14s %9s %12s", "layer", "shape", "sparsity", "recon_error");
   if (refined)
@@ -196,6 +204,15 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
       sub, o->switches, "--recon-error", "--no-recon-error", c.recon_error,
       "report ||(W-W~)X||/||WX|| per linear (default on; its Gram matrices cost about one more forward "
       "pass and n^2 values per input exchanged between ranks; recon and --refine-guard collect them anyway)");
+  sub->add_option("--checkpoint", o->checkpoint,
+                  "HDF5 checkpoint file: the state between blocks is saved there (FILE.prev keeps the one "
+                  "before), so a killed or stopped run can continue with --resume; SIGTERM/SIGUSR1 then save "
+                  "it at the next block and exit with code 75");
+  sub->add_option("--checkpoint-every", c.checkpoint_every,
+                  "save a checkpoint every K blocks and after the last (default 1)");
+  sub->add_option("--resume", c.resume,
+                  "continue a run: auto (the newest usable checkpoint at --checkpoint, or start fresh when "
+                  "there is none; does nothing when the run already finished) or a checkpoint FILE");
   sub->add_option("--threads", c.threads, "CPU threads (0 = default)");
   o->recipe_option = add_recipe_option(sub);
   sub->footer(kMethodsHelp);

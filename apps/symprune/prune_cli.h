@@ -27,6 +27,7 @@ struct PruneCliOptions {
   double sparsity = 0.0;
   std::string out;
   std::string report;
+  std::string checkpoint;
   CLI::Option* alpha_option = nullptr;
   CLI::Option* sparsity_option = nullptr;
   CLI::Option* recipe_option = nullptr;

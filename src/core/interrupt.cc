@@ -26,7 +26,8 @@ std::vector<fs::path>& cleanup_paths() {
   return paths;
 }
 
-constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP};
+// SIGUSR1 is what Slurm sends before a time limit or preemption (--signal=B:USR1@T).
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
 int g_pipe[2] = {-1, -1};
 
 // Async-signal-safe: hands the signal number to the watcher thread (whichever thread it interrupted,
@@ -79,11 +80,12 @@ void watch() {
 
 }  // namespace
 
-Interrupted::Interrupted(int signal, const std::string& detail)
+Interrupted::Interrupted(int signal, const std::string& detail, int exit_code)
     : Error("interrupted by " + signal_name(signal) + ": " +
             (detail.empty() ? std::string("stopped before finishing; unfinished outputs were removed")
                             : detail)),
-      signal_(signal) {}
+      signal_(signal),
+      exit_code_(exit_code) {}
 
 void install() {
   static std::once_flag once;

@@ -1,5 +1,5 @@
 #pragma once
-// Interrupts (SIGINT, SIGTERM, SIGHUP) end a run cleanly instead of leaving half-written outputs.
+// Interrupts (SIGINT, SIGTERM, SIGHUP, SIGUSR1) end a run cleanly instead of leaving half-written outputs.
 //
 // install() runs first in main(): it installs a handler (SA_RESTART, so no system call of the work fails
 // with EINTR) that only writes the signal number to a pipe, whatever thread it lands on, and starts one
@@ -21,18 +21,20 @@ namespace symprune::interrupt {
 class Interrupted : public Error {
  public:
   // what(): "interrupted by SIGINT: <detail>"; the default detail says nothing unfinished was kept.
-  explicit Interrupted(int signal, const std::string& detail = "");
+  // exit_code 0 means 128 + signal; a run that saved a checkpoint before stopping gives its own code.
+  explicit Interrupted(int signal, const std::string& detail = "", int exit_code = 0);
   int signal() const { return signal_; }
-  // 128 + signal, the shell's convention for a process ended by a signal.
-  int exit_code() const { return 128 + signal_; }
+  // 128 + signal, the shell's convention for a process ended by a signal, unless set.
+  int exit_code() const { return exit_code_ != 0 ? exit_code_ : 128 + signal_; }
 
  private:
   int signal_;
+  int exit_code_;
 };
 
 void install();
 
-// The first signal received (SIGINT, SIGTERM or SIGHUP), or 0.
+// The first signal received (SIGINT, SIGTERM, SIGHUP or SIGUSR1), or 0.
 int received();
 
 // Throws Interrupted when a signal has been received, unless local checks are off (below).

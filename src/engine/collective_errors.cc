@@ -44,7 +44,8 @@ void agree_on_errors(dist::Communicator& comm, const std::function<void()>& stag
 
 void agree_on_interrupts(dist::Communicator& comm) {
   if (comm.size() == 1) {
-    interrupt::check();
+    // received(), not check(): this point stops the run even where local checks are off.
+    if (const int s = interrupt::received(); s != 0) throw interrupt::Interrupted(s);
     return;
   }
   std::vector<int64_t> signals(static_cast<size_t>(comm.size()), 0);

@@ -6,6 +6,7 @@
 #include <ctime>
 #include <map>
 #include <memory>
+#include <random>
 
 #include "core/activation_stats.h"
 #include "core/backend.h"
@@ -15,6 +16,7 @@
 #include "core/log.h"
 #include "dist/partition.h"
 #include "engine/block_statistics.h"
+#include "engine/checkpoint.h"
 #include "engine/collective_errors.h"
 #include "engine/mask_stage.h"
 #include "engine/pruned_model_writer.h"
@@ -81,17 +83,20 @@ std::string block_prefix(const io::ModelConfig& config, int64_t block) {
                                                   : "model.decoder.layers." + std::to_string(block) + ".";
 }
 
-// This rank's calibration windows, embedded: H [windows · T, d].
+// This rank's calibration windows, embedded: H [windows · T, d] (rows first_window.. of the global N).
 struct Calibration {
   Tensor hidden;
   int64_t windows = 0;  // this rank's
+  int64_t first_window = 0;
+  int64_t total_windows = 0;
   std::string fingerprint;
   std::string format;
+  std::vector<int32_t> tokens;  // this rank's windows' tokens, until embedded
 };
 
-// Stage: draw the windows (every rank draws all of them: the sampler is cheap and exactly reproducible)
-// and embed this rank's chunks.
-Calibration calibrate(const PruneConfig& c, RunPlan& plan, dist::Communicator& comm) {
+// Stage: draw the windows (every rank draws all of them: the sampler is cheap and exactly reproducible) and
+// keep this rank's chunks' tokens.
+Calibration load_calibration_windows(const PruneConfig& c, RunPlan& plan, dist::Communicator& comm) {
   Calibration out;
   io::CalibrationSet set;
   if (plan.calib_format == "synthetic") {
@@ -114,20 +119,23 @@ Calibration calibrate(const PruneConfig& c, RunPlan& plan, dist::Communicator& c
   }
   out.fingerprint = set.fingerprint;
   out.format = set.format;
+  out.total_windows = set.nsamples;
   const int64_t chunks = (set.nsamples + plan.micro_batch - 1) / plan.micro_batch;
   const dist::Range mine = dist::partition(chunks, comm.size(), comm.rank());
-  const int64_t first = std::min(mine.begin * plan.micro_batch, set.nsamples);
-  out.windows = std::min(mine.end * plan.micro_batch, set.nsamples) - first;
-  if (out.windows > 0) {
-    const auto tokens =
-        std::span<const int32_t>(set.tokens)
-            .subspan(static_cast<size_t>(first * set.seqlen), static_cast<size_t>(out.windows * set.seqlen));
-    out.hidden = plan.model->embed(tokens, out.windows, set.seqlen);
-  }
+  out.first_window = std::min(mine.begin * plan.micro_batch, set.nsamples);
+  out.windows = std::min(mine.end * plan.micro_batch, set.nsamples) - out.first_window;
+  out.tokens.assign(set.tokens.begin() + out.first_window * set.seqlen,
+                    set.tokens.begin() + (out.first_window + out.windows) * set.seqlen);
   log::info("calibration: {} windows of {} tokens from {} ({}), {} per forward pass{}", set.nsamples,
             set.seqlen, c.calib, set.format, plan.micro_batch,
             comm.size() > 1 ? fmt::format(", {} chunks over {} ranks", chunks, comm.size()) : std::string());
   return out;
+}
+
+// Stage: embed this rank's windows into H.
+void embed_calibration(RunPlan& plan, Calibration& calib) {
+  if (calib.windows > 0) calib.hidden = plan.model->embed(calib.tokens, calib.windows, plan.seqlen);
+  calib.tokens = {};
 }
 
 // Stage: the dense block on this rank's windows, observed; then the statistics of all ranks combined.
@@ -173,31 +181,137 @@ void stopping_point(dist::Communicator& comm) {
   agree_on_interrupts(comm);
 }
 
+template <typename T>
+nlohmann::json optional_json(const std::optional<T>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json();
+}
+
+template <typename T>
+std::optional<T> json_optional(const nlohmann::json& j, const char* key) {
+  return j.contains(key) && !j.at(key).is_null() ? std::optional<T>(j.at(key).get<T>()) : std::nullopt;
+}
+
+// A layer's report entry (also how a checkpoint keeps it, read back by layer_from_json).
+nlohmann::json layer_json(const LayerResult& l) {
+  nlohmann::json j = {{"name", l.name},
+                      {"shape", l.shape},
+                      {"sparsity", l.sparsity},
+                      {"pruned", l.pruned},
+                      {"recon_error", optional_json(l.recon_error)},
+                      {"refine", nullptr}};
+  if (l.refine)
+    j["refine"] = {{"swaps", l.refine->swaps},
+                   {"mean_abs_error_before", l.refine->mean_abs_error_before},
+                   {"mean_abs_error_after", l.refine->mean_abs_error_after},
+                   {"rows_reverted", l.refine->rows_reverted},
+                   {"recon_sq_change", optional_json(l.refine->recon_sq_change)},
+                   {"recon_error_initial", optional_json(l.recon_error_initial)}};
+  return j;
+}
+
+LayerResult layer_from_json(const nlohmann::json& j) {
+  LayerResult l;
+  l.name = j.at("name").get<std::string>();
+  l.shape = j.at("shape").get<std::vector<int64_t>>();
+  l.sparsity = j.at("sparsity").get<double>();
+  l.pruned = j.at("pruned").get<int64_t>();
+  l.recon_error = json_optional<double>(j, "recon_error");
+  if (const auto& r = j.at("refine"); !r.is_null()) {
+    RefineStats stats;
+    stats.swaps = r.at("swaps").get<int64_t>();
+    stats.mean_abs_error_before = r.at("mean_abs_error_before").get<double>();
+    stats.mean_abs_error_after = r.at("mean_abs_error_after").get<double>();
+    stats.rows_reverted = r.at("rows_reverted").get<int64_t>();
+    stats.recon_sq_change = json_optional<double>(r, "recon_sq_change");
+    l.refine = stats;
+    l.recon_error_initial = json_optional<double>(r, "recon_error_initial");
+  }
+  return l;
+}
+
+nlohmann::json timings_json(const PruneTimings& t) {
+  return {{"calibration", t.calibration}, {"weights", t.weights},         {"blocks", t.blocks},
+          {"statistics", t.statistics},   {"scores_masks", t.scores_masks}, {"refine", t.refine},
+          {"write", t.write},             {"eval_dense", t.eval_dense},   {"eval_pruned", t.eval_pruned},
+          {"checkpoint", t.checkpoint},   {"checkpoint_background", t.checkpoint_background},
+          {"total", t.total}};
+}
+
+nlohmann::json communication_json(const CommunicationVolume& c) {
+  return {{"weights", c.weights}, {"statistics", c.statistics}, {"grams", c.grams}, {"masks", c.masks},
+          {"eval", c.eval}};
+}
+
+// What a checkpoint saves besides the masks and hidden states: the identity and the report so far.
+nlohmann::json checkpoint_state(const nlohmann::json& identity, const PruneResult& result) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& l : result.layers) layers.push_back(layer_json(l));
+  return {{"identity", identity},
+          {"layers", layers},
+          {"timings", timings_json(result.timings)},
+          {"communication", communication_json(result.communication)}};
+}
+
+// The report so far, from a checkpoint's state: layers, and the earlier attempts' timings and traffic.
+void restore_progress(const nlohmann::json& state, PruneResult& result) {
+  try {
+    for (const auto& l : state.at("layers")) {
+      result.layers.push_back(layer_from_json(l));
+      result.pruned_total += result.layers.back().pruned;
+      result.params_total += result.layers.back().shape.at(0) * result.layers.back().shape.at(1);
+    }
+    const auto& t = state.at("timings");
+    PruneTimings& r = result.timings;
+    for (auto [field, key] : {std::pair{&r.calibration, "calibration"}, {&r.weights, "weights"},
+                              {&r.blocks, "blocks"}, {&r.statistics, "statistics"},
+                              {&r.scores_masks, "scores_masks"}, {&r.refine, "refine"},
+                              {&r.eval_dense, "eval_dense"}, {&r.eval_pruned, "eval_pruned"},
+                              {&r.checkpoint, "checkpoint"}, {&r.checkpoint_background, "checkpoint_background"}})
+      *field += t.value(key, 0.0);
+    const auto& c = state.at("communication");
+    CommunicationVolume& v = result.communication;
+    for (auto [field, key] : {std::pair{&v.weights, "weights"}, {&v.statistics, "statistics"},
+                              {&v.grams, "grams"}, {&v.masks, "masks"}, {&v.eval, "eval"}})
+      *field += c.value(key, int64_t{0});
+  } catch (const nlohmann::json::exception& e) {
+    fail("the checkpoint's report entries are malformed: {}", e.what());
+  }
+}
+
+// A run id: 16 hex digits drawn on rank 0, the same on every rank.
+std::string new_run_id(dist::Communicator& comm) {
+  uint64_t id = 0;
+  if (comm.rank() == 0) {
+    std::random_device device;
+    id = (static_cast<uint64_t>(device()) << 32) ^ device() ^
+         static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  }
+  comm.broadcast(std::as_writable_bytes(std::span<uint64_t>(&id, 1)), 0);
+  return fmt::format("{:016x}", id);
+}
+
+// Local interrupt checks off for the block loop when checkpointing on one rank: a stop then happens at a
+// block boundary, where the state is whole and can be saved (with several ranks they are off anyway).
+class BlockBoundaryStops {
+ public:
+  explicit BlockBoundaryStops(bool active) : active_(active) {
+    if (active_) interrupt::set_local_checks(false);
+  }
+  ~BlockBoundaryStops() {
+    if (active_) interrupt::set_local_checks(true);
+  }
+  BlockBoundaryStops(const BlockBoundaryStops&) = delete;
+  BlockBoundaryStops& operator=(const BlockBoundaryStops&) = delete;
+
+ private:
+  bool active_;
+};
+
 }  // namespace
 
 nlohmann::json PruneResult::report() const {
   nlohmann::json layer_list = nlohmann::json::array();
-  for (const auto& l : layers) {
-    layer_list.push_back(
-        {{"name", l.name},
-         {"shape", l.shape},
-         {"sparsity", l.sparsity},
-         {"pruned", l.pruned},
-         {"recon_error", l.recon_error ? nlohmann::json(*l.recon_error) : nlohmann::json()}});
-    if (l.refine) {
-      layer_list.back()["refine"] = {
-          {"swaps", l.refine->swaps},
-          {"mean_abs_error_before", l.refine->mean_abs_error_before},
-          {"mean_abs_error_after", l.refine->mean_abs_error_after},
-          {"rows_reverted", l.refine->rows_reverted},
-          {"recon_sq_change",
-           l.refine->recon_sq_change ? nlohmann::json(*l.refine->recon_sq_change) : nlohmann::json()},
-          {"recon_error_initial",
-           l.recon_error_initial ? nlohmann::json(*l.recon_error_initial) : nlohmann::json()}};
-    } else {
-      layer_list.back()["refine"] = nullptr;
-    }
-  }
+  for (const auto& l : layers) layer_list.push_back(layer_json(l));
   nlohmann::json j = {
       {"command", "prune"},
       {"config", config},
@@ -214,26 +328,13 @@ nlohmann::json PruneResult::report() const {
         {"pruned", pruned_total},
         {"params", params_total}}},
       {"layers", layer_list},
-      {"timings",
-       {{"calibration", timings.calibration},
-        {"weights", timings.weights},
-        {"blocks", timings.blocks},
-        {"statistics", timings.statistics},
-        {"scores_masks", timings.scores_masks},
-        {"refine", timings.refine},
-        {"write", timings.write},
-        {"eval_dense", timings.eval_dense},
-        {"eval_pruned", timings.eval_pruned},
-        {"total", timings.total}}},
-      {"communication_bytes",
-       {{"weights", communication.weights},
-        {"statistics", communication.statistics},
-        {"grams", communication.grams},
-        {"masks", communication.masks},
-        {"eval", communication.eval}}},
+      {"timings", timings_json(timings)},
+      {"communication_bytes", communication_json(communication)},
       {"symprune", io::build_provenance()},
   };
   if (incomplete) j["incomplete"] = *incomplete;
+  j["resumed"] = resumed_from ? nlohmann::json{{"checkpoint", resumed_from->string()}, {"block", resumed_block}}
+                              : nlohmann::json();
   if (perplexity) {
     j["perplexity"] = {{"dense", perplexity->dense},
                        {"pruned", incomplete ? nlohmann::json() : nlohmann::json(perplexity->pruned)},
@@ -263,11 +364,18 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
   result.sparsity_target = plan.sparsity_target;
   result.config = plan.config;
 
-  // --- Calibration and embeddings (activation-aware methods only).
+  if (plan.already_complete) {
+    log::info("--resume: {} marks this run as finished: nothing to do",
+              checkpoint_marker(c.resume == "auto" ? c.checkpoint : fs::path(c.resume)).string());
+    result.already_complete = true;
+    return result;
+  }
+
+  // --- Calibration windows (activation-aware methods only).
   Calibration calib;
   if (plan.needs_stats) {
     const auto t = Clock::now();
-    agree_on_errors(comm, [&] { calib = calibrate(c, plan, comm); });
+    agree_on_errors(comm, [&] { calib = load_calibration_windows(c, plan, comm); });
     result.calibration_fingerprint = calib.fingerprint;
     result.config["calib_format"] = calib.format;
     result.timings.calibration = seconds_since(t);
@@ -281,14 +389,103 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     pruned_eval = std::make_unique<model::PerplexityStream>(model, plan.eval_tokens, plan.eval_options,
                                                             comm.size(), comm.rank());
   }
+  const int64_t d = model.hidden_size();
+  const std::vector<int64_t> calib_shape = {calib.total_windows, plan.seqlen, d};
+  const std::vector<int64_t> eval_shape =
+      plan.evaluate ? std::vector<int64_t>{dense_eval->chunks(), dense_eval->seqlen(), d} : std::vector<int64_t>{};
+
+  // --- Resume: the state entering the checkpoint's next block, from a checkpoint of this very run.
+  nlohmann::json identity = plan.identity_without_calibration;
+  identity["fingerprints"]["calibration"] =
+      calib.fingerprint.empty() ? nlohmann::json() : nlohmann::json(calib.fingerprint);
+  std::map<std::string, PackedMask> masks;  // stored tensor name -> mask, one bit per weight
+  int64_t first_block = 0;
+  std::string run_id;
+  if (!c.resume.empty()) {
+    const auto t = Clock::now();
+    auto restore = [&](const io::CheckpointReader& reader) {
+      const int64_t next = reader.header().next_block;
+      SYMPRUNE_CHECK(reader.header().blocks == model.num_blocks() && next >= 1 && next <= model.num_blocks(),
+                     "checkpoint {}: block {} of {} does not fit this model's {} blocks", reader.path().string(),
+                     next, reader.header().blocks, model.num_blocks());
+      if (plan.needs_stats) {
+        auto rows = read_checkpoint_rows(reader, "calib_hidden", calib_shape, calib.first_window, calib.windows);
+        calib.hidden = calib.windows > 0 ? Tensor({calib.windows * plan.seqlen, d}, std::move(rows)) : Tensor();
+      }
+      if (plan.evaluate) {
+        dense_eval->restore_hidden(read_checkpoint_rows(reader, "eval_dense_hidden", eval_shape,
+                                                        dense_eval->first_chunk(), dense_eval->local_chunks()));
+        pruned_eval->restore_hidden(read_checkpoint_rows(reader, "eval_pruned_hidden", eval_shape,
+                                                         pruned_eval->first_chunk(), pruned_eval->local_chunks()));
+      }
+    };
+    if (auto point = load_resume_point(comm, c.resume, c.checkpoint, identity, restore)) {
+      first_block = point->header.next_block;
+      run_id = point->header.run_id;
+      masks = std::move(point->masks);
+      restore_progress(point->state, result);
+      result.resumed_from = point->file;
+      result.resumed_block = first_block;
+    }
+    result.timings.checkpoint += seconds_since(t);
+  }
+  if (run_id.empty()) run_id = new_run_id(comm);
+  if (plan.needs_stats && !result.resumed_from) {
+    const auto t = Clock::now();
+    embed_calibration(plan, calib);
+    result.timings.calibration += seconds_since(t);
+  }
+  calib.tokens = {};
+
+  // --- Checkpoints of the state between blocks.
+  std::unique_ptr<Checkpointer> checkpointer;
+  if (!c.checkpoint.empty())
+    checkpointer = std::make_unique<Checkpointer>(comm, c.checkpoint, c.checkpoint_every, model.num_blocks(), run_id);
+  const BlockBoundaryStops boundary_stops(checkpointer != nullptr && comm.size() == 1);
+  // Starts saving the state entering `next_block` (this rank's rows copied now, written in the background).
+  auto save_state = [&](int64_t next_block) {
+    const auto t = Clock::now();
+    std::vector<CheckpointSlab> slabs;
+    if (plan.needs_stats) {
+      CheckpointSlab slab{"calib_hidden", calib_shape, calib.first_window, {}};
+      if (calib.windows > 0) slab.data.assign(calib.hidden.data(), calib.hidden.data() + calib.hidden.numel());
+      slabs.push_back(std::move(slab));
+    }
+    if (plan.evaluate) {
+      slabs.push_back({"eval_dense_hidden", eval_shape, dense_eval->first_chunk(), dense_eval->local_hidden()});
+      slabs.push_back({"eval_pruned_hidden", eval_shape, pruned_eval->first_chunk(), pruned_eval->local_hidden()});
+    }
+    checkpointer->start(next_block, checkpoint_state(identity, result), masks, std::move(slabs));
+    result.timings.checkpoint += seconds_since(t);
+  };
+  // A stop at the boundary before `next_block`: with checkpoints, the state there is saved first and the
+  // run ends with kCheckpointedExitCode.
+  auto stop_at_boundary = [&](int64_t next_block) {
+    try {
+      stopping_point(comm);
+    } catch (const interrupt::Interrupted& e) {
+      if (!checkpointer) throw;
+      result.timings.checkpoint += checkpointer->finish();
+      if (next_block > first_block && checkpointer->latest() != next_block) {
+        save_state(next_block);
+        result.timings.checkpoint += checkpointer->finish();
+      }
+      const bool saved = next_block > 0;
+      throw interrupt::Interrupted(
+          e.signal(),
+          saved ? fmt::format("blocks 1..{} of {} are saved in checkpoint {}; continue with --resume auto",
+                              next_block, model.num_blocks(), c.checkpoint.string())
+                : std::string("stopped before the first block; nothing to save"),
+          kCheckpointedExitCode);
+    }
+  };
 
   // --- Block by block.
-  std::map<std::string, PackedMask> masks;  // stored tensor name -> mask, one bit per weight
   BlockWeightExchange weights(comm, model);
   const auto blocks_start = Clock::now();
-  for (int64_t b = 0; b < model.num_blocks(); ++b) {
+  for (int64_t b = first_block; b < model.num_blocks(); ++b) {
     const auto block_start = Clock::now();
-    stopping_point(comm);
+    stop_at_boundary(b);
     fault::at("block:" + std::to_string(b), comm.rank());
     {
       const auto t = Clock::now();
@@ -363,16 +560,22 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     }
     model.release_block(b);  // memory does not grow with depth: masks are kept as bits only
 
+    if (checkpointer && checkpointer->due(b + 1)) save_state(b + 1);
+
     BlockProgress p{b, model.num_blocks(), seconds_since(start), seconds_since(block_start), 0.0};
-    p.eta_seconds =
-        seconds_since(blocks_start) / static_cast<double>(b + 1) * static_cast<double>(p.blocks - b - 1);
+    p.eta_seconds = seconds_since(blocks_start) / static_cast<double>(b + 1 - first_block) *
+                    static_cast<double>(p.blocks - b - 1);
     log::info("block {}/{} done in {:.1f} s ({:.1f} s elapsed, ETA {:.1f} s)", b + 1, p.blocks,
               p.block_seconds, p.seconds, p.eta_seconds);
     if (progress) progress(p);
   }
   calib.hidden = Tensor();
-  result.communication.weights = weights.bytes_exchanged();
-  stopping_point(comm);
+  result.communication.weights += weights.bytes_exchanged();
+  stop_at_boundary(model.num_blocks());
+  if (checkpointer) {
+    result.timings.checkpoint += checkpointer->finish();
+    result.timings.checkpoint_background += checkpointer->write_seconds();
+  }
 
   // --- Output: each rank writes its shards, rank 0 the rest.
   if (plan.writes_model) {
@@ -381,6 +584,7 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     provenance["command"] = "prune";
     provenance["created"] = utc_timestamp();
     provenance["config"] = result.config;
+    provenance["run_id"] = run_id;
     provenance["fingerprints"] = {{"model", result.model_fingerprint},
                                   {"calibration", result.calibration_fingerprint.empty()
                                                       ? nlohmann::json()
@@ -435,6 +639,16 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     }
     log::info("wrote {}{}", c.report.string(), result.incomplete ? " (marked incomplete)" : "");
   });
+  // A finished run leaves a marker, so that running the same command again does nothing.
+  if (checkpointer && !interrupted)
+    agree_on_errors(comm, [&] {
+      checkpointer->mark_complete({{"identity", identity},
+                                   {"run_id", run_id},
+                                   {"out", c.out.string()},
+                                   {"report", c.report.empty() ? nlohmann::json() : nlohmann::json(c.report.string())},
+                                   {"finished", utc_timestamp()},
+                                   {"symprune", io::build_provenance()}});
+    });
   if (interrupted) {
     throw interrupt::Interrupted(
         interrupted->signal(),

@@ -86,6 +86,12 @@ struct PruneConfig {
   // --refine-guard, which read them.
   bool recon_error = true;
 
+  // Checkpoints (engine/checkpoint.h): the state is saved to `checkpoint` after every `checkpoint_every`
+  // blocks and after the last; `resume` ("auto" or a checkpoint file, "" = start fresh) continues a run.
+  std::filesystem::path checkpoint;
+  int64_t checkpoint_every = 1;
+  std::string resume;
+
   std::string eval;         // perplexity text file ("" = no evaluation)
   int64_t eval_seqlen = 0;  // 0 = seqlen
   int64_t eval_max_chunks = 0;
@@ -115,6 +121,9 @@ struct PerplexityPair {
 struct PruneTimings {
   double calibration = 0, weights = 0, blocks = 0, statistics = 0, scores_masks = 0, refine = 0, write = 0,
          eval_dense = 0, eval_pruned = 0, total = 0;
+  // Checkpoints: the main thread's share (snapshots, creating files, waiting for the writer) and the
+  // background writer's time, which overlaps the blocks.
+  double checkpoint = 0, checkpoint_background = 0;
 };
 
 // Bytes this process sent and received per kind (the scaling figures of bench/); zero with one rank.
@@ -141,6 +150,12 @@ struct PruneResult {
   // Set when the run was interrupted after the model was written (during the pruned evaluation): what
   // was not finished. The report then carries "incomplete".
   std::optional<std::string> incomplete;
+  // With --resume: the checkpoint continued and the first block this process ran (0-based).
+  std::optional<std::filesystem::path> resumed_from;
+  int64_t resumed_block = 0;
+  // --resume found the marker of this very run having finished: nothing was done (and nothing else here is
+  // set but config and the model fields).
+  bool already_complete = false;
   // The report JSON (also written to config.report).
   nlohmann::json report() const;
 };
@@ -160,6 +175,9 @@ using ProgressFn = std::function<void(const BlockProgress&)>;
 // logged, and also passed to `progress` per block. A signal (core/interrupt.h) stops the run at the next
 // safe point with Interrupted; when it arrives during the pruned evaluation, the finished model stays and
 // the report is written, marked incomplete, before Interrupted is rethrown.
+// With config.checkpoint, a SIGTERM/SIGUSR1 (or SIGINT/SIGHUP) stops the run at the next block boundary
+// after the state there is saved, with interrupt::Interrupted whose exit code is kCheckpointedExitCode
+// (engine/checkpoint.h).
 // Collective over `comm`; rank 0 writes the report and returns the full result (other ranks return the
 // same layers and figures).
 PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, const ProgressFn& progress = {});

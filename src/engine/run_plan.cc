@@ -1,14 +1,23 @@
 #include "engine/run_plan.h"
 
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/system_memory.h"
 #include "dist/partition.h"
+#include "engine/checkpoint.h"
 #include "engine/collective_errors.h"
 #include "io/calibration.h"
+#include "io/checkpoint_file.h"
 #include "io/text_file.h"
 #include "model/fingerprint.h"
 
@@ -85,6 +94,95 @@ void check_memory(int64_t nsamples, int64_t seqlen, int64_t calib_tokens, int64_
       format_bytes(needed), eval_tokens, hidden_size, format_bytes(static_cast<double>(*available)));
 }
 
+// The checkpoint's options, before anything is read.
+void check_checkpoint_options(const PruneConfig& c) {
+  SYMPRUNE_CHECK(c.checkpoint_every >= 1, "--checkpoint-every must be at least 1, got {}", c.checkpoint_every);
+  SYMPRUNE_CHECK(c.resume != "auto" || !c.checkpoint.empty(),
+                 "--resume auto continues the checkpoint named by --checkpoint FILE: give --checkpoint too");
+  if (c.checkpoint.empty() || !c.resume.empty()) return;
+  // A fresh start must not overwrite another run's checkpoints.
+  std::error_code ec;
+  for (const auto& f : {c.checkpoint, previous_checkpoint(c.checkpoint), checkpoint_marker(c.checkpoint)})
+    SYMPRUNE_CHECK(!fs::exists(fs::symlink_status(f, ec)),
+                   "--checkpoint {}: {} exists, from an earlier run: continue that run with --resume auto, or "
+                   "remove {}, {} and {} to start over",
+                   c.checkpoint.string(), f.string(), c.checkpoint.string(),
+                   previous_checkpoint(c.checkpoint).string(), checkpoint_marker(c.checkpoint).string());
+}
+
+// Whether --resume finds the completion marker of this very run (then there is nothing to do); a marker of
+// another run is an error.
+bool completed_before(const PruneConfig& c, RunPlan& r) {
+  if (c.resume.empty()) return false;
+  const fs::path marker = checkpoint_marker(c.resume == "auto" ? c.checkpoint : fs::path(c.resume));
+  std::error_code ec;
+  if (!fs::exists(marker, ec)) return false;
+  nlohmann::json saved;
+  try {
+    saved = nlohmann::json::parse(io::read_text_file(marker, "checkpoint marker"));
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: the marker of a finished run is not valid JSON ({}): remove it to run again", marker.string(),
+         e.what());
+  }
+  nlohmann::json identity = saved.value("identity", nlohmann::json::object());
+  if (identity.contains("fingerprints")) identity["fingerprints"].erase("calibration");
+  if (const auto diff = identity_difference(identity, r.identity_without_calibration))
+    fail("{} marks a finished run with a different configuration or inputs: {}; remove it (or choose another "
+         "--checkpoint) to run this one",
+         marker.string(), *diff);
+  r.already_complete = true;
+  return true;
+}
+
+// With --resume: whether --out holds the output of the run being resumed (its provenance file names a
+// run id of the checkpoints), which then may be replaced as with --force (the run was stopped after
+// installing it, before finishing).
+bool written_by_this_run(const PruneConfig& c) {
+  if (c.resume.empty() || c.out.empty()) return false;
+  const fs::path newest = c.resume == "auto" ? c.checkpoint : fs::path(c.resume);
+  std::error_code ec;
+  if (!fs::exists(c.out / io::kProvenanceFile, ec)) return false;
+  std::string run_id;
+  try {
+    run_id = nlohmann::json::parse(io::read_text_file(c.out / io::kProvenanceFile, "provenance"))
+                 .value("run_id", std::string());
+  } catch (const std::exception&) {
+    return false;
+  }
+  if (run_id.empty()) return false;
+  for (const auto& f : {newest, previous_checkpoint(newest)})
+    if (const auto header = io::peek_checkpoint_header(f); header && header->run_id == run_id) return true;
+  return false;
+}
+
+// The checkpoint's directory must take files, and hold the new checkpoint beside the previous one.
+void check_checkpoint_space(const fs::path& file, int64_t checkpoint_bytes) {
+  const fs::path staging = checkpoint_staging(file);
+  const int fd = ::open(staging.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  SYMPRUNE_CHECK(fd >= 0, "--checkpoint {}: cannot write checkpoints there ({}: {})", file.string(),
+                 staging.string(), std::strerror(errno));
+  ::close(fd);
+  std::error_code ec;
+  fs::remove(staging, ec);
+  const fs::path dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  std::optional<uint64_t> available;
+  if (const char* forced = std::getenv("SYMPRUNE_DISK_AVAILABLE")) {
+    available = std::strtoull(forced, nullptr, 10);
+  } else if (struct statvfs st{}; ::statvfs(dir.c_str(), &st) == 0) {
+    available = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  }
+  // Peak: the newest, the previous and the one being written; existing ones are among them.
+  int existing = 0;
+  for (const auto& f : {file, previous_checkpoint(file)}) existing += fs::exists(f, ec) ? 1 : 0;
+  const double needed = static_cast<double>(checkpoint_bytes) * (3 - existing);
+  if (!available || needed <= static_cast<double>(*available)) return;
+  fail("--checkpoint {}: a checkpoint takes up to about {} (hidden states and masks), and the previous one is "
+       "kept while the next is written, so {} needs {} free, but has {}: free space, choose another directory, "
+       "write fewer (--checkpoint-every) or lower --nsamples",
+       file.string(), format_bytes(static_cast<double>(checkpoint_bytes)), dir.string(), format_bytes(needed),
+       format_bytes(static_cast<double>(*available)));
+}
+
 void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   // --- Everything cheap is checked before any weight is read.
   const ScoreMethod method = parse_score_method(c.method);
@@ -118,22 +216,17 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   SYMPRUNE_CHECK(c.micro_batch >= 0, "--micro-batch must be at least 1, got {}", c.micro_batch);
   SYMPRUNE_CHECK(c.eval_seqlen >= 0, "--eval-seqlen must be at least 2, got {}", c.eval_seqlen);
   SYMPRUNE_CHECK(c.eval_max_chunks >= 0, "--eval-max-chunks must be >= 0, got {}", c.eval_max_chunks);
+  check_checkpoint_options(c);
 
   r.resolved = io::resolve_model(c.model);
   const bool synthetic = r.resolved.is_synthetic();
   SYMPRUNE_CHECK(!c.out.empty() || synthetic,
                  "--out: no output directory given (it may be left out only for a synthetic model)");
   r.writes_model = !c.out.empty();
-  // Outputs are checked (and --out locked, by rank 0) before anything heavy: no input may be overwritten,
-  // and a path that cannot work must not fail after hours of pruning.
   io::InputFootprint inputs;
   if (!synthetic) inputs.add_model_directory(r.resolved.dir);
   for (const auto& file : {fs::path(c.calib), fs::path(c.eval)}) inputs.add_file(file);
   for (const auto& file : c.input_files) inputs.add_file(file);
-  if (comm.rank() == 0) {
-    if (r.writes_model) r.out.emplace(c.out, inputs, c.force);
-    if (!c.report.empty()) io::check_output_file(c.report, inputs, "--report", r.out ? &*r.out : nullptr);
-  }
   const std::string eval_text =
       c.eval.empty() ? std::string() : io::read_text_file(c.eval, "evaluation text (--eval)");
   if (!r.needs_stats && !c.calib.empty())
@@ -256,11 +349,40 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       {"threads", cpu_threads()},
       {"ranks", comm.size()},
       {"communicator", comm.name()},
+      {"checkpoint", c.checkpoint.empty() ? nlohmann::json() : nlohmann::json(c.checkpoint.string())},
+      {"checkpoint_every", c.checkpoint_every},
+      {"resume", c.resume.empty() ? nlohmann::json() : nlohmann::json(c.resume)},
       {"recon_error", c.recon_error
                           ? nlohmann::json("||(W-W~)X||_F/||WX||_F on the dense-pass inputs of each "
                                            "block, via G = X^T X")
                           : nlohmann::json("off (--no-recon-error)")},
   };
+  if (r.evaluate) r.eval_fingerprint = io::tokens_fingerprint(r.eval_tokens);
+  r.identity_without_calibration =
+      run_identity(r.config, {{"model", r.model_fingerprint},
+                              {"eval", r.eval_fingerprint.empty() ? nlohmann::json() : nlohmann::json(r.eval_fingerprint)}});
+
+  // Outputs are checked (and --out locked, by rank 0) before any block is read: no input may be
+  // overwritten, and a path that cannot work must not fail after hours of pruning.
+  if (completed_before(c, r)) return;
+  const int64_t eval_chunks_total =
+      r.evaluate ? (c.eval_max_chunks > 0 ? std::min<int64_t>(static_cast<int64_t>(r.eval_tokens.size()) / eval_seqlen,
+                                                               c.eval_max_chunks)
+                                          : static_cast<int64_t>(r.eval_tokens.size()) / eval_seqlen)
+                 : 0;
+  if (comm.rank() == 0) {
+    if (r.writes_model) r.out.emplace(c.out, inputs, c.force || written_by_this_run(c));
+    if (!c.report.empty()) io::check_output_file(c.report, inputs, "--report", r.out ? &*r.out : nullptr);
+    if (!c.checkpoint.empty()) {
+      io::check_output_file(c.checkpoint, inputs, "--checkpoint", r.out ? &*r.out : nullptr);
+      int64_t mask_bytes = 0;
+      for (const auto& shape : model.linear_shapes()) mask_bytes += (shape.out * shape.in + 7) / 8;
+      const int64_t hidden = model.hidden_size() * 4;
+      const int64_t size = (r.needs_stats ? c.nsamples * r.seqlen * hidden : 0) +
+                           2 * eval_chunks_total * eval_seqlen * hidden + mask_bytes * model.num_blocks();
+      check_checkpoint_space(c.checkpoint, size);
+    }
+  }
 }
 
 }  // namespace

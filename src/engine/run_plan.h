@@ -39,6 +39,13 @@ struct RunPlan {
   std::vector<int32_t> eval_tokens;
   model::PerplexityOptions eval_options;
 
+  // Checkpoints: the run's identity without the calibration fingerprint (engine/checkpoint.h; the
+  // pipeline adds it once the data is read), the evaluation text's fingerprint, and whether --resume found
+  // this run's completion marker (the run then does nothing).
+  nlohmann::json identity_without_calibration;
+  std::string eval_fingerprint;
+  bool already_complete = false;
+
   std::optional<io::OutputDirectory> out;  // rank 0, when an output is written
   bool writes_model = false;
   nlohmann::json config;  // the resolved configuration, for the report and the provenance file

@@ -80,6 +80,24 @@ void PerplexityStream::run_block(int64_t block) {
   }
 }
 
+std::vector<float> PerplexityStream::local_hidden() const {
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(local_chunks_ * seqlen_ * model_.hidden_size()));
+  for (const Tensor& h : hidden_) out.insert(out.end(), h.data(), h.data() + h.numel());
+  return out;
+}
+
+void PerplexityStream::restore_hidden(std::span<const float> values) {
+  SYMPRUNE_CHECK(static_cast<int64_t>(values.size()) == local_chunks_ * seqlen_ * model_.hidden_size(),
+                 "evaluation hidden states: {} values for {} chunks of {} x {}", values.size(), local_chunks_,
+                 seqlen_, model_.hidden_size());
+  size_t at = 0;
+  for (Tensor& h : hidden_) {
+    std::memcpy(h.data(), values.data() + at, static_cast<size_t>(h.numel()) * sizeof(float));
+    at += static_cast<size_t>(h.numel());
+  }
+}
+
 std::vector<double> PerplexityStream::local_chunk_nll(const PerplexityProgress& progress) {
   const int64_t T = seqlen_, vocab = model_.vocab_size();
   std::vector<double> nll;

@@ -52,6 +52,10 @@ class PerplexityStream {
   int64_t seqlen() const { return seqlen_; }
   int64_t tokens() const { return tokens_; }
   void run_block(int64_t block);
+  // This part's hidden states, its chunks in order ([local_chunks · seqlen, d] values), for a checkpoint;
+  // restore_hidden puts such values back (same part, any number of parts on the saving side).
+  std::vector<float> local_hidden() const;
+  void restore_hidden(std::span<const float> values);
   // Final norm, head and NLL, batch by batch; `progress` gets (local chunks done, local chunks).
   std::vector<double> local_chunk_nll(const PerplexityProgress& progress = {});
 

@@ -1,0 +1,333 @@
+#include "engine/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/collective_errors.h"
+#include "io/atomic_file.h"
+
+namespace symprune::engine {
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path with_suffix(const fs::path& file, const char* suffix) {
+  return fs::path(file.string() + suffix);
+}
+
+// Bytes of a JSON value, for the "state" dataset.
+std::vector<std::byte> json_bytes(const nlohmann::json& j) {
+  const std::string text = j.dump();
+  std::vector<std::byte> out(text.size());
+  std::memcpy(out.data(), text.data(), text.size());
+  return out;
+}
+
+// Masks concatenated in name order, and their index (name, rows, cols, byte offset) for the state.
+std::vector<std::byte> pack_masks(const std::map<std::string, PackedMask>& masks, nlohmann::json* index) {
+  size_t total = 0;
+  for (const auto& [name, m] : masks) total += m.bits.size();
+  std::vector<std::byte> out(total);
+  size_t at = 0;
+  *index = nlohmann::json::array();
+  for (const auto& [name, m] : masks) {
+    std::memcpy(out.data() + at, m.bits.data(), m.bits.size());
+    index->push_back({{"name", name}, {"rows", m.rows}, {"cols", m.cols}, {"offset", at}});
+    at += m.bits.size();
+  }
+  return out;
+}
+
+// Keys of the resolved configuration that may change between attempts of one run.
+const char* const kVolatileKeys[] = {"model",   "model_dir", "model_source", "out",     "force",      "threads",
+                                     "ranks",   "communicator", "calib",     "eval",    "checkpoint", "checkpoint_every",
+                                     "resume"};
+
+void first_difference(const nlohmann::json& a, const nlohmann::json& b, const std::string& path,
+                      std::optional<std::string>* out) {
+  if (*out) return;
+  if (a.is_object() && b.is_object()) {
+    for (const auto& [key, value] : a.items()) {
+      const std::string sub = path.empty() ? key : path + "." + key;
+      if (!b.contains(key)) {
+        *out = fmt::format("{}: the checkpoint has {}, this run has none", sub, value.dump());
+        return;
+      }
+      first_difference(value, b.at(key), sub, out);
+      if (*out) return;
+    }
+    for (const auto& [key, value] : b.items())
+      if (!a.contains(key)) {
+        *out = fmt::format("{}: the checkpoint has none, this run has {}", path.empty() ? key : path + "." + key,
+                           value.dump());
+        return;
+      }
+    return;
+  }
+  if (a != b) *out = fmt::format("{}: the checkpoint has {}, this run has {}", path, a.dump(), b.dump());
+}
+
+}  // namespace
+
+fs::path previous_checkpoint(const fs::path& file) { return with_suffix(file, ".prev"); }
+fs::path checkpoint_marker(const fs::path& file) { return with_suffix(file, ".done"); }
+fs::path checkpoint_staging(const fs::path& file) { return with_suffix(file, ".tmp"); }
+
+nlohmann::json run_identity(const nlohmann::json& resolved_config, const nlohmann::json& fingerprints) {
+  nlohmann::json config = resolved_config;
+  for (const char* key : kVolatileKeys) config.erase(key);
+  return {{"config", config}, {"fingerprints", fingerprints}};
+}
+
+std::optional<std::string> identity_difference(const nlohmann::json& saved, const nlohmann::json& current) {
+  std::optional<std::string> out;
+  first_difference(saved, current, "", &out);
+  return out;
+}
+
+Checkpointer::Checkpointer(dist::Communicator& comm, fs::path file, int64_t every, int64_t blocks,
+                           std::string run_id)
+    : comm_(comm), file_(std::move(file)), every_(every), blocks_(blocks), run_id_(std::move(run_id)) {}
+
+Checkpointer::~Checkpointer() {
+  if (writer_.joinable()) writer_.join();
+  if (comm_.rank() == 0 && in_flight_ >= 0) {
+    std::error_code ignored;
+    fs::remove(checkpoint_staging(file_), ignored);
+  }
+}
+
+bool Checkpointer::due(int64_t next_block) const {
+  return next_block > 0 && (next_block % every_ == 0 || next_block == blocks_);
+}
+
+void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
+                         const std::map<std::string, PackedMask>& masks, std::vector<CheckpointSlab> slabs) {
+  finish();
+  const fs::path staging = checkpoint_staging(file_);
+  // Rank 0's datasets: the state and the masks; everyone's: the slabs (the same names and shapes on every
+  // rank, each with its own rows).
+  std::vector<std::byte> state_bytes, mask_bytes;
+  std::vector<io::CheckpointDatasetSpec> specs;
+  if (comm_.rank() == 0) {
+    nlohmann::json saved = state;
+    nlohmann::json index;
+    mask_bytes = pack_masks(masks, &index);
+    saved["masks"] = index;
+    saved["run_id"] = run_id_;
+    state_bytes = json_bytes(saved);
+  }
+  int64_t sizes[2] = {static_cast<int64_t>(state_bytes.size()), static_cast<int64_t>(mask_bytes.size())};
+  comm_.broadcast(std::as_writable_bytes(std::span<int64_t>(sizes)), 0);
+  specs.push_back({"state", io::CheckpointType::kUint8, {sizes[0]}});
+  specs.push_back({"masks", io::CheckpointType::kUint8, {sizes[1]}});
+  for (const auto& slab : slabs) specs.push_back({slab.name, io::CheckpointType::kFloat32, slab.global_shape});
+
+  // Rank 0 creates the file with every dataset allocated; all ranks learn where each dataset lies.
+  std::vector<int64_t> places_flat(specs.size() * 5, 0);
+  agree_on_errors(comm_, [&] {
+    if (comm_.rank() != 0) return;
+    cleanup_ = std::make_unique<interrupt::CleanupOnStop>(staging);
+    const auto places = io::create_checkpoint_file(
+        staging, {io::kCheckpointVersion, next_block, blocks_, run_id_}, specs);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const auto& p = places.at(specs[i].name);
+      const int64_t values[5] = {p.offset, p.bytes, p.unit_bytes, p.crc_offset, p.units};
+      std::copy(values, values + 5, places_flat.begin() + static_cast<std::ptrdiff_t>(i * 5));
+    }
+  });
+  comm_.broadcast(std::as_writable_bytes(std::span<int64_t>(places_flat)), 0);
+  auto place = [&](size_t i) {
+    const int64_t* v = places_flat.data() + i * 5;
+    return io::CheckpointDatasetPlace{v[0], v[1], v[2], v[3], v[4]};
+  };
+  struct Job {
+    io::CheckpointDatasetPlace place;
+    int64_t first_unit;
+    std::vector<std::byte> bytes;
+  };
+  std::vector<Job> jobs;
+  if (comm_.rank() == 0) {
+    jobs.push_back({place(0), 0, std::move(state_bytes)});
+    jobs.push_back({place(1), 0, std::move(mask_bytes)});
+  }
+  for (size_t i = 0; i < slabs.size(); ++i) {
+    std::vector<std::byte> bytes(slabs[i].data.size() * sizeof(float));
+    std::memcpy(bytes.data(), slabs[i].data.data(), bytes.size());
+    slabs[i].data = {};
+    jobs.push_back({place(2 + i), slabs[i].first_row, std::move(bytes)});
+  }
+  writer_error_.clear();
+  in_flight_ = next_block;
+  latest_ = next_block;
+  writer_ = std::thread([this, staging, jobs = std::move(jobs)] {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      const int fd = ::open(staging.c_str(), O_WRONLY | O_CLOEXEC);
+      SYMPRUNE_CHECK(fd >= 0, "checkpoint {}: cannot open for writing: {}", staging.string(), std::strerror(errno));
+      try {
+        for (const auto& job : jobs) {
+          io::write_checkpoint_units(fd, staging, job.place, job.first_unit, job.bytes);
+          bytes_written_ += static_cast<int64_t>(job.bytes.size());
+        }
+        SYMPRUNE_CHECK(::fdatasync(fd) == 0, "checkpoint {}: fdatasync failed: {}", staging.string(),
+                       std::strerror(errno));
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      SYMPRUNE_CHECK(::close(fd) == 0, "checkpoint {}: close failed: {}", staging.string(), std::strerror(errno));
+    } catch (const std::exception& e) {
+      writer_error_ = e.what();
+    }
+    writer_last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+}
+
+double Checkpointer::finish() {
+  if (in_flight_ < 0) return 0.0;
+  const auto t0 = std::chrono::steady_clock::now();
+  writer_.join();
+  write_seconds_ += writer_last_seconds_;
+  const int64_t next_block = in_flight_;
+  in_flight_ = -1;
+  agree_on_errors(comm_, [&] {
+    if (!writer_error_.empty()) fail("{}", writer_error_);
+  });
+  agree_on_errors(comm_, [&] {
+    if (comm_.rank() != 0) return;
+    const fs::path staging = checkpoint_staging(file_);
+    std::error_code ec;
+    if (fs::exists(file_, ec)) {
+      fs::rename(file_, previous_checkpoint(file_), ec);
+      SYMPRUNE_CHECK(!ec, "checkpoint {}: cannot keep the previous checkpoint as {}: {}", file_.string(),
+                     previous_checkpoint(file_).string(), ec.message());
+    }
+    fs::rename(staging, file_, ec);
+    SYMPRUNE_CHECK(!ec, "checkpoint {}: cannot install it: {}", file_.string(), ec.message());
+    if (cleanup_) cleanup_->release();
+    cleanup_.reset();
+    io::sync_directory(file_.parent_path().empty() ? fs::path(".") : file_.parent_path());
+    log::info("checkpoint {}: blocks 1..{} of {} saved", file_.string(), next_block, blocks_);
+  });
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Checkpointer::mark_complete(const nlohmann::json& marker) {
+  if (comm_.rank() != 0) return;
+  io::write_file_atomically(checkpoint_marker(file_), marker.dump(2) + "\n");
+  std::error_code ignored;
+  fs::remove(file_, ignored);
+  fs::remove(previous_checkpoint(file_), ignored);
+  fs::remove(checkpoint_staging(file_), ignored);  // left by an earlier attempt that was killed mid-write
+  io::sync_directory(file_.parent_path().empty() ? fs::path(".") : file_.parent_path());
+  log::info("checkpoint {}: run complete, marker {} written, checkpoints removed", file_.string(),
+            checkpoint_marker(file_).string());
+}
+
+std::vector<float> read_checkpoint_rows(const io::CheckpointReader& reader, const std::string& name,
+                                        const std::vector<int64_t>& global_shape, int64_t first_row, int64_t rows) {
+  SYMPRUNE_CHECK(reader.has(name), "checkpoint {}: dataset {} is missing", reader.path().string(), name);
+  const auto shape = reader.shape(name);
+  SYMPRUNE_CHECK(shape == global_shape, "checkpoint {}: dataset {} has shape [{}], this run needs [{}]",
+                 reader.path().string(), name, fmt::join(shape, ", "), fmt::join(global_shape, ", "));
+  int64_t row_values = 1;
+  for (size_t i = 1; i < shape.size(); ++i) row_values *= shape[i];
+  std::vector<float> out(static_cast<size_t>(rows * row_values));
+  reader.read_units(name, first_row, std::as_writable_bytes(std::span<float>(out)));
+  return out;
+}
+
+namespace {
+
+// Reads and verifies the state and the masks (every rank: each needs the masks).
+ResumePoint read_point(const fs::path& file) {
+  ResumePoint point;
+  point.file = file;
+  io::CheckpointReader reader(file);
+  point.header = reader.header();
+  const auto state_shape = reader.shape("state");
+  std::vector<std::byte> state(static_cast<size_t>(state_shape.at(0)));
+  reader.read_units("state", 0, state);
+  try {
+    point.state = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(state.data()), state.size()));
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint {}: its state is not valid JSON: {}", file.string(), e.what());
+  }
+  const auto mask_shape = reader.shape("masks");
+  std::vector<std::byte> masks(static_cast<size_t>(mask_shape.at(0)));
+  reader.read_units("masks", 0, masks);
+  try {
+    for (const auto& entry : point.state.at("masks")) {
+      PackedMask m;
+      m.rows = entry.at("rows").get<int64_t>();
+      m.cols = entry.at("cols").get<int64_t>();
+      const size_t offset = entry.at("offset").get<size_t>();
+      const size_t bytes = static_cast<size_t>((m.rows * m.cols + 7) / 8);
+      SYMPRUNE_CHECK(m.rows > 0 && m.cols > 0 && offset + bytes <= masks.size(),
+                     "checkpoint {}: mask {} lies outside the masks dataset", file.string(),
+                     entry.at("name").get<std::string>());
+      m.bits.assign(reinterpret_cast<const uint8_t*>(masks.data()) + offset,
+                    reinterpret_cast<const uint8_t*>(masks.data()) + offset + bytes);
+      point.masks.emplace(entry.at("name").get<std::string>(), std::move(m));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint {}: its mask index is malformed: {}", file.string(), e.what());
+  }
+  return point;
+}
+
+}  // namespace
+
+std::optional<ResumePoint> load_resume_point(dist::Communicator& comm, const std::string& resume,
+                                             const fs::path& checkpoint, const nlohmann::json& identity,
+                                             const std::function<void(const io::CheckpointReader&)>& restore) {
+  const bool automatic = resume == "auto";
+  const fs::path newest = automatic ? checkpoint : fs::path(resume);
+  std::vector<fs::path> candidates;
+  std::error_code ec;
+  for (const auto& f : {newest, previous_checkpoint(newest)})
+    if (fs::exists(f, ec)) candidates.push_back(f);
+  if (candidates.empty()) {
+    SYMPRUNE_CHECK(automatic, "--resume {}: no such checkpoint (nor {})", resume,
+                   previous_checkpoint(newest).string());
+    log::info("--resume auto: no checkpoint at {}: starting from the first block", checkpoint.string());
+    return std::nullopt;
+  }
+  std::vector<std::string> problems;
+  for (const auto& file : candidates) {
+    std::optional<ResumePoint> point;
+    try {
+      agree_on_errors(comm, [&] { point = read_point(file); });
+    } catch (const CollectiveError& e) {
+      problems.push_back(e.what());
+      log::warn("{}; trying the previous checkpoint", e.what());
+      continue;
+    }
+    // A checkpoint of another run is an error, not something to skip: its previous one is of that run too.
+    const nlohmann::json saved = point->state.value("identity", nlohmann::json());
+    if (const auto diff = identity_difference(saved, identity))
+      fail("checkpoint {} was made by a different run and cannot continue this one: {}", file.string(), *diff);
+    try {
+      agree_on_errors(comm, [&] {
+        const io::CheckpointReader reader(file);
+        restore(reader);
+      });
+    } catch (const CollectiveError& e) {
+      problems.push_back(e.what());
+      log::warn("{}; trying the previous checkpoint", e.what());
+      continue;
+    }
+    log::info("resuming from checkpoint {}: blocks 1..{} of {} were done", file.string(), point->header.next_block,
+              point->header.blocks);
+    return point;
+  }
+  fail("no usable checkpoint to resume from: {}", fmt::join(problems, "; "));
+}
+
+}  // namespace symprune::engine
