@@ -30,7 +30,7 @@ venv="$root/.venv"
 if [[ ! -x "$venv/bin/python" ]]; then
   /usr/bin/python3 -m venv --system-site-packages "$venv"
 fi
-if ! "$venv/bin/python" -c "import transformers, tokenizers, sentencepiece, safetensors" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import transformers, tokenizers, sentencepiece, safetensors, h5py" 2>/dev/null; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$root/scripts/requirements-test.txt"
 fi
 echo "setup: done"

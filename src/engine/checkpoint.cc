@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/log.h"
 #include "engine/collective_errors.h"
 #include "io/atomic_file.h"
@@ -48,28 +49,24 @@ const char* const kVolatileKeys[] = {"model",   "model_dir", "model_source", "ou
                                      "ranks",   "communicator", "calib",     "eval",    "checkpoint", "checkpoint_every",
                                      "resume"};
 
-void first_difference(const nlohmann::json& a, const nlohmann::json& b, const std::string& path,
-                      std::optional<std::string>* out) {
-  if (*out) return;
+void differences(const nlohmann::json& a, const nlohmann::json& b, const std::string& path,
+                 std::vector<std::string>* out) {
   if (a.is_object() && b.is_object()) {
     for (const auto& [key, value] : a.items()) {
       const std::string sub = path.empty() ? key : path + "." + key;
       if (!b.contains(key)) {
-        *out = fmt::format("{}: the checkpoint has {}, this run has none", sub, value.dump());
-        return;
+        out->push_back(fmt::format("{}: the checkpoint has {}, this run has none", sub, value.dump()));
+      } else {
+        differences(value, b.at(key), sub, out);
       }
-      first_difference(value, b.at(key), sub, out);
-      if (*out) return;
     }
     for (const auto& [key, value] : b.items())
-      if (!a.contains(key)) {
-        *out = fmt::format("{}: the checkpoint has none, this run has {}", path.empty() ? key : path + "." + key,
-                           value.dump());
-        return;
-      }
+      if (!a.contains(key))
+        out->push_back(fmt::format("{}: the checkpoint has none, this run has {}",
+                                   path.empty() ? key : path + "." + key, value.dump()));
     return;
   }
-  if (a != b) *out = fmt::format("{}: the checkpoint has {}, this run has {}", path, a.dump(), b.dump());
+  if (a != b) out->push_back(fmt::format("{}: the checkpoint has {}, this run has {}", path, a.dump(), b.dump()));
 }
 
 }  // namespace
@@ -85,9 +82,10 @@ nlohmann::json run_identity(const nlohmann::json& resolved_config, const nlohman
 }
 
 std::optional<std::string> identity_difference(const nlohmann::json& saved, const nlohmann::json& current) {
-  std::optional<std::string> out;
-  first_difference(saved, current, "", &out);
-  return out;
+  std::vector<std::string> all;
+  differences(saved, current, "", &all);
+  if (all.empty()) return std::nullopt;
+  return fmt::format("{}", fmt::join(all, "; "));
 }
 
 Checkpointer::Checkpointer(dist::Communicator& comm, fs::path file, int64_t every, int64_t blocks,
@@ -165,7 +163,7 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
   writer_error_.clear();
   in_flight_ = next_block;
   latest_ = next_block;
-  writer_ = std::thread([this, staging, jobs = std::move(jobs)] {
+  writer_ = std::thread([this, staging, jobs = std::move(jobs), rank = comm_.rank(), next_block] {
     const auto t0 = std::chrono::steady_clock::now();
     try {
       const int fd = ::open(staging.c_str(), O_WRONLY | O_CLOEXEC);
@@ -174,6 +172,7 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
         for (const auto& job : jobs) {
           io::write_checkpoint_units(fd, staging, job.place, job.first_unit, job.bytes);
           bytes_written_ += static_cast<int64_t>(job.bytes.size());
+          fault::at("checkpoint_write:" + std::to_string(next_block), rank);  // tests: a kill in the middle of a checkpoint's writing
         }
         SYMPRUNE_CHECK(::fdatasync(fd) == 0, "checkpoint {}: fdatasync failed: {}", staging.string(),
                        std::strerror(errno));
@@ -304,7 +303,9 @@ std::optional<ResumePoint> load_resume_point(dist::Communicator& comm, const std
     std::optional<ResumePoint> point;
     try {
       agree_on_errors(comm, [&] { point = read_point(file); });
-    } catch (const CollectiveError& e) {
+    } catch (const interrupt::Interrupted&) {
+      throw;
+    } catch (const Error& e) {  // CollectiveError with ranks > 1
       problems.push_back(e.what());
       log::warn("{}; trying the previous checkpoint", e.what());
       continue;
@@ -318,7 +319,9 @@ std::optional<ResumePoint> load_resume_point(dist::Communicator& comm, const std
         const io::CheckpointReader reader(file);
         restore(reader);
       });
-    } catch (const CollectiveError& e) {
+    } catch (const interrupt::Interrupted&) {
+      throw;
+    } catch (const Error& e) {
       problems.push_back(e.what());
       log::warn("{}; trying the previous checkpoint", e.what());
       continue;

@@ -53,8 +53,8 @@ std::filesystem::path checkpoint_staging(const std::filesystem::path& file);   /
 // data's paths, which their fingerprints replace), plus the fingerprints.
 nlohmann::json run_identity(const nlohmann::json& resolved_config, const nlohmann::json& fingerprints);
 
-// The first field (dotted path) where `saved` and `current` differ, as "FIELD: the checkpoint has X, this
-// run has Y", or nullopt when equal.
+// Every field (dotted path) where `saved` and `current` differ, as "FIELD: the checkpoint has X, this run
+// has Y", joined by "; ", or nullopt when equal.
 std::optional<std::string> identity_difference(const nlohmann::json& saved, const nlohmann::json& current);
 
 // One rank's rows of a [rows, ...] float dataset.

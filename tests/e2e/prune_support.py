@@ -18,8 +18,9 @@ SOURCE = Path(os.environ["SYMPRUNE_SOURCE_DIR"])
 SEQLEN = 256
 
 
-def symprune(*args, check=True):
-    proc = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
+def symprune(*args, check=True, env=None):
+    proc = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, **env} if env else None)
     if check and proc.returncode != 0:
         raise AssertionError(f"symprune {' '.join(map(str, args))} exited {proc.returncode}:\n"
                              f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")

@@ -1,0 +1,258 @@
+"""Restartable runs (issue 11) in one process: --checkpoint/--resume give byte-identical outputs after kills at
+any block, during a checkpoint's write and after the output was installed; SIGUSR1 saves and exits 75; corrupt,
+foreign and impossible checkpoints get clear errors or a fallback to FILE.prev, and nothing at --out. The same
+with several ranks and a different rank count on resume: tests/mpi/test_dist_checkpoint.py."""
+import json
+import shutil
+import signal
+import subprocess
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from prune_support import BIN, output_digest, symprune
+
+RUN = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "16", "--seqlen", "64", "--micro-batch", "3",
+       "--eval-seqlen", "64", "--eval-max-chunks", "12"]
+DATASETS = ["state", "masks", "calib_hidden", "eval_dense_hidden", "eval_pruned_hidden"]
+
+
+@pytest.fixture(scope="module")
+def job(stories):
+    return ["--model", stories.model, "--calib", stories.first, "--eval", stories.second, *RUN]
+
+
+@pytest.fixture(scope="module")
+def reference(job, tmp_path_factory):
+    """The uninterrupted run: its output digest and report."""
+    root = tmp_path_factory.mktemp("reference")
+    symprune("prune", *job, "--out", root / "out", "--report", root / "report.json")
+    return output_digest(root / "out"), json.loads((root / "report.json").read_text())
+
+
+def replaced(args, option, value):
+    """`args` with `option`'s value replaced."""
+    args = list(args)
+    args[args.index(option) + 1] = value
+    return args
+
+
+def killed_run(job, tmp_path, fault, every=1):
+    """A run killed (std::abort) at `fault`; returns the checkpoint path."""
+    ckpt = tmp_path / "run.h5"
+    proc = symprune("prune", *job, "--out", tmp_path / "out", "--checkpoint", ckpt, "--checkpoint-every", every,
+                    check=False, env={"SYMPRUNE_FAULT": f"{fault}:abort"})
+    assert proc.returncode != 0 and proc.returncode not in (1, 75), proc.stderr
+    assert not (tmp_path / "out").exists()
+    return ckpt
+
+
+def resume(job, tmp_path, *extra, check=True):
+    return symprune("prune", *job, "--out", tmp_path / "out", "--checkpoint", tmp_path / "run.h5", "--resume",
+                    "auto", "--report", tmp_path / "report.json", *extra, check=check)
+
+
+def finish_and_compare(job, tmp_path, reference, *extra):
+    proc = resume(job, tmp_path, *extra)
+    assert output_digest(tmp_path / "out") == reference[0]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["perplexity"] == reference[1]["perplexity"]
+    assert [l["pruned"] for l in report["layers"]] == [l["pruned"] for l in reference[1]["layers"]]
+    assert [l["recon_error"] for l in report["layers"]] == [l["recon_error"] for l in reference[1]["layers"]]
+    # The run finished: the marker replaces the checkpoints.
+    assert (tmp_path / "run.h5.done").exists() and not (tmp_path / "run.h5").exists()
+    assert not (tmp_path / "run.h5.prev").exists() and not (tmp_path / "run.h5.tmp").exists()
+    return proc, report
+
+
+@pytest.mark.parametrize("block", [2, 3, 4])
+def test_a_run_killed_at_a_block_resumes_to_the_same_bytes(job, reference, tmp_path, block):
+    killed_run(job, tmp_path, f"block:{block}")
+    proc, report = finish_and_compare(job, tmp_path, reference)
+    # Killed at the start of block k: the checkpoint of blocks 1..k may still have been in flight.
+    assert report["resumed"]["block"] in (block - 1, block)
+    assert "resuming from checkpoint" in proc.stderr
+
+
+def test_checkpoint_every_two_blocks(job, reference, tmp_path):
+    killed_run(job, tmp_path, "block:4", every=2)
+    _, report = finish_and_compare(job, tmp_path, reference, "--checkpoint-every", "2")
+    assert report["resumed"]["block"] in (2, 4)
+
+
+def test_a_kill_during_a_checkpoint_write_falls_back_to_the_complete_one(job, reference, tmp_path):
+    # The first checkpoint is written whole; the process dies while writing the second.
+    ckpt = tmp_path / "run.h5"
+    proc = symprune("prune", *job, "--out", tmp_path / "out", "--checkpoint", ckpt, check=False,
+                    env={"SYMPRUNE_FAULT": "checkpoint_write:2:exit=137"})
+    assert proc.returncode == 137
+    assert ckpt.exists() and (tmp_path / "run.h5.tmp").exists()
+    _, report = finish_and_compare(job, tmp_path, reference)
+    assert report["resumed"]["block"] == 1
+    assert "run.h5.tmp" not in str(list(tmp_path.iterdir()))
+
+
+def test_a_kill_after_the_output_was_installed_finishes_the_run(job, reference, tmp_path):
+    ckpt = tmp_path / "run.h5"
+    proc = symprune("prune", *job, "--out", tmp_path / "out", "--checkpoint", ckpt, check=False,
+                    env={"SYMPRUNE_FAULT": "pruned_eval:exit=137"})
+    assert proc.returncode == 137 and (tmp_path / "out").exists()
+    # --out exists, written by this very run (its provenance names the run): the resumed run may replace it.
+    proc, report = finish_and_compare(job, tmp_path, reference)
+    assert report["resumed"]["block"] == 5
+
+
+def test_sigusr1_saves_the_next_block_and_exits_75(job, reference, tmp_path):
+    ckpt = tmp_path / "run.h5"
+    command = [BIN, "prune", *map(str, job), "--out", str(tmp_path / "out"), "--checkpoint", str(ckpt)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "SYMPRUNE_FAULT": "block:2:busy=2"})
+    deadline = time.time() + 60
+    while not ckpt.exists() and time.time() < deadline:  # the checkpoint of block 1 exists: block 2 runs
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR1)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 75, stderr
+    assert "interrupted by SIGUSR1" in stderr and "blocks 1..3 of 5 are saved" in stderr
+    assert not (tmp_path / "out").exists()
+    _, report = finish_and_compare(job, tmp_path, reference)
+    assert report["resumed"]["block"] == 3
+
+
+def test_a_finished_run_is_not_redone(job, reference, tmp_path):
+    killed_run(job, tmp_path, "block:3")
+    finish_and_compare(job, tmp_path, reference)
+    before = (tmp_path / "out" / "model.safetensors").stat().st_mtime_ns
+    proc = resume(job, tmp_path)
+    assert "already complete" in proc.stdout
+    assert (tmp_path / "out" / "model.safetensors").stat().st_mtime_ns == before
+    # The same checkpoint path with other options: that is another run, refused.
+    other = resume(replaced(job, "--sparsity", "0.6"), tmp_path, check=False)
+    assert other.returncode == 1 and "config.sparsity: the checkpoint has 0.5, this run has 0.6" in other.stderr
+
+
+def copy_state(tmp_path, name):
+    """A copy of tmp_path's killed run (checkpoints only) under `name`."""
+    target = tmp_path / name
+    target.mkdir()
+    for f in tmp_path.glob("run.h5*"):
+        shutil.copy(f, target / f.name)
+    return target
+
+
+@pytest.fixture()
+def killed(job, tmp_path):
+    killed_run(job, tmp_path, "block:4")
+    (tmp_path / "run.h5.tmp").unlink(missing_ok=True)
+    return tmp_path
+
+
+def refused(job, run_dir, *needles):
+    proc = resume(job, run_dir, check=False)
+    assert proc.returncode == 1, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+    assert not (run_dir / "out").exists() and not (run_dir / "report.json").exists()
+    return proc
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_a_flipped_bit_in_any_dataset_is_detected(job, reference, killed, dataset):
+    bad = copy_state(killed, f"flip-{dataset}")
+    with h5py.File(bad / "run.h5", "r+") as f:
+        data = f[dataset][...]
+        flat = data.reshape(-1).view(np.uint8)
+        flat[flat.size // 3] ^= 0x10
+        f[dataset][...] = data
+    proc = symprune("inspect", bad / "run.h5", check=False)
+    assert proc.returncode == 1 and "checksums: FAILED" in proc.stdout
+    (bad / "run.h5.prev").unlink()
+    refused(job, bad, f"dataset {dataset} is corrupt: checksum mismatch", "no usable checkpoint")
+
+
+def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(job, reference, killed):
+    run = copy_state(killed, "fallback")
+    with h5py.File(run / "run.h5", "r+") as f:
+        data = f["calib_hidden"][...]
+        data[0, 0, 0] += 1.0
+        f["calib_hidden"][...] = data
+    proc, report = finish_and_compare(job, run, reference)
+    assert "checksum mismatch" in proc.stderr and "trying the previous checkpoint" in proc.stderr
+    assert report["resumed"]["checkpoint"].endswith("run.h5.prev")
+
+
+def test_a_truncated_checkpoint_is_refused(job, killed):
+    run = copy_state(killed, "truncated")
+    size = (run / "run.h5").stat().st_size
+    with open(run / "run.h5", "r+b") as f:
+        f.truncate(size // 2)
+    (run / "run.h5.prev").unlink()
+    refused(job, run, "run.h5: not a readable HDF5 file (truncated or corrupt?)")
+
+
+def test_another_format_version_is_refused(job, killed):
+    run = copy_state(killed, "version")
+    with h5py.File(run / "run.h5", "r+") as f:
+        f.attrs.modify("version", np.int64(2))
+    (run / "run.h5.prev").unlink()
+    refused(job, run, "format version 2, but this symprune reads version 1")
+
+
+def test_a_checkpoint_of_other_options_or_another_model_is_refused(job, stories, killed):
+    run = copy_state(killed, "options")
+    proc = symprune("prune", *replaced(job, "--nsamples", "15"), "--out", run / "out", "--checkpoint", run / "run.h5",
+                    "--resume", "auto", check=False)
+    assert proc.returncode == 1
+    assert "was made by a different run and cannot continue this one: config.nsamples: the checkpoint has 16, " \
+           "this run has 15" in proc.stderr
+    model = killed / "model-copy"
+    shutil.copytree(stories.model, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config, indent=1))  # same model, other bytes
+    other = replaced(job, "--model", model)
+    proc = symprune("prune", *other, "--out", run / "out", "--checkpoint", run / "run.h5", "--resume", "auto",
+                    check=False)
+    assert proc.returncode == 1 and "fingerprints.model: the checkpoint has" in proc.stderr
+    assert not (run / "out").exists()
+
+
+def test_impossible_checkpoint_places_fail_before_the_first_block(job, tmp_path):
+    out = tmp_path / "out"
+    full = symprune("prune", *job, "--out", out, "--checkpoint", tmp_path / "c.h5", check=False,
+                    env={"SYMPRUNE_DISK_AVAILABLE": "100000"})
+    assert full.returncode == 1 and "needs" in full.stderr and "free, but has" in full.stderr
+    assert "block 1/" not in full.stderr and not out.exists()
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    readonly.chmod(0o555)
+    target = readonly / "c.h5" if __import__("os").geteuid() != 0 else "/sys/symprune-test.h5"
+    proc = symprune("prune", *job, "--out", out, "--checkpoint", target, check=False)
+    assert proc.returncode == 1 and "cannot write checkpoints there" in proc.stderr
+    assert "block 1/" not in proc.stderr and not out.exists()
+
+
+def test_checkpoint_option_errors(job, tmp_path):
+    cases = [
+        (["--checkpoint-every", "0", "--checkpoint", tmp_path / "c.h5"], "--checkpoint-every must be at least 1"),
+        (["--resume", "auto"], "--resume auto continues the checkpoint named by --checkpoint FILE"),
+        (["--resume", tmp_path / "missing.h5"], "no such checkpoint"),
+    ]
+    for extra, message in cases:
+        proc = symprune("prune", *job, "--out", tmp_path / "out", *extra, check=False)
+        assert proc.returncode == 1 and message in proc.stderr, proc.stderr
+    (tmp_path / "c.h5").write_text("x")
+    proc = symprune("prune", *job, "--out", tmp_path / "out", "--checkpoint", tmp_path / "c.h5", check=False)
+    assert proc.returncode == 1 and "exists, from an earlier run: continue that run with --resume auto" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_inspect_describes_a_checkpoint(job, killed):
+    proc = symprune("inspect", killed / "run.h5")
+    assert "format: symprune-checkpoint version 1" in proc.stdout
+    assert "blocks done: 3 of 5" in proc.stdout or "blocks done: 4 of 5" in proc.stdout
+    assert "checksums: all verify" in proc.stdout
+    for name in DATASETS:
+        assert f"\n{name} " in proc.stdout
+    assert '"method":"wanda"' in proc.stdout
