@@ -1,0 +1,80 @@
+"""Checkpoints with several ranks (issue 11): runs killed (one rank, all ranks, during a checkpoint's write)
+or stopped by SIGUSR1 resume with the same or another number of ranks, or with one `symprune prune` process,
+to outputs byte-identical to an uninterrupted single-process run, with the same perplexities."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import DIST, MPIEXEC, mpirun
+from prune_support import output_digest, symprune
+
+RUN = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "16", "--seqlen", "64", "--micro-batch", "3",
+       "--eval-seqlen", "64", "--eval-max-chunks", "20", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def job(stories):
+    return ["--model", stories.model, "--calib", stories.first, "--eval", stories.second, *RUN]
+
+
+@pytest.fixture(scope="module")
+def reference(job, tmp_path_factory):
+    root = tmp_path_factory.mktemp("reference")
+    symprune("prune", *job, "--out", root / "out", "--report", root / "report.json")
+    return output_digest(root / "out"), json.loads((root / "report.json").read_text())["perplexity"]
+
+
+def checkpoint_args(run_dir):
+    return ["--out", run_dir / "out", "--checkpoint", run_dir / "run.h5", "--report", run_dir / "report.json"]
+
+
+def resume_and_compare(job, run_dir, reference, ranks):
+    """Resumes with `ranks` MPI ranks (0: one symprune prune process) and checks the result."""
+    args = [*job, *checkpoint_args(run_dir), "--resume", "auto"]
+    if ranks == 0:
+        proc = symprune("prune", *args)
+    else:
+        proc = mpirun(ranks, *args)
+        assert proc.returncode == 0, proc.stderr
+    assert "resuming from checkpoint" in proc.stderr
+    assert output_digest(run_dir / "out") == reference[0]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["perplexity"] == reference[1]
+    assert report["resumed"] is not None and (run_dir / "run.h5.done").exists()
+    return report
+
+
+@pytest.mark.parametrize("fault,ranks,resume_ranks", [
+    ("block:3@1:abort", 3, 2),       # one rank dies; fewer ranks continue
+    ("block:3:abort", 2, 3),         # every rank dies; more ranks continue
+    ("block:4@0:exit=137", 3, 0),    # rank 0 killed; one process continues
+    ("checkpoint_write:3@1:exit=137", 2, 4),  # killed while writing a checkpoint
+])
+def test_killed_runs_resume_with_any_rank_count(job, reference, tmp_path, have_mpirun, fault, ranks,
+                                                resume_ranks):
+    proc = mpirun(ranks, *job, *checkpoint_args(tmp_path), env={"SYMPRUNE_FAULT": fault}, timeout=120)
+    assert proc.returncode != 0 and not (tmp_path / "out").exists()
+    assert (tmp_path / "run.h5").exists()
+    resume_and_compare(job, tmp_path, reference, resume_ranks)
+
+
+def test_sigusr1_to_mpirun_saves_and_exits_75_then_resumes(job, reference, tmp_path, have_mpirun):
+    command = [MPIEXEC, "-n", "3", "--oversubscribe", "--allow-run-as-root", DIST,
+               *map(str, [*job, *checkpoint_args(tmp_path)])]
+    env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1", "SYMPRUNE_FAULT": "block:2:busy=3"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 60
+    while not (tmp_path / "run.h5").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGUSR1)  # mpirun forwards SIGUSR1 to every rank
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 75, stderr
+    assert "interrupted by SIGUSR1" in stderr and "are saved in checkpoint" in stderr
+    assert not (tmp_path / "out").exists()
+    report = resume_and_compare(job, tmp_path, reference, 2)
+    assert report["resumed"]["block"] == 3
