@@ -381,6 +381,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       const int64_t size = (r.needs_stats ? c.nsamples * r.seqlen * hidden : 0) +
                            2 * eval_chunks_total * eval_seqlen * hidden + mask_bytes * model.num_blocks();
       check_checkpoint_space(c.checkpoint, size);
+      r.checkpoint_lock = std::make_unique<io::PathLock>(c.checkpoint, "--checkpoint");
     }
   }
 }

@@ -47,6 +47,7 @@ struct RunPlan {
   bool already_complete = false;
 
   std::optional<io::OutputDirectory> out;  // rank 0, when an output is written
+  std::unique_ptr<io::PathLock> checkpoint_lock;  // rank 0, with --checkpoint: one run per checkpoint
   bool writes_model = false;
   nlohmann::json config;  // the resolved configuration, for the report and the provenance file
 };

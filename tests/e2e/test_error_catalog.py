@@ -62,8 +62,9 @@ CATALOG = parse_catalog(DOC.read_text())
 class Case:
     """A command line (paths as str/Path) and an optional RLIMIT_FSIZE for the child."""
 
-    def __init__(self, *args, fsize=None, cleanup=None):
+    def __init__(self, *args, fsize=None, cleanup=None, env=None):
         self.args = [str(a) for a in args]
+        self.env = env  # extra environment variables
         self.fsize = fsize
         self.cleanup = cleanup  # called after the run (e.g. to unmount)
 
@@ -913,6 +914,84 @@ def _(env, tmp):
                 "--report", tmp / "reports")
 
 
+# --- Checkpoints ---------------------------------------------------------------------------------
+
+def checkpointed(env, tmp, *extra, fault=None):
+    """A magnitude prune with --checkpoint tmp/run.h5; with `fault`, run now and killed there."""
+    args = ["prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+            tmp / "pruned", "--checkpoint", tmp / "run.h5", *extra]
+    if fault:
+        proc = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True,
+                              env={**os.environ, "SYMPRUNE_FAULT": fault})
+        assert proc.returncode == 137 and (tmp / "run.h5").exists(), proc.stderr
+        for stale in (".pruned.lock", ".run.h5.lock", "run.h5.tmp"):  # what a later run cleans up
+            (tmp / stale).unlink(missing_ok=True)
+    return args
+
+
+@trigger("E-CKPT-EVERY")
+def _(env, tmp):
+    return Case(*checkpointed(env, tmp, "--checkpoint-every", "0"))
+
+
+@trigger("E-CKPT-AUTO-NEEDS-FILE")
+def _(env, tmp):
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "pruned", "--resume", "auto")
+
+
+@trigger("E-CKPT-EXISTS")
+def _(env, tmp):
+    return Case(*checkpointed(env, tmp, fault="block:3:exit=137"))
+
+
+@trigger("E-CKPT-UNWRITABLE")
+def _(env, tmp):
+    point = tmp / "ro"
+    point.mkdir()
+    if subprocess.run(["mount", "--bind", point, point], capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    unmount = lambda: subprocess.run(["umount", point], check=True)  # noqa: E731
+    if subprocess.run(["mount", "-o", "remount,bind,ro", point], capture_output=True).returncode != 0:
+        unmount()
+        pytest.skip("cannot remount read-only here")
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "pruned", "--checkpoint", point / "run.h5", cleanup=unmount)
+
+
+@trigger("E-CKPT-DISK-FULL")
+def _(env, tmp):
+    return Case(*checkpointed(env, tmp), env={"SYMPRUNE_DISK_AVAILABLE": "1000"})
+
+
+@trigger("E-CKPT-MISSING")
+def _(env, tmp):
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "pruned", "--resume", tmp / "missing.h5")
+
+
+@trigger("E-CKPT-OTHER-RUN")
+def _(env, tmp):
+    args = checkpointed(env, tmp, "--resume", "auto", fault="block:3:exit=137")
+    args[args.index("0.5")] = "0.6"
+    return Case(*args)
+
+
+@trigger("E-CKPT-UNUSABLE")
+def _(env, tmp):
+    (tmp / "run.h5").write_text("not a checkpoint")
+    return Case(*checkpointed(env, tmp, "--resume", "auto"))
+
+
+@trigger("E-CKPT-MARKER-OTHER-RUN")
+def _(env, tmp):
+    args = checkpointed(env, tmp, "--resume", "auto")
+    subprocess.run([BIN, *map(str, args)], capture_output=True, check=True)
+    shutil.rmtree(tmp / "pruned")
+    args[args.index("0.5")] = "0.6"
+    return Case(*args)
+
+
 # --- llama2.c checkpoints --------------------------------------------------------------------------
 
 def convert(env, tmp, checkpoint):
@@ -1009,7 +1088,8 @@ def run_case(case):
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (case.fsize, case.fsize))
     return subprocess.run([BIN, *case.args], capture_output=True, text=True,
-                          preexec_fn=limit if case.fsize else None)
+                          preexec_fn=limit if case.fsize else None,
+                          env={**os.environ, **case.env} if case.env else None)
 
 
 def test_catalog_and_triggers_match():
