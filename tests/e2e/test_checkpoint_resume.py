@@ -121,6 +121,21 @@ def test_sigusr1_saves_the_next_block_and_exits_75(job, reference, tmp_path):
     assert report["resumed"]["block"] == 3
 
 
+def test_a_real_sigkill_mid_run_resumes_to_the_same_bytes(job, reference, tmp_path):
+    ckpt = tmp_path / "run.h5"
+    command = [BIN, "prune", *map(str, job), "--out", str(tmp_path / "out"), "--checkpoint", str(ckpt)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "SYMPRUNE_FAULT": "block:3:busy=2"})
+    deadline = time.time() + 60
+    while not ckpt.exists() and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL and not (tmp_path / "out").exists()
+    finish_and_compare(job, tmp_path, reference)
+
+
 def test_a_finished_run_is_not_redone(job, reference, tmp_path):
     killed_run(job, tmp_path, "block:3")
     finish_and_compare(job, tmp_path, reference)
