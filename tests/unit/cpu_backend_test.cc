@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <tuple>
 #include <random>
 #include <vector>
 
@@ -50,6 +52,26 @@ TEST(CpuBackend, LinearWithoutBias) {
   be.linear(x, w, nullptr, y);
   EXPECT_EQ(y.shape(), (std::vector<int64_t>{37, 129}));
   expect_close(y, naive_linear(x, w, nullptr), 1e-5);
+}
+
+// Results must not depend on the thread count: multi-threaded OpenBLAS sgemm sums in another order than its
+// single-threaded small-matrix kernel on some CPUs (found on AMD EPYC: perplexity differed in the 7th digit).
+TEST(CpuBackend, LinearIsBitIdenticalForOneAndTwoThreads) {
+  Backend& be = cpu_backend();
+  const int saved = cpu_threads();
+  for (const auto& [rows, m, n] : {std::tuple{8192, 64, 64}, {1000, 172, 64}, {16, 512, 64}, {300, 96, 700}}) {
+    const Tensor x = random_tensor({rows, n}, 11), w = random_tensor({m, n}, 12);
+    Tensor one, two;
+    set_cpu_threads(1);
+    be.linear(x, w, nullptr, one);
+    set_cpu_threads(2);
+    be.linear(x, w, nullptr, two);
+    ASSERT_EQ(one.numel(), two.numel());
+    EXPECT_EQ(std::memcmp(one.data(), two.data(), static_cast<size_t>(one.numel()) * sizeof(float)), 0)
+        << rows << "x" << m << "x" << n;
+    expect_close(two, naive_linear(x, w, nullptr), 1e-5);
+  }
+  set_cpu_threads(saved);
 }
 
 TEST(CpuBackend, LinearWithBiasAndRank3Input) {

@@ -40,6 +40,7 @@ class SingleThreadedBlas {
 // Below this many elements an op runs on one thread: a parallel region costs more than it saves, and
 // on a busy machine each barrier can wait a whole scheduler time slice.
 constexpr int64_t kParallelMinElements = 1 << 15;
+constexpr int64_t kLinearRowBlock = 256;  // rows per single-threaded sgemm in linear()
 
 // Query rows per attention work item: bounds the per-thread score buffer to kQueryBlock × T.
 constexpr int64_t kQueryBlock = 128;
@@ -61,9 +62,22 @@ class CpuBackend final : public Backend {
     const bool has_bias = bias != nullptr && !bias->empty();
     if (has_bias)
       SYMPRUNE_ASSERT(bias->numel() == m, "linear bias {} vs {} outputs", bias->shape_string(), m);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(rows), static_cast<blasint>(m),
-                static_cast<blasint>(n), 1.0f, x.data(), static_cast<blasint>(n), weight.data(),
-                static_cast<blasint>(n), 0.0f, y.data(), static_cast<blasint>(m));
+    // Blocks of kLinearRowBlock rows, each one single-threaded sgemm: a multi-threaded OpenBLAS sgemm is not
+    // thread-count independent (with one thread OpenBLAS 0.3.21 takes its "direct" small-matrix kernel on
+    // Zen/SkylakeX, whose sums run in another order), and results must not depend on --threads. The split
+    // depends on `rows` only, which the pipeline fixes per forward pass.
+    const int64_t row_blocks = (rows + kLinearRowBlock - 1) / kLinearRowBlock;
+    {
+      SingleThreadedBlas single;
+#pragma omp parallel for schedule(static) if (row_blocks > 1 && rows * m * n >= kParallelMinElements * 64)
+      for (int64_t blk = 0; blk < row_blocks; ++blk) {
+        const int64_t r0 = blk * kLinearRowBlock;
+        const int64_t nr = std::min(kLinearRowBlock, rows - r0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(nr), static_cast<blasint>(m),
+                    static_cast<blasint>(n), 1.0f, x.data() + r0 * n, static_cast<blasint>(n), weight.data(),
+                    static_cast<blasint>(n), 0.0f, y.data() + r0 * m, static_cast<blasint>(m));
+      }
+    }
     if (has_bias) {
       const float* b = bias->data();
       float* out = y.data();
