@@ -144,22 +144,23 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
     const int64_t* v = places_flat.data() + i * 5;
     return io::CheckpointDatasetPlace{v[0], v[1], v[2], v[3], v[4]};
   };
+  // What the writer thread owns: the snapshot itself (no second copy).
   struct Job {
     io::CheckpointDatasetPlace place;
     int64_t first_unit;
     std::vector<std::byte> bytes;
+    std::vector<float> floats;
+    std::span<const std::byte> data() const {
+      return floats.empty() ? std::span<const std::byte>(bytes) : std::as_bytes(std::span<const float>(floats));
+    }
   };
   std::vector<Job> jobs;
   if (comm_.rank() == 0) {
-    jobs.push_back({place(0), 0, std::move(state_bytes)});
-    jobs.push_back({place(1), 0, std::move(mask_bytes)});
+    jobs.push_back({place(0), 0, std::move(state_bytes), {}});
+    jobs.push_back({place(1), 0, std::move(mask_bytes), {}});
   }
-  for (size_t i = 0; i < slabs.size(); ++i) {
-    std::vector<std::byte> bytes(slabs[i].data.size() * sizeof(float));
-    std::memcpy(bytes.data(), slabs[i].data.data(), bytes.size());
-    slabs[i].data = {};
-    jobs.push_back({place(2 + i), slabs[i].first_row, std::move(bytes)});
-  }
+  for (size_t i = 0; i < slabs.size(); ++i)
+    jobs.push_back({place(2 + i), slabs[i].first_row, {}, std::move(slabs[i].data)});
   writer_error_.clear();
   in_flight_ = next_block;
   latest_ = next_block;
@@ -170,8 +171,8 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
       SYMPRUNE_CHECK(fd >= 0, "checkpoint {}: cannot open for writing: {}", staging.string(), std::strerror(errno));
       try {
         for (const auto& job : jobs) {
-          io::write_checkpoint_units(fd, staging, job.place, job.first_unit, job.bytes);
-          bytes_written_ += static_cast<int64_t>(job.bytes.size());
+          io::write_checkpoint_units(fd, staging, job.place, job.first_unit, job.data());
+          bytes_written_ += static_cast<int64_t>(job.data().size());
           fault::at("checkpoint_write:" + std::to_string(next_block), rank);  // tests: a kill in the middle of a checkpoint's writing
         }
         SYMPRUNE_CHECK(::fdatasync(fd) == 0, "checkpoint {}: fdatasync failed: {}", staging.string(),

@@ -11,7 +11,8 @@
 //
 // Files, for --checkpoint FILE: FILE is the newest complete checkpoint, FILE.prev the one before it (kept
 // until a newer one is whole, so there is always one to fall back on), FILE.tmp the one being written,
-// FILE.done the marker of a finished run (FILE and FILE.prev are then removed).
+// FILE.done the marker of a finished run (FILE and FILE.prev are then removed), .FILE.lock the lock that
+// keeps a second run off the same checkpoint (io::PathLock; a killed run's lock file does not block).
 //
 // Writing (Checkpointer): at a block boundary every rank copies its rows (the snapshot), rank 0 creates
 // FILE.tmp with every dataset allocated, and each rank writes its rows with their checksums from a

@@ -400,6 +400,7 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
       calib.fingerprint.empty() ? nlohmann::json() : nlohmann::json(calib.fingerprint);
   std::map<std::string, PackedMask> masks;  // stored tensor name -> mask, one bit per weight
   int64_t first_block = 0;
+  double earlier_total = 0.0;  // seconds of the attempts before a resume
   std::string run_id;
   if (!c.resume.empty()) {
     const auto t = Clock::now();
@@ -424,6 +425,7 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
       run_id = point->header.run_id;
       masks = std::move(point->masks);
       restore_progress(point->state, result);
+      earlier_total = point->state.at("timings").value("total", 0.0);
       result.resumed_from = point->file;
       result.resumed_block = first_block;
     }
@@ -455,6 +457,7 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
       slabs.push_back({"eval_dense_hidden", eval_shape, dense_eval->first_chunk(), dense_eval->local_hidden()});
       slabs.push_back({"eval_pruned_hidden", eval_shape, pruned_eval->first_chunk(), pruned_eval->local_hidden()});
     }
+    result.timings.total = earlier_total + seconds_since(start);
     checkpointer->start(next_block, checkpoint_state(identity, result), masks, std::move(slabs));
     result.timings.checkpoint += seconds_since(t);
   };
@@ -624,7 +627,7 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
       result.incomplete = "pruned evaluation interrupted by " + interrupt::signal_name(e.signal());
     }
   }
-  result.timings.total = seconds_since(start);
+  result.timings.total = earlier_total + seconds_since(start);  // all attempts, like the other timings
 
   // --- Report (rank 0).
   agree_on_errors(comm, [&] {

@@ -118,6 +118,7 @@ struct PerplexityPair {
   int64_t chunks = 0;
 };
 
+// Seconds per stage; a resumed run's figures (total included) sum every attempt since the first start.
 struct PruneTimings {
   double calibration = 0, weights = 0, blocks = 0, statistics = 0, scores_masks = 0, refine = 0, write = 0,
          eval_dense = 0, eval_pruned = 0, total = 0;

@@ -3,6 +3,7 @@ any block, during a checkpoint's write and after the output was installed; SIGUS
 foreign and impossible checkpoints get clear errors or a fallback to FILE.prev, and nothing at --out. The same
 with several ranks and a different rank count on resume: tests/mpi/test_dist_checkpoint.py."""
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -104,14 +105,21 @@ def test_a_kill_after_the_output_was_installed_finishes_the_run(job, reference, 
     assert report["resumed"]["block"] == 5
 
 
-def test_sigusr1_saves_the_next_block_and_exits_75(job, reference, tmp_path):
+def started_until_first_checkpoint(job, tmp_path, fault):
+    """A run with --checkpoint tmp_path/run.h5 started in the background, returned once its first checkpoint
+    is installed (blocks 1..1 done; the next boundary's write then runs)."""
     ckpt = tmp_path / "run.h5"
     command = [BIN, "prune", *map(str, job), "--out", str(tmp_path / "out"), "--checkpoint", str(ckpt)]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "SYMPRUNE_FAULT": "block:2:busy=2"})
+                            env={**os.environ, "SYMPRUNE_FAULT": fault})
     deadline = time.time() + 60
-    while not ckpt.exists() and time.time() < deadline:  # the checkpoint of block 1 exists: block 2 runs
-        time.sleep(0.05)
+    while not ckpt.exists() and time.time() < deadline:
+        time.sleep(0.02)
+    return proc
+
+
+def test_sigusr1_saves_the_next_block_and_exits_75(job, reference, tmp_path):
+    proc = started_until_first_checkpoint(job, tmp_path, "block:2:busy=2")  # block 2 runs now
     proc.send_signal(signal.SIGUSR1)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 75, stderr
@@ -122,13 +130,7 @@ def test_sigusr1_saves_the_next_block_and_exits_75(job, reference, tmp_path):
 
 
 def test_a_real_sigkill_mid_run_resumes_to_the_same_bytes(job, reference, tmp_path):
-    ckpt = tmp_path / "run.h5"
-    command = [BIN, "prune", *map(str, job), "--out", str(tmp_path / "out"), "--checkpoint", str(ckpt)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "SYMPRUNE_FAULT": "block:3:busy=2"})
-    deadline = time.time() + 60
-    while not ckpt.exists() and time.time() < deadline:
-        time.sleep(0.02)
+    proc = started_until_first_checkpoint(job, tmp_path, "block:3:busy=2")
     time.sleep(0.3)
     proc.kill()
     proc.communicate(timeout=60)
@@ -242,7 +244,7 @@ def test_impossible_checkpoint_places_fail_before_the_first_block(job, tmp_path)
     readonly = tmp_path / "ro"
     readonly.mkdir()
     readonly.chmod(0o555)
-    target = readonly / "c.h5" if __import__("os").geteuid() != 0 else "/sys/symprune-test.h5"
+    target = readonly / "c.h5" if os.geteuid() != 0 else "/sys/symprune-test.h5"
     proc = symprune("prune", *job, "--out", out, "--checkpoint", target, check=False)
     assert proc.returncode == 1 and "cannot write checkpoints there" in proc.stderr
     assert "block 1/" not in proc.stderr and not out.exists()

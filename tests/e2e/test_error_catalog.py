@@ -820,9 +820,9 @@ def _(env, tmp):
                 tmp / "file" / "pruned")
 
 
-@trigger("E-OUT-UNWRITABLE")
-def _(env, tmp):
-    # As root only a read-only file system refuses writes: bind-mount a directory read-only.
+def read_only_directory(tmp):
+    """tmp/ro bind-mounted read-only (as root only a read-only file system refuses writes); returns it and
+    the function that unmounts it. Skips where mounting is not allowed."""
     point = tmp / "ro"
     point.mkdir()
     if subprocess.run(["mount", "--bind", point, point], capture_output=True).returncode != 0:
@@ -831,6 +831,12 @@ def _(env, tmp):
     if subprocess.run(["mount", "-o", "remount,bind,ro", point], capture_output=True).returncode != 0:
         unmount()
         pytest.skip("cannot remount read-only here")
+    return point, unmount
+
+
+@trigger("E-OUT-UNWRITABLE")
+def _(env, tmp):
+    point, unmount = read_only_directory(tmp)
     return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
                 point / "pruned", cleanup=unmount)
 
@@ -947,14 +953,7 @@ def _(env, tmp):
 
 @trigger("E-CKPT-UNWRITABLE")
 def _(env, tmp):
-    point = tmp / "ro"
-    point.mkdir()
-    if subprocess.run(["mount", "--bind", point, point], capture_output=True).returncode != 0:
-        pytest.skip("cannot bind-mount here")
-    unmount = lambda: subprocess.run(["umount", point], check=True)  # noqa: E731
-    if subprocess.run(["mount", "-o", "remount,bind,ro", point], capture_output=True).returncode != 0:
-        unmount()
-        pytest.skip("cannot remount read-only here")
+    point, unmount = read_only_directory(tmp)
     return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
                 tmp / "pruned", "--checkpoint", point / "run.h5", cleanup=unmount)
 
