@@ -3,6 +3,7 @@ or stopped by SIGUSR1 resume with the same or another number of ranks, or with o
 to outputs byte-identical to an uninterrupted single-process run, with the same perplexities."""
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -74,7 +75,9 @@ def test_sigusr1_to_mpirun_saves_and_exits_75_then_resumes(job, reference, tmp_p
     proc.send_signal(signal.SIGUSR1)  # mpirun forwards SIGUSR1 to every rank
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 75, stderr
-    assert "interrupted by SIGUSR1" in stderr and "are saved in checkpoint" in stderr
+    # The signal lands at the boundary after the first installed checkpoint or during the next block.
+    saved = re.search(r"interrupted by SIGUSR1: blocks 1\.\.(\d) of 5 are saved in checkpoint", stderr)
+    assert saved and int(saved.group(1)) in (2, 3), stderr
     assert not (tmp_path / "out").exists()
     report = resume_and_compare(job, tmp_path, reference, 2)
-    assert report["resumed"]["block"] == 3
+    assert report["resumed"]["block"] == int(saved.group(1))
