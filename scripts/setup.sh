@@ -14,6 +14,7 @@ apt_packages=(
   libsentencepiece-dev libpcre2-dev zlib1g-dev
   clang libclang-rt-14-dev
   python3 python3-venv python3-numpy python3-torch
+  slurmctld slurmd slurm-client munge  # the slurm-label tests start a one-node cluster (daemons not enabled)
 )
 missing=()
 for p in "${apt_packages[@]}"; do

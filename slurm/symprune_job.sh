@@ -1,0 +1,198 @@
+# shellcheck shell=bash
+# Sourced by the batch scripts of slurm/: runs one symprune_dist job step and makes it preemption-safe.
+#
+#   symprune_job_run LAUNCHER [symprune options...]     LAUNCHER: srun | mpirun
+#
+# Options come from the arguments, and from the environment for those not given there:
+#   SYMPRUNE_MODEL SYMPRUNE_METHOD SYMPRUNE_SPARSITY SYMPRUNE_NM SYMPRUNE_RECIPE SYMPRUNE_CALIB
+#   SYMPRUNE_EVAL SYMPRUNE_OUT SYMPRUNE_REPORT SYMPRUNE_CHECKPOINT (each the value of the option of that
+#   name), SYMPRUNE_EXTRA_ARGS (more options, split on spaces).
+# Defaults added when not given: --report OUT.report.json, --checkpoint OUT.checkpoint.h5 (in
+# SYMPRUNE_CHECKPOINT_DIR instead when set) and --resume auto, so every start of the job, first or
+# requeued, is the same command: it starts fresh, continues from the newest checkpoint, or (when the run
+# finished before) prints "already complete" and exits 0.
+#
+# Requeue: the job is sent SIGUSR1 (#SBATCH --signal=B:USR1@SECONDS, or `scancel --signal=USR1 --batch`);
+# this script forwards it to the ranks, which finish their block, save the checkpoint and exit 75; the
+# script then runs `scontrol requeue` and the job starts again later, resuming. SIGTERM (scancel,
+# preemption) reaches the ranks from Slurm itself: they save and exit 75 too, but the job is requeued only
+# when Slurm does so (preemption with PreemptMode=REQUEUE), never after a user's scancel.
+#
+# Other environment: SYMPRUNE_HOME (the checkout with build/apps; default SLURM_SUBMIT_DIR),
+# SYMPRUNE_DIST (the symprune_dist binary; default SYMPRUNE_HOME/build/apps/symprune_dist, else PATH),
+# SYMPRUNE_MODULES (environment modules to `module load` first), SYMPRUNE_SRUN_MPI (srun --mpi, default
+# pmix), SYMPRUNE_MPIRUN_ARGS (extra mpirun options), SYMPRUNE_THREADS (CPU threads per rank; default
+# SLURM_CPUS_PER_TASK, else 1).
+
+symprune_job_log() { printf '[symprune-job %s] %s\n' "$(date '+%F %T')" "$*"; }
+symprune_job_die() {
+  printf '[symprune-job] error: %s\n' "$*" >&2
+  exit 2
+}
+
+# Value of option $1 in the array named by $2 (--name VALUE or --name=VALUE), or nothing.
+symprune_job_option() {
+  local name=$1
+  local -n list=$2
+  local i
+  for ((i = 0; i < ${#list[@]}; i++)); do
+    if [[ ${list[i]} == "$name" ]]; then
+      printf '%s' "${list[i + 1]:-}"
+      return 0
+    elif [[ ${list[i]} == "$name="* ]]; then
+      printf '%s' "${list[i]#"$name="}"
+      return 0
+    fi
+  done
+  return 1
+}
+
+symprune_job_environment() {
+  if [[ -n ${SYMPRUNE_MODULES:-} ]]; then
+    command -v module >/dev/null 2>&1 || symprune_job_die "SYMPRUNE_MODULES is set but 'module' is not available"
+    # shellcheck disable=SC2086
+    module load $SYMPRUNE_MODULES || symprune_job_die "module load $SYMPRUNE_MODULES failed"
+  fi
+  # One rank per GPU or per CPU slot; its CPU threads are the task's CPUs.
+  export OMP_NUM_THREADS=${SYMPRUNE_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+  export OMP_PROC_BIND=${OMP_PROC_BIND:-close} OMP_PLACES=${OMP_PLACES:-cores}
+  # NCCL (--comm nccl): warnings only; the cluster's own NCCL_SOCKET_IFNAME / NCCL_IB_HCA pass through.
+  export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+  # Open MPI under srun: let it find Slurm's PMIx server; no warnings about the missing InfiniBand.
+  export OMPI_MCA_btl_base_warn_component_unused=0
+}
+
+symprune_job_run() {
+  local launcher=$1
+  shift
+  [[ $launcher == srun || $launcher == mpirun ]] || symprune_job_die "launcher must be srun or mpirun, not '$launcher'"
+  local -a args=("$@")
+  local pair var option
+  for pair in MODEL:--model METHOD:--method SPARSITY:--sparsity NM:--nm RECIPE:--recipe CALIB:--calib \
+    EVAL:--eval OUT:--out REPORT:--report CHECKPOINT:--checkpoint; do
+    var=SYMPRUNE_${pair%%:*} option=${pair#*:}
+    if [[ -n ${!var:-} ]] && ! symprune_job_option "$option" args >/dev/null; then
+      args+=("$option" "${!var}")
+    fi
+  done
+  if [[ -n ${SYMPRUNE_EXTRA_ARGS:-} ]]; then
+    local -a extra
+    read -r -a extra <<<"$SYMPRUNE_EXTRA_ARGS"
+    args+=("${extra[@]}")
+  fi
+
+  local out
+  out=$(symprune_job_option --out args) || symprune_job_die "no output: give --out DIR (or SYMPRUNE_OUT)"
+  [[ -n $out ]] || symprune_job_die "--out needs a directory"
+  mkdir -p "$(dirname "$out")" || symprune_job_die "cannot create the directory of --out $out"
+  if ! symprune_job_option --report args >/dev/null; then args+=(--report "$out.report.json"); fi
+  local checkpoint
+  if ! checkpoint=$(symprune_job_option --checkpoint args); then
+    local dir=${SYMPRUNE_CHECKPOINT_DIR:-$(dirname "$out")}
+    mkdir -p "$dir" || symprune_job_die "cannot create SYMPRUNE_CHECKPOINT_DIR $dir"
+    checkpoint=$dir/$(basename "$out").checkpoint.h5
+    args+=(--checkpoint "$checkpoint")
+  fi
+  if ! symprune_job_option --resume args >/dev/null; then args+=(--resume auto); fi
+
+  local home=${SYMPRUNE_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}
+  local dist=${SYMPRUNE_DIST:-}
+  if [[ -z $dist ]]; then
+    if [[ -x $home/build/apps/symprune_dist ]]; then
+      dist=$home/build/apps/symprune_dist
+    else
+      dist=$(command -v symprune_dist) ||
+        symprune_job_die "symprune_dist not found: set SYMPRUNE_DIST, SYMPRUNE_HOME (a build with build/apps), or load its module"
+    fi
+  fi
+  [[ -x $dist ]] || symprune_job_die "SYMPRUNE_DIST=$dist is not an executable"
+  symprune_job_environment
+  if ! symprune_job_option --threads args >/dev/null; then args+=(--threads "$OMP_NUM_THREADS"); fi
+
+  local -a command
+  if [[ $launcher == srun ]]; then
+    command=(srun --mpi="${SYMPRUNE_SRUN_MPI:-pmix}" --kill-on-bad-exit=1 "$dist" "${args[@]}")
+  else
+    local -a mpirun_args
+    read -r -a mpirun_args <<<"${SYMPRUNE_MPIRUN_ARGS:-}"
+    ((EUID == 0)) && mpirun_args+=(--allow-run-as-root)
+    # Open MPI reads the allocation (nodes, tasks per node) from Slurm; one rank per task.
+    command=(mpirun -n "${SLURM_NTASKS:-1}" "${mpirun_args[@]}" -x OMP_NUM_THREADS -x OMP_PROC_BIND
+      -x OMP_PLACES -x NCCL_DEBUG "$dist" "${args[@]}")
+  fi
+
+  symprune_job_log "job ${SLURM_JOB_ID:-?}${SLURM_ARRAY_TASK_ID:+ (array task $SLURM_ARRAY_TASK_ID)}," \
+    "start $((${SLURM_RESTART_COUNT:-0} + 1)) (requeued ${SLURM_RESTART_COUNT:-0} times)," \
+    "${SLURM_JOB_NUM_NODES:-1} node(s) ${SLURM_JOB_NODELIST:-$(hostname)}, ${SLURM_NTASKS:-1} rank(s)," \
+    "$OMP_NUM_THREADS thread(s) each"
+  symprune_job_log "run: ${command[*]}"
+
+  # The step runs in the background so this shell can take the warning signal and pass it on.
+  local warned=0 status pid
+  trap 'warned=1; symprune_job_log "SIGUSR1: asking the ranks to checkpoint and stop"; kill -USR1 "$pid" 2>/dev/null' USR1
+  "${command[@]}" &
+  pid=$!
+  while true; do
+    wait "$pid"
+    status=$?
+    # wait returns >128 when a trapped signal interrupted it: the step is still running.
+    if ((status > 128)) && kill -0 "$pid" 2>/dev/null; then continue; fi
+    break
+  done
+  trap - USR1
+
+  case $status in
+    0)
+      # A finished run always leaves the marker; a launcher can exit 0 when its step never started.
+      if [[ ! -e $checkpoint.done ]]; then
+        symprune_job_log "error: the step exited 0 but the run did not finish ($checkpoint.done is missing)"
+        return 1
+      fi
+      symprune_job_log "done: output $out"
+      return 0
+      ;;
+    75)
+      if ((warned)) && [[ -n ${SLURM_JOB_ID:-} ]]; then
+        symprune_job_log "checkpoint saved; requeueing job $SLURM_JOB_ID (it resumes with --resume auto)"
+        if scontrol requeue "$SLURM_JOB_ID"; then
+          # Slurm ends this batch script itself when it requeues the job; do not report a failure.
+          sleep 60
+          return 0
+        fi
+        symprune_job_log "scontrol requeue failed (was the job submitted with --requeue?): submit it again to continue"
+      else
+        symprune_job_log "stopped with the checkpoint saved; submit the same job again to continue"
+      fi
+      return 75
+      ;;
+    *)
+      symprune_job_log "symprune_dist failed with exit code $status"
+      return "$status"
+      ;;
+  esac
+}
+
+# One cell of a sweep (an array task of sweep.sbatch): line SLURM_ARRAY_TASK_ID of GRID (blank lines and
+# '#' comments skipped) is "NAME OPTIONS..."; the cell writes SWEEP_DIR/NAME/{model,report.json,
+# checkpoint.h5} with the common options plus its own.
+#
+#   symprune_job_sweep_cell GRID SWEEP_DIR [common symprune options...]
+symprune_job_sweep_cell() {
+  (($# >= 2)) || symprune_job_die "usage: sweep.sbatch GRID SWEEP_DIR [common options...]"
+  local grid=$1 sweep=$2
+  shift 2
+  [[ -f $grid ]] || symprune_job_die "grid file $grid not found"
+  local task=${SLURM_ARRAY_TASK_ID:-}
+  [[ $task =~ ^[0-9]+$ ]] || symprune_job_die "not an array task (SLURM_ARRAY_TASK_ID unset): submit with slurm/submit_sweep.sh"
+  local line
+  line=$(grep -v -E '^[[:space:]]*(#|$)' "$grid" | sed -n "$((task + 1))p")
+  [[ -n $line ]] || symprune_job_die "$grid has no cell $task (it has $(grep -c -v -E '^[[:space:]]*(#|$)' "$grid"))"
+  local name
+  local -a cell
+  read -r name line <<<"$line"
+  read -r -a cell <<<"$line"
+  symprune_job_log "sweep cell $task: $name: ${cell[*]}"
+  mkdir -p "$sweep/$name" || symprune_job_die "cannot create $sweep/$name"
+  symprune_job_run "${SYMPRUNE_LAUNCHER:-srun}" "$@" "${cell[@]}" --out "$sweep/$name/model" \
+    --report "$sweep/$name/report.json" --checkpoint "$sweep/$name/checkpoint.h5"
+}
