@@ -1,0 +1,90 @@
+"""The slurm/ scripts' own checks, without a cluster: bad usage fails before anything is submitted or run,
+with a clear message, and the collector writes its table with the missing cells marked."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+SOURCE = Path(os.environ["SYMPRUNE_SOURCE_DIR"])
+SLURM = SOURCE / "slurm"
+
+
+def bash(script, env=None, cwd=None):
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, **(env or {})}, timeout=60)
+
+
+def test_every_script_parses():
+    for path in [*SLURM.glob("*.sbatch"), *SLURM.glob("*.sh")]:
+        proc = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{path}: {proc.stderr}"
+
+
+def test_job_without_output_fails_with_the_reason(tmp_path):
+    proc = bash(f"source {SLURM}/symprune_job.sh; symprune_job_run srun --model m --method wanda",
+                env={"SYMPRUNE_DIST": "/bin/true"})
+    assert proc.returncode == 2
+    assert "no output: give --out DIR (or SYMPRUNE_OUT)" in proc.stderr
+
+
+def test_job_with_unknown_launcher_or_binary_fails(tmp_path):
+    proc = bash(f"source {SLURM}/symprune_job.sh; symprune_job_run ssh --out {tmp_path}/o")
+    assert proc.returncode == 2 and "launcher must be srun or mpirun, not 'ssh'" in proc.stderr
+    proc = bash(f"source {SLURM}/symprune_job.sh; symprune_job_run srun --out {tmp_path}/o",
+                env={"SYMPRUNE_DIST": str(tmp_path / "missing")})
+    assert proc.returncode == 2 and "is not an executable" in proc.stderr
+
+
+def test_sweep_cell_outside_an_array_or_beyond_the_grid_fails(tmp_path):
+    grid = tmp_path / "grid.tsv"
+    grid.write_text("# comment\n\nonly  --method wanda --sparsity 0.5\n")
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_ARRAY_TASK_ID"}
+    proc = subprocess.run(["bash", "-c", f"source {SLURM}/symprune_job.sh; symprune_job_sweep_cell {grid} {tmp_path}"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and "not an array task" in proc.stderr
+    proc = bash(f"source {SLURM}/symprune_job.sh; symprune_job_sweep_cell {grid} {tmp_path}",
+                env={"SLURM_ARRAY_TASK_ID": "1"})
+    assert proc.returncode == 2 and f"{grid} has no cell 1 (it has 1)" in proc.stderr
+
+
+def test_submit_sweep_refuses_repeated_cells_and_another_grid(tmp_path):
+    grid = tmp_path / "grid.tsv"
+    grid.write_text("a --method wanda --sparsity 0.5\na --method ria --sparsity 0.5\n")
+    # sbatch is never reached: a stand-in that fails loudly if it were.
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "sbatch").write_text("#!/bin/sh\necho sbatch must not run >&2\nexit 99\n")
+    (fake_bin / "sbatch").chmod(0o755)
+    env = {"PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    proc = bash(f"bash {SLURM}/submit_sweep.sh {grid} {tmp_path}/sweep", env=env)
+    assert proc.returncode == 2 and "cell names repeat" in proc.stderr and " a" in proc.stderr
+    sweep = tmp_path / "sweep2"
+    sweep.mkdir()
+    (sweep / "grid.tsv").write_text("other --method magnitude --sparsity 0.5\n")
+    grid.write_text("a --method wanda --sparsity 0.5\n")
+    proc = bash(f"bash {SLURM}/submit_sweep.sh {grid} {sweep}", env=env)
+    assert proc.returncode == 2 and "holds another grid" in proc.stderr
+    proc = bash(f"bash {SLURM}/submit_sweep.sh {grid}", env=env)
+    assert proc.returncode == 2 and "submit_sweep.sh GRID SWEEP_DIR" in proc.stderr
+
+
+def test_collector_marks_missing_cells_and_exits_1(tmp_path):
+    sweep = tmp_path / "sweep"
+    (sweep / "done-cell").mkdir(parents=True)
+    (sweep / "grid.tsv").write_text("# two cells\ndone-cell --method wanda --nm 2:4\nlost-cell --method ria --sparsity 0.5\n")
+    report = {"config": {"method": "wanda", "nm": "2:4"}, "sparsity": {"total": 0.5},
+              "perplexity": {"dense": 6.25, "pruned": 9.125}, "timings": {"total": 12.5},
+              "resumed": {"checkpoint": "x.h5", "block": 3}}
+    (sweep / "done-cell" / "report.json").write_text(json.dumps(report))
+    proc = subprocess.run(["python3", SLURM / "collect_sweep.py", sweep], capture_output=True, text=True)
+    assert proc.returncode == 1 and "not done: lost-cell" in proc.stderr
+    rows = json.loads((sweep / "results.json").read_text())["rows"]
+    assert [(r["cell"], r["status"]) for r in rows] == [("done-cell", "done"), ("lost-cell", "missing")]
+    assert rows[0]["mask"] == "2:4" and rows[0]["perplexity_pruned"] == 9.125 and rows[0]["resumed_at_block"] == 3
+    assert rows[1]["options"] == "--method ria --sparsity 0.5"
+    markdown = (sweep / "results.md").read_text()
+    assert "| done-cell | wanda | 2:4 | 0.5000 | 6.250 | 9.125 | 12.5 | 3 | done |" in markdown
+    assert "| lost-cell | – | – | – | – | – | – | – | missing |" in markdown
+    assert "1 of 2 cells done" in markdown
+    proc = subprocess.run(["python3", SLURM / "collect_sweep.py", tmp_path], capture_output=True, text=True)
+    assert proc.returncode == 2 and "is " in proc.stderr and "a sweep directory" in proc.stderr
