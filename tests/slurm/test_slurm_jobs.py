@@ -1,6 +1,7 @@
 """The batch scripts of slurm/ on a real one-node Slurm cluster (munged, slurmctld, slurmd started by
 slurm_cluster.py), with CPU ranks (--gpus-per-node=0) on stories260K:
-- prune_node.sbatch (srun) and prune_mpirun.sbatch give outputs byte-identical to `symprune prune`;
+- prune_node.sbatch (srun), prune_mpirun.sbatch and prune_multinode.sbatch (on one node) give outputs
+  byte-identical to `symprune prune`;
 - a job sent SIGUSR1 mid-run (`scancel --signal=USR1 --batch`) saves a checkpoint, requeues itself and
   resumes to the same bytes; requeued again after it finished, it does not rerun;
 - a 2 methods x 2 sparsities array (submit_sweep.sh) and its collector give a four-row table with the
@@ -60,9 +61,9 @@ def reference(stories, root, *method):
     return output_digest(root / "out"), json.loads((root / "report.json").read_text())
 
 
-def submit(cluster, script, workdir, env, *args):
+def submit(cluster, script, workdir, env, *args, resources=()):
     workdir.mkdir(parents=True, exist_ok=True)
-    job = cluster.sbatch(*CPU_RANKS, SOURCE / "slurm" / script, *args, cwd=workdir, env=env)
+    job = cluster.sbatch(*CPU_RANKS, *resources, SOURCE / "slurm" / script, *args, cwd=workdir, env=env)
     return job, workdir / f"{job_name(script)}-{job}.log"
 
 
@@ -104,11 +105,14 @@ def wanda50(stories, tmp_path_factory):
     return reference(stories, tmp_path_factory.mktemp("reference"), *METHOD)
 
 
-@pytest.mark.parametrize("script", ["prune_node.sbatch", "prune_mpirun.sbatch"])
-def test_job_output_equals_symprune_prune(cluster, stories, job_env, wanda50, tmp_path, script):
+# The multi-node script runs here on the one node there is (--nodes=1): its launch, not the network.
+@pytest.mark.parametrize("script,resources", [("prune_node.sbatch", []), ("prune_mpirun.sbatch", []),
+                                              ("prune_multinode.sbatch", ["--nodes=1"])])
+def test_job_output_equals_symprune_prune(cluster, stories, job_env, wanda50, tmp_path, script, resources):
     expected_digest, expected = wanda50
     out = tmp_path / "job" / "out"
-    job, log = submit(cluster, script, tmp_path / "job", job_env, *common(stories), *METHOD, "--out", out)
+    job, log = submit(cluster, script, tmp_path / "job", job_env, *common(stories), *METHOD, "--out", out,
+                      resources=resources)
     record = cluster.wait(job, timeout=240)[0]
     text = log.read_text()
     assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", text
