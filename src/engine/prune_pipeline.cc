@@ -1,6 +1,7 @@
 #include "engine/prune_pipeline.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -229,17 +230,47 @@ LayerResult layer_from_json(const nlohmann::json& j) {
   return l;
 }
 
+// The report's timing and traffic fields. `resumed_adds`: a resumed run adds the earlier attempts' value
+// (total is summed on its own; the output is written once, by the last attempt).
+struct TimingField {
+  double PruneTimings::*member;
+  const char* key;
+  bool resumed_adds;
+};
+constexpr std::array<TimingField, 12> kTimingFields{
+    {{&PruneTimings::calibration, "calibration", true},
+     {&PruneTimings::weights, "weights", true},
+     {&PruneTimings::blocks, "blocks", true},
+     {&PruneTimings::statistics, "statistics", true},
+     {&PruneTimings::scores_masks, "scores_masks", true},
+     {&PruneTimings::refine, "refine", true},
+     {&PruneTimings::write, "write", false},
+     {&PruneTimings::eval_dense, "eval_dense", true},
+     {&PruneTimings::eval_pruned, "eval_pruned", true},
+     {&PruneTimings::checkpoint, "checkpoint", true},
+     {&PruneTimings::checkpoint_background, "checkpoint_background", true},
+     {&PruneTimings::total, "total", false}}};
+struct CommunicationField {
+  int64_t CommunicationVolume::*member;
+  const char* key;
+};
+constexpr std::array<CommunicationField, 5> kCommunicationFields{
+    {{&CommunicationVolume::weights, "weights"},
+     {&CommunicationVolume::statistics, "statistics"},
+     {&CommunicationVolume::grams, "grams"},
+     {&CommunicationVolume::masks, "masks"},
+     {&CommunicationVolume::eval, "eval"}}};
+
 nlohmann::json timings_json(const PruneTimings& t) {
-  return {{"calibration", t.calibration}, {"weights", t.weights},         {"blocks", t.blocks},
-          {"statistics", t.statistics},   {"scores_masks", t.scores_masks}, {"refine", t.refine},
-          {"write", t.write},             {"eval_dense", t.eval_dense},   {"eval_pruned", t.eval_pruned},
-          {"checkpoint", t.checkpoint},   {"checkpoint_background", t.checkpoint_background},
-          {"total", t.total}};
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& f : kTimingFields) j[f.key] = t.*f.member;
+  return j;
 }
 
 nlohmann::json communication_json(const CommunicationVolume& c) {
-  return {{"weights", c.weights}, {"statistics", c.statistics}, {"grams", c.grams}, {"masks", c.masks},
-          {"eval", c.eval}};
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& f : kCommunicationFields) j[f.key] = c.*f.member;
+  return j;
 }
 
 // What a checkpoint saves besides the masks and hidden states: the identity and the report so far.
@@ -261,18 +292,11 @@ void restore_progress(const nlohmann::json& state, PruneResult& result) {
       result.params_total += result.layers.back().shape.at(0) * result.layers.back().shape.at(1);
     }
     const auto& t = state.at("timings");
-    PruneTimings& r = result.timings;
-    for (auto [field, key] : {std::pair{&r.calibration, "calibration"}, {&r.weights, "weights"},
-                              {&r.blocks, "blocks"}, {&r.statistics, "statistics"},
-                              {&r.scores_masks, "scores_masks"}, {&r.refine, "refine"},
-                              {&r.eval_dense, "eval_dense"}, {&r.eval_pruned, "eval_pruned"},
-                              {&r.checkpoint, "checkpoint"}, {&r.checkpoint_background, "checkpoint_background"}})
-      *field += t.value(key, 0.0);
+    for (const auto& f : kTimingFields) {
+      if (f.resumed_adds) result.timings.*f.member += t.value(f.key, 0.0);
+    }
     const auto& c = state.at("communication");
-    CommunicationVolume& v = result.communication;
-    for (auto [field, key] : {std::pair{&v.weights, "weights"}, {&v.statistics, "statistics"},
-                              {&v.grams, "grams"}, {&v.masks, "masks"}, {&v.eval, "eval"}})
-      *field += c.value(key, int64_t{0});
+    for (const auto& f : kCommunicationFields) result.communication.*f.member += c.value(f.key, int64_t{0});
   } catch (const nlohmann::json::exception& e) {
     fail("the checkpoint's report entries are malformed: {}", e.what());
   }
@@ -333,8 +357,9 @@ nlohmann::json PruneResult::report() const {
       {"symprune", io::build_provenance()},
   };
   if (incomplete) j["incomplete"] = *incomplete;
-  j["resumed"] = resumed_from ? nlohmann::json{{"checkpoint", resumed_from->string()}, {"block", resumed_block}}
-                              : nlohmann::json();
+  j["resumed"] = resumed_from
+                     ? nlohmann::json{{"checkpoint", resumed_from->string()}, {"block", resumed_block}}
+                     : nlohmann::json();
   if (perplexity) {
     j["perplexity"] = {{"dense", perplexity->dense},
                        {"pruned", incomplete ? nlohmann::json() : nlohmann::json(perplexity->pruned)},
@@ -392,7 +417,8 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
   const int64_t d = model.hidden_size();
   const std::vector<int64_t> calib_shape = {calib.total_windows, plan.seqlen, d};
   const std::vector<int64_t> eval_shape =
-      plan.evaluate ? std::vector<int64_t>{dense_eval->chunks(), dense_eval->seqlen(), d} : std::vector<int64_t>{};
+      plan.evaluate ? std::vector<int64_t>{dense_eval->chunks(), dense_eval->seqlen(), d}
+                    : std::vector<int64_t>{};
 
   // --- Resume: the state entering the checkpoint's next block, from a checkpoint of this very run.
   nlohmann::json identity = plan.identity_without_calibration;
@@ -407,17 +433,20 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     auto restore = [&](const io::CheckpointReader& reader) {
       const int64_t next = reader.header().next_block;
       SYMPRUNE_CHECK(reader.header().blocks == model.num_blocks() && next >= 1 && next <= model.num_blocks(),
-                     "checkpoint {}: block {} of {} does not fit this model's {} blocks", reader.path().string(),
-                     next, reader.header().blocks, model.num_blocks());
+                     "checkpoint {}: block {} of {} does not fit this model's {} blocks",
+                     reader.path().string(), next, reader.header().blocks, model.num_blocks());
       if (plan.needs_stats) {
-        auto rows = read_checkpoint_rows(reader, "calib_hidden", calib_shape, calib.first_window, calib.windows);
-        calib.hidden = calib.windows > 0 ? Tensor({calib.windows * plan.seqlen, d}, std::move(rows)) : Tensor();
+        auto rows =
+            read_checkpoint_rows(reader, "calib_hidden", calib_shape, calib.first_window, calib.windows);
+        calib.hidden =
+            calib.windows > 0 ? Tensor({calib.windows * plan.seqlen, d}, std::move(rows)) : Tensor();
       }
       if (plan.evaluate) {
-        dense_eval->restore_hidden(read_checkpoint_rows(reader, "eval_dense_hidden", eval_shape,
-                                                        dense_eval->first_chunk(), dense_eval->local_chunks()));
+        dense_eval->restore_hidden(read_checkpoint_rows(
+            reader, "eval_dense_hidden", eval_shape, dense_eval->first_chunk(), dense_eval->local_chunks()));
         pruned_eval->restore_hidden(read_checkpoint_rows(reader, "eval_pruned_hidden", eval_shape,
-                                                         pruned_eval->first_chunk(), pruned_eval->local_chunks()));
+                                                         pruned_eval->first_chunk(),
+                                                         pruned_eval->local_chunks()));
       }
     };
     if (auto point = load_resume_point(comm, c.resume, c.checkpoint, identity, restore)) {
@@ -442,7 +471,8 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
   // --- Checkpoints of the state between blocks.
   std::unique_ptr<Checkpointer> checkpointer;
   if (!c.checkpoint.empty())
-    checkpointer = std::make_unique<Checkpointer>(comm, c.checkpoint, c.checkpoint_every, model.num_blocks(), run_id);
+    checkpointer =
+        std::make_unique<Checkpointer>(comm, c.checkpoint, c.checkpoint_every, model.num_blocks(), run_id);
   const BlockBoundaryStops boundary_stops(checkpointer != nullptr && comm.size() == 1);
   // Starts saving the state entering `next_block` (this rank's rows copied now, written in the background).
   auto save_state = [&](int64_t next_block) {
@@ -450,12 +480,15 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     std::vector<CheckpointSlab> slabs;
     if (plan.needs_stats) {
       CheckpointSlab slab{"calib_hidden", calib_shape, calib.first_window, {}};
-      if (calib.windows > 0) slab.data.assign(calib.hidden.data(), calib.hidden.data() + calib.hidden.numel());
+      if (calib.windows > 0)
+        slab.data.assign(calib.hidden.data(), calib.hidden.data() + calib.hidden.numel());
       slabs.push_back(std::move(slab));
     }
     if (plan.evaluate) {
-      slabs.push_back({"eval_dense_hidden", eval_shape, dense_eval->first_chunk(), dense_eval->local_hidden()});
-      slabs.push_back({"eval_pruned_hidden", eval_shape, pruned_eval->first_chunk(), pruned_eval->local_hidden()});
+      slabs.push_back(
+          {"eval_dense_hidden", eval_shape, dense_eval->first_chunk(), dense_eval->local_hidden()});
+      slabs.push_back(
+          {"eval_pruned_hidden", eval_shape, pruned_eval->first_chunk(), pruned_eval->local_hidden()});
     }
     result.timings.total = earlier_total + seconds_since(start);
     checkpointer->start(next_block, checkpoint_state(identity, result), masks, std::move(slabs));
@@ -645,12 +678,13 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
   // A finished run leaves a marker, so that running the same command again does nothing.
   if (checkpointer && !interrupted)
     agree_on_errors(comm, [&] {
-      checkpointer->mark_complete({{"identity", identity},
-                                   {"run_id", run_id},
-                                   {"out", c.out.string()},
-                                   {"report", c.report.empty() ? nlohmann::json() : nlohmann::json(c.report.string())},
-                                   {"finished", utc_timestamp()},
-                                   {"symprune", io::build_provenance()}});
+      checkpointer->mark_complete(
+          {{"identity", identity},
+           {"run_id", run_id},
+           {"out", c.out.string()},
+           {"report", c.report.empty() ? nlohmann::json() : nlohmann::json(c.report.string())},
+           {"finished", utc_timestamp()},
+           {"symprune", io::build_provenance()}});
     });
   if (interrupted) {
     throw interrupt::Interrupted(

@@ -40,39 +40,26 @@ std::string hdf5_error() {
   return what.empty() ? "unknown HDF5 error" : what;
 }
 
-// Closes by kind (H5Oclose only handles objects).
-struct Space {
-  hid_t id;
-  ~Space() {
-    if (id >= 0) H5Sclose(id);
+// An HDF5 id closed by its kind's function (H5Oclose only handles objects); negative ids are failures.
+template <herr_t (*close)(hid_t)>
+struct Handle {
+  explicit Handle(hid_t handle) : id(handle) {}
+  ~Handle() {
+    if (id >= 0) close(id);
   }
-};
-struct Plist {
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
   hid_t id;
-  ~Plist() {
-    if (id >= 0) H5Pclose(id);
-  }
 };
-struct Type {
-  hid_t id;
-  ~Type() {
-    if (id >= 0) H5Tclose(id);
-  }
-};
-struct Dataset {
-  hid_t id;
-  ~Dataset() {
-    if (id >= 0) H5Dclose(id);
-  }
-};
-struct Attribute {
-  hid_t id;
-  ~Attribute() {
-    if (id >= 0) H5Aclose(id);
-  }
-};
+using Space = Handle<H5Sclose>;
+using Plist = Handle<H5Pclose>;
+using Type = Handle<H5Tclose>;
+using Dataset = Handle<H5Dclose>;
+using Attribute = Handle<H5Aclose>;
 
-int64_t element_bytes(CheckpointType t) { return t == CheckpointType::kFloat32 ? 4 : 1; }
+int64_t element_bytes(CheckpointType t) {
+  return t == CheckpointType::kFloat32 ? 4 : 1;
+}
 
 void write_int_attribute(hid_t object, const char* name, int64_t value, const fs::path& path) {
   Space space{H5Screate(H5S_SCALAR)};
@@ -106,7 +93,8 @@ std::optional<std::string> read_string_attribute(hid_t object, const char* name)
   Attribute a{H5Aopen(object, name, H5P_DEFAULT)};
   if (a.id < 0) return std::nullopt;
   Type type{H5Aget_type(a.id)};
-  if (type.id < 0 || H5Tget_class(type.id) != H5T_STRING || H5Tis_variable_str(type.id) > 0) return std::nullopt;
+  if (type.id < 0 || H5Tget_class(type.id) != H5T_STRING || H5Tis_variable_str(type.id) > 0)
+    return std::nullopt;
   const size_t size = H5Tget_size(type.id);
   if (size == 0 || size > (size_t{1} << 20)) return std::nullopt;
   std::string value(size, '\0');
@@ -144,7 +132,8 @@ uint32_t crc32_of(std::span<const std::byte> data) {
 }
 
 std::map<std::string, CheckpointDatasetPlace> create_checkpoint_file(
-    const fs::path& path, const CheckpointHeader& header, const std::vector<CheckpointDatasetSpec>& datasets) {
+    const fs::path& path, const CheckpointHeader& header,
+    const std::vector<CheckpointDatasetSpec>& datasets) {
   quiet_hdf5();
   // The latest format: object headers and the superblock carry checksums of their own, so a flipped bit
   // in the metadata is an HDF5 error on open rather than a silently wrong attribute.
@@ -207,15 +196,16 @@ std::map<std::string, CheckpointDatasetPlace> create_checkpoint_file(
   return places;
 }
 
-void write_checkpoint_units(int fd, const fs::path& path, const CheckpointDatasetPlace& place, int64_t first_unit,
-                            std::span<const std::byte> data) {
+void write_checkpoint_units(int fd, const fs::path& path, const CheckpointDatasetPlace& place,
+                            int64_t first_unit, std::span<const std::byte> data) {
   if (data.empty()) return;
   const int64_t begin = first_unit * place.unit_bytes;
   SYMPRUNE_ASSERT(begin + static_cast<int64_t>(data.size()) <= place.bytes, "write past the dataset's end");
   pwrite_all(fd, data.data(), data.size(), place.offset + begin, path);
   std::vector<uint32_t> crcs;
   for (size_t at = 0; at < data.size(); at += static_cast<size_t>(place.unit_bytes))
-    crcs.push_back(crc32_of(data.subspan(at, std::min(data.size() - at, static_cast<size_t>(place.unit_bytes)))));
+    crcs.push_back(
+        crc32_of(data.subspan(at, std::min(data.size() - at, static_cast<size_t>(place.unit_bytes)))));
   pwrite_all(fd, crcs.data(), crcs.size() * sizeof(uint32_t),
              place.crc_offset + first_unit * static_cast<int64_t>(sizeof(uint32_t)), path);
 }
@@ -225,8 +215,8 @@ CheckpointReader::CheckpointReader(const fs::path& path) : path_(path) {
   SYMPRUNE_CHECK(fs::is_regular_file(path, ec), "checkpoint {}: no such file", path.string());
   std::string why;
   const hid_t file = open_file(path, &why);
-  SYMPRUNE_CHECK(file >= 0, "checkpoint {}: not a readable HDF5 file (truncated or corrupt?): {}", path.string(),
-                 why);
+  SYMPRUNE_CHECK(file >= 0, "checkpoint {}: not a readable HDF5 file (truncated or corrupt?): {}",
+                 path.string(), why);
   file_ = file;
   const auto format = read_string_attribute(file, "format");
   const auto version = read_int_attribute(file, "version");
@@ -259,7 +249,8 @@ std::vector<std::string> CheckpointReader::dataset_names() const {
       file_, H5_INDEX_NAME, H5_ITER_INC, nullptr,
       [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
         const std::string n = name;
-        if (!(n.size() > 6 && n.ends_with(kCrcSuffix))) static_cast<std::vector<std::string>*>(out)->push_back(n);
+        if (!(n.size() > 6 && n.ends_with(kCrcSuffix)))
+          static_cast<std::vector<std::string>*>(out)->push_back(n);
         return 0;
       },
       &names);
@@ -292,22 +283,24 @@ int64_t CheckpointReader::unit_bytes(const std::string& name) const {
   return *unit;
 }
 
-void CheckpointReader::read_units(const std::string& name, int64_t first_unit, std::span<std::byte> out) const {
+void CheckpointReader::read_units(const std::string& name, int64_t first_unit,
+                                  std::span<std::byte> out) const {
   if (out.empty()) return;
   const std::vector<int64_t> dims = shape(name);
   const int64_t unit = unit_bytes(name);
   Dataset d{H5Dopen2(file_, name.c_str(), H5P_DEFAULT)};
   Type type{H5Dget_type(d.id)};
   const int64_t element = static_cast<int64_t>(H5Tget_size(type.id));
-  SYMPRUNE_CHECK(element == 1 || element == 4, "checkpoint {}: dataset {} has {}-byte elements", path_.string(),
-                 name, element);
+  SYMPRUNE_CHECK(element == 1 || element == 4, "checkpoint {}: dataset {} has {}-byte elements",
+                 path_.string(), name, element);
   int64_t inner = 1;  // elements per index of the first dimension
   for (size_t i = 1; i < dims.size(); ++i) inner *= dims[i];
   const int64_t first_element = first_unit * unit / element;
   const int64_t elements = static_cast<int64_t>(out.size()) / element;
-  SYMPRUNE_CHECK(first_element % inner == 0 && elements % inner == 0 && first_element + elements <= dims[0] * inner,
-                 "checkpoint {}: dataset {} has shape [{}], too small for the requested rows", path_.string(), name,
-                 fmt::join(dims, ", "));
+  SYMPRUNE_CHECK(
+      first_element % inner == 0 && elements % inner == 0 && first_element + elements <= dims[0] * inner,
+      "checkpoint {}: dataset {} has shape [{}], too small for the requested rows", path_.string(), name,
+      fmt::join(dims, ", "));
   std::vector<hsize_t> start(dims.size(), 0), count(dims.begin(), dims.end());
   start[0] = static_cast<hsize_t>(first_element / inner);
   count[0] = static_cast<hsize_t>(elements / inner);
@@ -317,19 +310,21 @@ void CheckpointReader::read_units(const std::string& name, int64_t first_unit, s
   Space mem_space{H5Screate_simple(1, &mem_elements, nullptr)};
   const hid_t mem_type = element == 4 ? H5T_NATIVE_FLOAT : H5T_NATIVE_UINT8;
   SYMPRUNE_CHECK(H5Dread(d.id, mem_type, mem_space.id, file_space.id, H5P_DEFAULT, out.data()) >= 0,
-                 "checkpoint {}: cannot read dataset {} (truncated?): {}", path_.string(), name, hdf5_error());
+                 "checkpoint {}: cannot read dataset {} (truncated?): {}", path_.string(), name,
+                 hdf5_error());
   // Checksums of the units read.
   const int64_t units = (static_cast<int64_t>(out.size()) + unit - 1) / unit;
   std::vector<uint32_t> stored(static_cast<size_t>(units));
   Dataset c{H5Dopen2(file_, (name + kCrcSuffix).c_str(), H5P_DEFAULT)};
-  SYMPRUNE_CHECK(c.id >= 0, "checkpoint {}: the checksums of dataset {} are missing: {}", path_.string(), name,
-                 hdf5_error());
+  SYMPRUNE_CHECK(c.id >= 0, "checkpoint {}: the checksums of dataset {} are missing: {}", path_.string(),
+                 name, hdf5_error());
   Space crc_space{H5Dget_space(c.id)};
   const hsize_t crc_start = static_cast<hsize_t>(first_unit), crc_count = static_cast<hsize_t>(units);
   H5Sselect_hyperslab(crc_space.id, H5S_SELECT_SET, &crc_start, nullptr, &crc_count, nullptr);
   Space crc_mem{H5Screate_simple(1, &crc_count, nullptr)};
   SYMPRUNE_CHECK(H5Dread(c.id, H5T_NATIVE_UINT32, crc_mem.id, crc_space.id, H5P_DEFAULT, stored.data()) >= 0,
-                 "checkpoint {}: cannot read the checksums of dataset {}: {}", path_.string(), name, hdf5_error());
+                 "checkpoint {}: cannot read the checksums of dataset {}: {}", path_.string(), name,
+                 hdf5_error());
   for (int64_t u = 0; u < units; ++u) {
     const size_t at = static_cast<size_t>(u * unit);
     const uint32_t crc = crc32_of(out.subspan(at, std::min(out.size() - at, static_cast<size_t>(unit))));
