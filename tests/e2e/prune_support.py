@@ -27,6 +27,19 @@ def symprune(*args, check=True, env=None):
     return proc
 
 
+def stories_job(stories, *options):
+    """The options of a stories260K prune: calibration on the first half, evaluation on the second."""
+    return ["--model", stories.model, "--calib", stories.first, "--eval", stories.second, *options]
+
+
+def uninterrupted_run(job, root):
+    """`symprune prune` of `job` into root/out with root/report.json: (output digest, report)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    symprune("prune", *job, "--out", root / "out", "--report", root / "report.json")
+    return output_digest(root / "out"), json.loads((root / "report.json").read_text())
+
+
 class Stories:
     """stories260K as a HF directory plus the two halves of tinystories_val.txt, under `root`."""
 

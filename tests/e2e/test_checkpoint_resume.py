@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from prune_support import BIN, output_digest, symprune
+from prune_support import BIN, output_digest, stories_job, symprune, uninterrupted_run
 
 RUN = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "16", "--seqlen", "64", "--micro-batch", "3",
        "--eval-seqlen", "64", "--eval-max-chunks", "12"]
@@ -23,15 +23,13 @@ DATASETS = ["state", "masks", "calib_hidden", "eval_dense_hidden", "eval_pruned_
 
 @pytest.fixture(scope="module")
 def job(stories):
-    return ["--model", stories.model, "--calib", stories.first, "--eval", stories.second, *RUN]
+    return stories_job(stories, *RUN)
 
 
 @pytest.fixture(scope="module")
 def reference(job, tmp_path_factory):
     """The uninterrupted run: its output digest and report."""
-    root = tmp_path_factory.mktemp("reference")
-    symprune("prune", *job, "--out", root / "out", "--report", root / "report.json")
-    return output_digest(root / "out"), json.loads((root / "report.json").read_text())
+    return uninterrupted_run(job, tmp_path_factory.mktemp("reference"))
 
 
 def replaced(args, option, value):

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import DIST, MPIEXEC, mpirun
-from prune_support import output_digest, symprune
+from prune_support import output_digest, stories_job, symprune, uninterrupted_run
 
 RUN = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "16", "--seqlen", "64", "--micro-batch", "3",
        "--eval-seqlen", "64", "--eval-max-chunks", "20", "--threads", "1"]
@@ -19,14 +19,13 @@ RUN = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "16", "--seqlen",
 
 @pytest.fixture(scope="module")
 def job(stories):
-    return ["--model", stories.model, "--calib", stories.first, "--eval", stories.second, *RUN]
+    return stories_job(stories, *RUN)
 
 
 @pytest.fixture(scope="module")
 def reference(job, tmp_path_factory):
-    root = tmp_path_factory.mktemp("reference")
-    symprune("prune", *job, "--out", root / "out", "--report", root / "report.json")
-    return output_digest(root / "out"), json.loads((root / "report.json").read_text())["perplexity"]
+    digest, report = uninterrupted_run(job, tmp_path_factory.mktemp("reference"))
+    return digest, report["perplexity"]
 
 
 def checkpoint_args(run_dir):

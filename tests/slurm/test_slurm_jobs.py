@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from prune_support import SOURCE, Stories, output_digest, symprune  # noqa: E402
+from prune_support import SOURCE, Stories, output_digest, stories_job, uninterrupted_run  # noqa: E402
 from slurm_cluster import ClusterUnavailable, LocalSlurmCluster  # noqa: E402
 
 DIST = os.environ["SYMPRUNE_DIST_BIN"]
@@ -51,14 +51,12 @@ def job_env():
 
 
 def common(stories):
-    return ["--model", stories.model, "--calib", stories.first, "--eval", stories.second, *RUN]
+    return stories_job(stories, *RUN)
 
 
 def reference(stories, root, *method):
     """`symprune prune` of the same job: (output digest, report)."""
-    root.mkdir(parents=True, exist_ok=True)
-    symprune("prune", *common(stories), *method, "--out", root / "out", "--report", root / "report.json")
-    return output_digest(root / "out"), json.loads((root / "report.json").read_text())
+    return uninterrupted_run([*common(stories), *method], root)
 
 
 def submit(cluster, script, workdir, env, *args, resources=()):
@@ -91,6 +89,9 @@ def release_requeued(cluster, job, timeout=60):
         record = cluster.job(job)[0]
         if (record["JobState"] == "PENDING" and int(record.get("Restarts", 0)) > 0
                 and cluster.node_state().startswith("IDLE") and not cluster.steps_alive(job)):
+            # slurmd refuses a job id whose credential it revoked in the same second ("Job N already
+            # killed, do not launch batch job"): let a few seconds pass, as the hold would.
+            time.sleep(3)
             cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
             return
         time.sleep(0.3)
@@ -115,7 +116,7 @@ def test_job_output_equals_symprune_prune(cluster, stories, job_env, wanda50, tm
                       resources=resources)
     record = cluster.wait(job, timeout=240)[0]
     text = log.read_text()
-    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", text
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", text + cluster.log_tail("slurmd")
     assert "2 ranks over mpi" in text and f"done: output {out}" in text
     assert output_digest(out) == expected_digest
     report = json.loads(Path(f"{out}.report.json").read_text())
@@ -135,7 +136,7 @@ def test_signalled_job_requeues_resumes_and_does_not_rerun(cluster, stories, job
     release_requeued(cluster, job)
     record = cluster.wait(job, timeout=240)[0]
     text = log.read_text()  # --open-mode=append: both starts are in one log
-    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", text
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", text + cluster.log_tail("slurmd")
     saved = re.search(r"interrupted by SIGUSR1: blocks 1\.\.(\d) of 5 are saved", text)
     assert saved, text
     assert "start 2 (requeued 1 times)" in text
@@ -151,7 +152,7 @@ def test_signalled_job_requeues_resumes_and_does_not_rerun(cluster, stories, job
     release_requeued(cluster, job)
     record = cluster.wait(job, timeout=120)[0]
     text = log.read_text()
-    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "2", text
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "2", text + cluster.log_tail("slurmd")
     assert "start 3 (requeued 2 times)" in text and "already complete" in text
     assert (out / "model.safetensors").stat().st_mtime_ns == mtime
 
@@ -176,7 +177,8 @@ def test_sweep_array_and_collector_table(cluster, stories, job_env, tmp_path):
     references = {name: reference(stories, tmp_path / "reference" / name, *options)[1]
                   for name, options in CELLS.items()}
     array = cluster.wait(jobs.group(1), timeout=400)
-    assert [r["JobState"] for r in array] == ["COMPLETED"] * 4, array
+    assert [r["JobState"] for r in array] == ["COMPLETED"] * 4, \
+        f"{array}\n" + "".join(p.read_text() for p in sorted(sweep.glob("*.log"))) + cluster.log_tail("slurmd")
     collector = cluster.wait(jobs.group(2), timeout=120)[0]
     assert collector["JobState"] == "COMPLETED", (sweep / f"collect-{jobs.group(2)}.log").read_text()
 
