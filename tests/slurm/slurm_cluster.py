@@ -5,6 +5,7 @@ daemons are stopped by the pids this module started, whatever happens in the tes
 
 Client commands (sbatch, squeue, scontrol, scancel) must run with `cluster.env` (SLURM_CONF); jobs inherit
 it, so `scontrol requeue` inside a batch script reaches this cluster too."""
+import ctypes
 import os
 import re
 import secrets
@@ -27,6 +28,14 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _end_with_parent():
+    """In the daemon before exec: SIGTERM when the test process dies, so a test killed by its timeout
+    (no finalizer runs) leaves no daemon behind either."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_PDEATHSIG = 1
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _find(name):
@@ -100,7 +109,7 @@ class LocalSlurmCluster:
     def _spawn(self, name, argv):
         log = open(self.root / f"{name}.stdout", "wb")
         self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                                start_new_session=True)
+                                                start_new_session=True, preexec_fn=_end_with_parent)
         log.close()
         time.sleep(0.2)
         if self.processes[name].poll() is not None:
