@@ -2,8 +2,9 @@
 slurm_cluster.py), with CPU ranks (--gpus-per-node=0) on stories260K:
 - prune_node.sbatch (srun), prune_mpirun.sbatch and prune_multinode.sbatch (on one node) give outputs
   byte-identical to `symprune prune`;
-- a job sent SIGUSR1 mid-run (`scancel --signal=USR1 --batch`) saves a checkpoint, requeues itself and
-  resumes to the same bytes; requeued again after it finished, it does not rerun;
+- a job sent SIGUSR1 mid-run (`scancel --signal=USR1 --batch`; srun and mpirun pass it to the ranks) saves
+  a checkpoint, requeues itself and resumes to the same bytes; requeued again after it finished, it does
+  not rerun;
 - a 2 methods x 2 sparsities array (submit_sweep.sh) and its collector give a four-row table with the
   perplexities of single runs.
 Skipped with the reason where the cluster cannot start (not root, packages missing)."""
@@ -124,12 +125,13 @@ def test_job_output_equals_symprune_prune(cluster, stories, job_env, wanda50, tm
     assert Path(f"{out}.checkpoint.h5.done").exists()  # the checkpoint default: beside the output
 
 
-def test_signalled_job_requeues_resumes_and_does_not_rerun(cluster, stories, job_env, wanda50, tmp_path):
+@pytest.mark.parametrize("script", ["prune_node.sbatch", "prune_mpirun.sbatch"])
+def test_signalled_job_requeues_resumes_and_does_not_rerun(cluster, stories, job_env, wanda50, tmp_path, script):
     expected_digest, expected = wanda50
     out = tmp_path / "job" / "out"
     # Block 3 takes 3 s more, so the signal lands mid-run, after blocks 1..2 were saved.
     env = {**job_env, "SYMPRUNE_FAULT": "block:3:busy=3"}
-    job, log = submit(cluster, "prune_node.sbatch", tmp_path / "job", env, *common(stories), *METHOD, "--out", out)
+    job, log = submit(cluster, script, tmp_path / "job", env, *common(stories), *METHOD, "--out", out)
     wait_for_text(log, r"blocks 1\.\.2 of 5 saved")
     cluster.run("scancel", "--signal=USR1", "--batch", job)
     wait_for_text(log, r"requeueing job")
