@@ -37,6 +37,7 @@ PRESETS = {
     "llama2-13b": (5120, 40, 40, 40, 13824, 32000, 10000.0),
     "llama2-70b": (8192, 80, 64, 8, 28672, 32000, 10000.0),
     "llama3-8b": (4096, 32, 32, 8, 14336, 128256, 500000.0),
+    "llama-1024": (1024, 4, 16, 16, 2816, 32000, 10000.0),  # symprune's small synthetic shape (CPU runs)
 }
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -212,10 +213,13 @@ def main():
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
     parser.add_argument("--blocks", type=int, default=0, help="time only the first K blocks (0: all)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads of torch (0: torch's default)")
     parser.add_argument("--save-masks", help="npz file for the masks")
     parser.add_argument("--json", help="write the timings here")
     args = parser.parse_args()
 
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     nm = tuple(int(v) for v in args.nm.split(":")) if args.nm else None
     generator = torch.Generator(device=device).manual_seed(args.seed)
@@ -290,7 +294,7 @@ def main():
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "model": args.model or f"synthetic:{args.synthetic}",
               "method": args.method, "mask": args.nm or f"{args.sparsity} per row", "dtype": args.dtype,
-              "nsamples": args.nsamples, "seqlen": args.seqlen, "blocks_timed": blocks, "blocks": cfg["layers"],
+              "threads": torch.get_num_threads(), "nsamples": args.nsamples, "seqlen": args.seqlen, "blocks_timed": blocks, "blocks": cfg["layers"],
               "seconds": seconds, "seconds_without_weights": seconds - stages["weights"],
               "seconds_all_blocks": seconds * cfg["layers"] / blocks, "stages": stages}
     print(json.dumps(result, indent=2))
