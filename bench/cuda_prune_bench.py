@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""The end-to-end prune benchmark of issue 10: symprune and the PyTorch loop (bench/pytorch_layerwise.py) on
+the same synthetic model, the same calibration size and the same device, for the cases wanda-50, ria-50,
+wanda-2:4, wanda-50+dsnot and ria-50+r2dsnot, against the two-pass floor (the FLOPs of the dense and the
+pruned forward pass / 800 TFLOP/s). Writes bench/results/cuda_prune_bench.json in the issue's form and a
+markdown table beside it.
+
+    python3 bench/cuda_prune_bench.py --symprune build/apps/symprune --model llama2-7b --nsamples 128 \\
+        --seqlen 2048 --blocks 4 --symprune-args "--device cuda --dtype bf16" --torch-args "--dtype fp16" \\
+        --out bench/results/cuda_prune_bench
+
+--blocks K prunes the first K blocks only (symprune: a synthetic model of K blocks; PyTorch: --blocks K) and
+scales every time by blocks/K, saying so in the JSON. The PyTorch loop has no DSnoT: the refined cases
+record its unrefined time (the issue's ratio is against the loop the public tools run).
+"""
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from pytorch_layerwise import PRESETS  # noqa: E402
+
+CASES = {
+    "wanda-50": (["--method", "wanda", "--sparsity", "0.5"], ["--method", "wanda", "--sparsity", "0.5"]),
+    "ria-50": (["--method", "ria", "--sparsity", "0.5"], ["--method", "ria", "--sparsity", "0.5"]),
+    "wanda-2:4": (["--method", "wanda", "--nm", "2:4"], ["--method", "wanda", "--nm", "2:4"]),
+    "wanda-50-dsnot": (["--method", "wanda", "--sparsity", "0.5", "--refine", "dsnot"],
+                       ["--method", "wanda", "--sparsity", "0.5"]),
+    "ria-50-r2dsnot": (["--method", "ria", "--sparsity", "0.5", "--refine", "r2dsnot"],
+                       ["--method", "ria", "--sparsity", "0.5"]),
+}
+FLOOR_FLOPS_PER_SECOND = 800e12
+
+
+def forward_flops(preset, nsamples, seqlen, blocks):
+    """FLOPs of one forward pass over the calibration windows through `blocks` blocks: 2 per weight per
+    token for the linears, plus causal attention (QK^T and PV: 2 * 2 * T/2 * d per token on average)."""
+    d, _, heads, kv, ffn, _, _ = PRESETS[preset]
+    kv_dim = d * kv // heads
+    weights = 2 * d * d + 2 * d * kv_dim + 3 * d * ffn
+    tokens = nsamples * seqlen
+    return blocks * tokens * (2 * weights + 2 * seqlen * d)
+
+
+def run(command):
+    start = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, command))} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return time.perf_counter() - start
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--symprune", default=str(HERE.parent / "build" / "apps" / "symprune"))
+    parser.add_argument("--model", default="llama2-7b", choices=sorted(PRESETS))
+    parser.add_argument("--nsamples", type=int, default=128)
+    parser.add_argument("--seqlen", type=int, default=2048)
+    parser.add_argument("--blocks", type=int, default=0, help="time the first K blocks and scale (0: all)")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
+    parser.add_argument("--symprune-args", default="", help="more symprune options (e.g. --device cuda)")
+    parser.add_argument("--torch-args", default="", help="more pytorch_layerwise.py options (e.g. --dtype fp16)")
+    parser.add_argument("--no-torch", action="store_true", help="symprune only")
+    parser.add_argument("--out", default=str(HERE / "results" / "cuda_prune_bench"), help="path without suffix")
+    args = parser.parse_args()
+
+    layers = PRESETS[args.model][1]
+    blocks = args.blocks or layers
+    scale = layers / blocks
+    model = f"synthetic:{args.model}" + (f":layers={blocks}" if blocks != layers else "")
+    floor = 2 * forward_flops(args.model, args.nsamples, args.seqlen, layers) / FLOOR_FLOPS_PER_SECOND
+    result = {"device": None, "model": f"synthetic:{args.model}", "nsamples": args.nsamples,
+              "seqlen": args.seqlen, "blocks_timed": blocks, "blocks": layers,
+              "scaled": f"times of {blocks} blocks x {scale:g}" if scale != 1 else None, "cases": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.cases.split(","):
+            ours, theirs = CASES[name]
+            report = Path(tmp) / f"{name}.json"
+            run([args.symprune, "prune", "--model", model, "--calib", "synthetic", "--nsamples",
+                 str(args.nsamples), "--seqlen", str(args.seqlen), "--no-recon-error", *ours,
+                 *shlex.split(args.symprune_args), "--report", str(report)])
+            timings = json.loads(report.read_text())["timings"]
+            case = {"case": name, "seconds": timings["total"] * scale, "floor_seconds": floor,
+                    "stages": {k: v * scale for k, v in timings.items() if k != "total"}}
+            if not args.no_torch:
+                torch_json = Path(tmp) / f"{name}.torch.json"
+                run([sys.executable, str(HERE / "pytorch_layerwise.py"), "--synthetic", args.model,
+                     "--nsamples", str(args.nsamples), "--seqlen", str(args.seqlen), "--blocks", str(blocks),
+                     *theirs, *shlex.split(args.torch_args), "--json", str(torch_json)])
+                torch_result = json.loads(torch_json.read_text())
+                case["pytorch_seconds"] = torch_result["seconds_without_weights"] * scale
+                case["pytorch_stages"] = {k: v * scale for k, v in torch_result["stages"].items()}
+                result["device"] = result["device"] or torch_result["device"]
+                result["torch"] = torch_result["torch"]
+            result["cases"].append(case)
+            print(json.dumps(case), flush=True)
+    result["device"] = result["device"] or "unknown (symprune only)"
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"# End-to-end prune: {result['model']}, {args.nsamples} x {args.seqlen}, {result['device']}", "",
+             f"Floor: the two forward passes' FLOPs / 800 TFLOP/s = {floor:.2f} s."
+             + (f" {result['scaled']}." if result["scaled"] else ""), "",
+             "| case | symprune (s) | x floor | PyTorch loop (s) | PyTorch / symprune |", "|---|---:|---:|---:|---:|"]
+    for c in result["cases"]:
+        torch_s = c.get("pytorch_seconds")
+        lines.append(f"| {c['case']} | {c['seconds']:.2f} | {c['seconds'] / floor:.1f} | "
+                     + (f"{torch_s:.2f} | {torch_s / c['seconds']:.1f} |" if torch_s else "– | – |"))
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out.with_suffix('.json')} and .md")
+
+
+if __name__ == "__main__":
+    main()
