@@ -47,6 +47,31 @@ symprune_job_option() {
   return 1
 }
 
+# Value of top-level key $1 (or its dashed form) in the recipe file $2 (TOML `key = value` or YAML
+# `key: value`, quotes removed), or nothing: options a recipe sets are not given defaults here, since the
+# command line would override them.
+symprune_job_recipe_value() {
+  local key=$1 recipe=$2
+  [[ -n $recipe && -f $recipe ]] || return 1
+  local pattern="^[[:space:]]*(${key}|${key//_/-})[[:space:]]*[:=][[:space:]]*"
+  local line
+  line=$(grep -m 1 -E "$pattern" "$recipe") || return 1
+  line=$(sed -E "s/$pattern//; s/[[:space:]]+#.*$//; s/[[:space:]]+$//" <<<"$line")
+  line=${line#[\"\']}
+  line=${line%[\"\']}
+  printf '%s' "$line"
+}
+
+# Value of option $1 from the arguments (array $2), else from the recipe they name.
+symprune_job_setting() {
+  local name=$1
+  local -n from=$2
+  symprune_job_option "$name" from && return 0
+  local recipe
+  recipe=$(symprune_job_option --recipe from) || return 1
+  symprune_job_recipe_value "${name#--}" "$recipe"
+}
+
 symprune_job_environment() {
   if [[ -n ${SYMPRUNE_MODULES:-} ]]; then
     command -v module >/dev/null 2>&1 || symprune_job_die "SYMPRUNE_MODULES is set but 'module' is not available"
@@ -82,18 +107,18 @@ symprune_job_run() {
   fi
 
   local out
-  out=$(symprune_job_option --out args) || symprune_job_die "no output: give --out DIR (or SYMPRUNE_OUT)"
+  out=$(symprune_job_setting --out args) || symprune_job_die "no output: give --out DIR (or SYMPRUNE_OUT, or out in the recipe)"
   [[ -n $out ]] || symprune_job_die "--out needs a directory"
   mkdir -p "$(dirname "$out")" || symprune_job_die "cannot create the directory of --out $out"
-  if ! symprune_job_option --report args >/dev/null; then args+=(--report "$out.report.json"); fi
+  if ! symprune_job_setting --report args >/dev/null; then args+=(--report "$out.report.json"); fi
   local checkpoint
-  if ! checkpoint=$(symprune_job_option --checkpoint args); then
+  if ! checkpoint=$(symprune_job_setting --checkpoint args); then
     local dir=${SYMPRUNE_CHECKPOINT_DIR:-$(dirname "$out")}
     mkdir -p "$dir" || symprune_job_die "cannot create SYMPRUNE_CHECKPOINT_DIR $dir"
     checkpoint=$dir/$(basename "$out").checkpoint.h5
     args+=(--checkpoint "$checkpoint")
   fi
-  if ! symprune_job_option --resume args >/dev/null; then args+=(--resume auto); fi
+  if ! symprune_job_setting --resume args >/dev/null; then args+=(--resume auto); fi
 
   local home=${SYMPRUNE_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}
   local dist=${SYMPRUNE_DIST:-}
@@ -107,7 +132,7 @@ symprune_job_run() {
   fi
   [[ -x $dist ]] || symprune_job_die "SYMPRUNE_DIST=$dist is not an executable"
   symprune_job_environment
-  if ! symprune_job_option --threads args >/dev/null; then args+=(--threads "$OMP_NUM_THREADS"); fi
+  if ! symprune_job_setting --threads args >/dev/null; then args+=(--threads "$OMP_NUM_THREADS"); fi
 
   local -a command
   if [[ $launcher == srun ]]; then

@@ -24,7 +24,7 @@ def test_job_without_output_fails_with_the_reason(tmp_path):
     proc = bash(f"source {SLURM}/symprune_job.sh; symprune_job_run srun --model m --method wanda",
                 env={"SYMPRUNE_DIST": "/bin/true"})
     assert proc.returncode == 2
-    assert "no output: give --out DIR (or SYMPRUNE_OUT)" in proc.stderr
+    assert "no output: give --out DIR (or SYMPRUNE_OUT, or out in the recipe)" in proc.stderr
 
 
 def test_job_with_unknown_launcher_or_binary_fails(tmp_path):
@@ -88,3 +88,19 @@ def test_collector_marks_missing_cells_and_exits_1(tmp_path):
     assert "1 of 2 cells done" in markdown
     proc = subprocess.run(["python3", SLURM / "collect_sweep.py", tmp_path], capture_output=True, text=True)
     assert proc.returncode == 2 and "is " in proc.stderr and "a sweep directory" in proc.stderr
+
+
+def test_defaults_yield_to_the_recipe(tmp_path):
+    """Options a recipe sets get no default on the command line (it would override the recipe); the output
+    named only by the recipe names the checkpoint. The step is /bin/echo under mpirun: it prints the
+    command line, and since no run finished (no .done marker) the job reports a failure."""
+    recipe = tmp_path / "run.toml"
+    recipe.write_text(f'method = "wanda"\nout = "{tmp_path}/pruned"\nreport: "{tmp_path}/mine.json"\n'
+                      "threads = 3  # the recipe's\n")
+    proc = bash(f"source {SLURM}/symprune_job.sh; symprune_job_run mpirun --recipe {recipe}",
+                env={"SYMPRUNE_DIST": "/bin/echo", "SLURM_NTASKS": "1", "SLURM_CPUS_PER_TASK": "2",
+                     "OMPI_MCA_rmaps_base_oversubscribe": "1"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    echoed = next(line for line in proc.stdout.splitlines() if line.startswith("--recipe"))
+    assert echoed == f"--recipe {recipe} --checkpoint {tmp_path}/pruned.checkpoint.h5 --resume auto"
+    assert f"{tmp_path}/pruned.checkpoint.h5.done is missing" in proc.stdout
