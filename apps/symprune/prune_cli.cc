@@ -202,8 +202,11 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
   sub->add_option("--report", o->report, "write the JSON report here (atomically)");
   add_switch(
       sub, o->switches, "--recon-error", "--no-recon-error", c.recon_error,
-      "report ||(W-W~)X||/||WX|| per linear (default on; its Gram matrices cost about one more forward "
-      "pass and n^2 values per input exchanged between ranks; recon and --refine-guard collect them anyway)");
+      "report ||(W-W~)X||/||WX|| per linear on the dense-pass inputs (default on; over --recon-tokens "
+      "sampled tokens: two products of K rows per linear, K*n values per input exchanged between ranks)");
+  sub->add_option("--recon-tokens", c.recon_tokens,
+                  "tokens the reconstruction error is computed over: the same ceil(K/nsamples) evenly "
+                  "spaced positions of every window (default 1024; 0 = all tokens, exact)");
   sub->add_option("--checkpoint", o->checkpoint,
                   "HDF5 checkpoint file: the state between blocks is saved there (FILE.prev keeps the one "
                   "before), so a killed or stopped run can continue with --resume; SIGTERM/SIGUSR1 then save "

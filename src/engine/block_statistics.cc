@@ -1,16 +1,21 @@
 #include "engine/block_statistics.h"
 
+#include <cstddef>
+#include <span>
+
 #include "core/error.h"
 
 namespace symprune::engine {
 
 BlockStatistics::BlockStatistics(dist::Communicator& comm, const model::DecoderModel& model, int64_t block,
-                                 int64_t seq_len, bool collect_output, bool collect_gram)
+                                 int64_t seq_len, bool collect_output, bool collect_gram,
+                                 std::vector<int64_t> sample_positions)
     : comm_(comm),
       backend_(model.backend()),
       seq_len_(seq_len),
       collect_output_(collect_output),
-      collect_gram_(collect_gram) {
+      collect_gram_(collect_gram),
+      sample_positions_(std::move(sample_positions)) {
   (void)block;
   const auto shapes = model.linear_shapes();
   const auto groups = model.linear_input_groups();
@@ -39,12 +44,17 @@ void BlockStatistics::on_linear(const model::LinearId& id, const Tensor& input, 
   ActivationStats partial;
   partial.accumulate(input, collect_output_ ? output : kNoOutput, rows / seq_len_, seq_len_);
   chunk_stats_[id.name].push_back(std::move(partial));
-  if (!collect_gram_) return;
   for (auto& group : groups_) {
     if (group.leader != id.name) continue;
+    const float* x = input.data();
+    for (int64_t w = 0; w < rows / seq_len_; ++w)
+      for (int64_t p : sample_positions_) {
+        const float* row = x + (w * seq_len_ + p) * n;
+        group.local_samples.insert(group.local_samples.end(), row, row + n);
+      }
+    if (!collect_gram_) continue;
     // G_chunk = XᵀX as one sgemm: linear(x = Xᵀ [n, rows], W = Xᵀ) = Xᵀ X.
     transposed_.resize({n, rows});
-    const float* x = input.data();
     float* xt = transposed_.data();
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < n; ++c) xt[c * rows + r] = x[r * n + c];
@@ -102,6 +112,27 @@ void BlockStatistics::reduce() {
     totals_[l.name] = std::move(s);
   }
 
+  if (!sample_positions_.empty()) {
+    for (auto& group : groups_) {
+      // Rank order is chunk order (each rank holds a contiguous run of chunks).
+      const int64_t local_rows = static_cast<int64_t>(group.local_samples.size()) / group.n;
+      std::vector<int64_t> rows_per_rank(static_cast<size_t>(comm_.size()));
+      comm_.all_gather(std::as_bytes(std::span<const int64_t>(&local_rows, 1)),
+                       std::as_writable_bytes(std::span<int64_t>(rows_per_rank)));
+      std::vector<int64_t> counts;
+      int64_t total_rows = 0;
+      for (int64_t r : rows_per_rank) {
+        counts.push_back(r * group.n * static_cast<int64_t>(sizeof(float)));
+        total_rows += r;
+      }
+      group.samples = Tensor({total_rows, group.n});
+      comm_.all_gather_v(std::as_bytes(std::span<const float>(group.local_samples)), counts,
+                         std::as_writable_bytes(std::span<float>(
+                             group.samples.data(), static_cast<size_t>(group.samples.numel()))));
+      if (comm_.size() > 1) gram_bytes_ += static_cast<int64_t>(2 * group.samples.numel() * sizeof(float));
+      group.local_samples = {};
+    }
+  }
   if (!collect_gram_) return;
   for (auto& group : groups_) {
     group.total.n = group.n;
@@ -109,6 +140,13 @@ void BlockStatistics::reduce() {
     group.chain.reset();
     if (comm_.size() > 1) gram_bytes_ += static_cast<int64_t>(2 * group.total.g.size() * sizeof(double));
   }
+}
+
+const Tensor* BlockStatistics::samples(const std::string& linear) const {
+  if (sample_positions_.empty()) return nullptr;
+  for (const auto& l : linears_)
+    if (l.name == linear) return &groups_[l.group].samples;
+  return nullptr;
 }
 
 const Gram* BlockStatistics::gram(const std::string& linear) const {

@@ -1,13 +1,15 @@
 #pragma once
 // The dense pass's statistics of one block (DESIGN.md §3.1), over all ranks: per linear the activation
 // statistics, per group of linears fed the same input (LLaMA q/k/v and gate/up, OPT q/k/v) the Gram matrix
-// G = XᵀX of that input (for the reconstruction error and the Gram-based refinements).
+// G = XᵀX of that input (for the Gram-based refinements) and a fixed sample of its rows (the tokens at the
+// same positions of every window, for the report's reconstruction error).
 //
 // Each rank runs the dense block on its chunks of calibration windows; the model calls the observer once
 // per chunk (the micro-batch) and linear. Chunk partials are combined in global chunk order
 // (engine/ordered_reduce.h), so the statistics are bit-identical for any number of ranks and equal to the
 // single-process ones. Statistics: one gather of every chunk's per-channel vectors per block (all linears
-// fused into one buffer). Grams: one ordered chain per input group.
+// fused into one buffer). Grams: one ordered chain per input group. Samples: one gather per input group, in
+// rank order, which is chunk order.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,9 +33,9 @@ struct Gram {
 class BlockStatistics : public model::LinearObserver {
  public:
   // `model` gives the linears' shapes and input groups; outputs (Σy²) are collected when collect_output,
-  // Grams when collect_gram.
+  // Grams when collect_gram, the input rows at `sample_positions` of every window when it is not empty.
   BlockStatistics(dist::Communicator& comm, const model::DecoderModel& model, int64_t block, int64_t seq_len,
-                  bool collect_output, bool collect_gram);
+                  bool collect_output, bool collect_gram, std::vector<int64_t> sample_positions = {});
 
   void on_linear(const model::LinearId& id, const Tensor& input, const Tensor& output) override;
 
@@ -43,7 +45,10 @@ class BlockStatistics : public model::LinearObserver {
   // After reduce().
   const ActivationStats& stats(const std::string& linear) const { return totals_.at(linear); }
   const Gram* gram(const std::string& linear) const;
-  // Bytes this rank sent and received for the reduction (for the scaling figures).
+  // The sampled input rows of the linear's group, all windows in order [K, n]; null without samples.
+  const Tensor* samples(const std::string& linear) const;
+  // Bytes this rank sent and received for the reduction (for the scaling figures); gram_bytes counts the
+  // Gram matrices and the samples (the reconstruction-error data).
   int64_t stats_bytes() const { return stats_bytes_; }
   int64_t gram_bytes() const { return gram_bytes_; }
 
@@ -58,6 +63,8 @@ class BlockStatistics : public model::LinearObserver {
     int64_t n = 0;
     std::unique_ptr<OrderedChain> chain;
     Gram total;
+    std::vector<float> local_samples;  // this rank's sampled rows, its chunks in order
+    Tensor samples;                    // all ranks', after reduce()
   };
   size_t packed_length() const;
 
@@ -65,6 +72,7 @@ class BlockStatistics : public model::LinearObserver {
   Backend& backend_;
   int64_t seq_len_;
   bool collect_output_, collect_gram_;
+  std::vector<int64_t> sample_positions_;
   std::vector<Linear> linears_;  // forward order
   std::vector<Group> groups_;
   std::map<std::string, std::vector<ActivationStats>> chunk_stats_;  // per linear, this rank's chunks

@@ -48,17 +48,19 @@ Mask gather_mask(dist::Communicator& comm, const Mask& own, int64_t total_rows, 
   return whole;
 }
 
-// Σ_c a[r,c]·(A G)[r,c] per row of A, fp32 products (one sgemm), fp64 sums.
-std::vector<double> row_quadratic_forms(Backend& backend, const Tensor& a, const Tensor& g) {
-  const int64_t rows = a.dim(0), n = a.dim(1);
+// Σ_t (a_r·x_t)² per row of A over the rows x_t of X: one sgemm (A Xᵀ), fp32 products, fp64 sums.
+std::vector<double> row_sample_energy(Backend& backend, const Tensor& a, const Tensor& x) {
+  const int64_t rows = a.dim(0), k = x.dim(0);
   std::vector<double> out(static_cast<size_t>(rows), 0.0);
-  if (rows == 0) return out;
+  if (rows == 0 || k == 0) return out;
   Tensor product;
-  backend.linear(a, g, nullptr, product);  // A Gᵀ = A G (G symmetric)
+  backend.linear(a, x, nullptr, product);
   for (int64_t r = 0; r < rows; ++r) {
     double sum = 0.0;
-    for (int64_t c = 0; c < n; ++c)
-      sum += static_cast<double>(a[r * n + c]) * static_cast<double>(product[r * n + c]);
+    for (int64_t t = 0; t < k; ++t) {
+      const double v = product[r * k + t];
+      sum += v * v;
+    }
     out[static_cast<size_t>(r)] = sum;
   }
   return out;
@@ -87,25 +89,23 @@ bool refine_skips(const std::string& skip, const std::string& linear) {
 
 std::optional<double> reconstruction_error(dist::Communicator& comm, Backend& backend,
                                            const Tensor& weight_rows, const Mask& row_mask,
-                                           int64_t total_rows, const Gram& gram) {
-  const int64_t n = gram.n;
-  Tensor g({n, n});
-  for (int64_t i = 0; i < n * n; ++i) g[i] = static_cast<float>(gram.g[static_cast<size_t>(i)]);
+                                           int64_t total_rows, const Tensor& samples) {
+  // The pruned part W − W̃ directly, not a difference of two products (no cancellation).
   Tensor delta({weight_rows.dim(0), weight_rows.dim(1)});
   const auto flat = row_mask.flat();
   for (int64_t i = 0; i < weight_rows.numel(); ++i)
     delta[i] = flat[static_cast<size_t>(i)] ? weight_rows[i] : 0.0f;
   const double dense =
-      std::max(ordered_row_sum(comm, row_quadratic_forms(backend, weight_rows, g), total_rows), 0.0);
+      std::max(ordered_row_sum(comm, row_sample_energy(backend, weight_rows, samples), total_rows), 0.0);
   const double diff =
-      std::max(ordered_row_sum(comm, row_quadratic_forms(backend, delta, g), total_rows), 0.0);
+      std::max(ordered_row_sum(comm, row_sample_energy(backend, delta, samples), total_rows), 0.0);
   if (dense <= 0.0) return diff <= 0.0 ? std::optional<double>(0.0) : std::nullopt;
   return std::sqrt(diff / dense);
 }
 
 LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, int64_t block,
                         const std::string& linear, const Tensor& weight, const ActivationStats* stats,
-                        const Gram* gram) {
+                        const Gram* gram, const Tensor* samples) {
   const int64_t m = weight.dim(0);
   const dist::Range rows = dist::partition(m, comm.size(), comm.rank());
   ScoreOptions options = settings.score;
@@ -123,9 +123,8 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
   const RefineSettings& refine = settings.refine;
   if (refine.enabled() && !refine_skips(refine.skip, linear)) {
     SYMPRUNE_ASSERT(stats != nullptr, "refinement of {} without statistics", options.matrix_name);
-    const bool report = gram != nullptr && settings.report_recon_error;
-    if (report)
-      out.recon_error_initial = reconstruction_error(comm, *settings.backend, own_weight, own, m, *gram);
+    if (samples != nullptr && settings.report_recon_error)
+      out.recon_error_initial = reconstruction_error(comm, *settings.backend, own_weight, own, m, *samples);
     const auto start = std::chrono::steady_clock::now();
     std::optional<NmPattern> nm;
     if (settings.spec.kind == MaskSpec::kNM) nm = NmPattern{settings.spec.n, settings.spec.m};
@@ -153,8 +152,8 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
     out.refine = total;
     out.refine_seconds = seconds_since(start);
   }
-  if (gram != nullptr && settings.report_recon_error)
-    out.recon_error = reconstruction_error(comm, *settings.backend, own_weight, own, m, *gram);
+  if (samples != nullptr && settings.report_recon_error)
+    out.recon_error = reconstruction_error(comm, *settings.backend, own_weight, own, m, *samples);
   out.mask = gather_mask(comm, own, m, &out.mask_bytes);
   out.pruned = out.mask.count();
   return out;

@@ -31,13 +31,13 @@ struct MaskSettings {
   bool scores_need_stats = false;
   MaskSpec spec;
   RefineSettings refine;           // engine/refine_linear.h
-  bool report_recon_error = true;  // with a Gram matrix: the reconstruction errors of the report
+  bool report_recon_error = true;  // with the report's token sample: the reconstruction errors
 };
 
 struct LinearMask {
   Mask mask;  // the whole matrix's
   int64_t pruned = 0;
-  std::optional<double> recon_error;          // absent without a Gram matrix
+  std::optional<double> recon_error;          // absent without a token sample
   std::optional<double> recon_error_initial;  // refined linears: the initial mask's
   std::optional<RefineStats> refine;          // refined linears
   double refine_seconds = 0.0;
@@ -49,16 +49,17 @@ bool refine_skips(const std::string& skip, const std::string& linear);
 
 // Collective over `comm`: every rank calls it for the same linear with the whole weight and the reduced
 // statistics (`stats` may be null when neither scores nor refinement read them, `gram` when no Gram
-// matrices were collected).
+// matrices were collected, `samples` when the report has no reconstruction error).
 LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, int64_t block,
                         const std::string& linear, const Tensor& weight, const ActivationStats* stats,
-                        const Gram* gram);
+                        const Gram* gram, const Tensor* samples);
 
-// ‖(W−W̃)X‖_F / ‖WX‖_F from G = XᵀX, or nullopt when ‖WX‖ = 0 and W̃ ≠ W. `weight_rows` and `row_mask` are
-// this rank's rows (dist::partition of total_rows). Per-row quadratic forms w_r G w_rᵀ (fp32 products, fp64
-// sums), gathered and added in row order. Collective.
+// ‖(W−W̃)X‖_F / ‖WX‖_F over the sampled input rows X [K, n] (BlockStatistics::samples), or nullopt when
+// ‖WX‖ = 0 and W̃ ≠ W. `weight_rows` and `row_mask` are this rank's rows (dist::partition of total_rows).
+// Per row Σ_t (w_r·x_t)² (fp32 products, fp64 sums), gathered and added in row order, so the result is the
+// same for any number of ranks. Collective.
 std::optional<double> reconstruction_error(dist::Communicator& comm, Backend& backend,
                                            const Tensor& weight_rows, const Mask& row_mask,
-                                           int64_t total_rows, const Gram& gram);
+                                           int64_t total_rows, const Tensor& samples);
 
 }  // namespace symprune::engine

@@ -143,7 +143,7 @@ void embed_calibration(RunPlan& plan, Calibration& calib) {
 std::unique_ptr<BlockStatistics> dense_pass(RunPlan& plan, dist::Communicator& comm, Calibration& calib,
                                             int64_t b) {
   auto stats = std::make_unique<BlockStatistics>(comm, *plan.model, b, plan.seqlen, plan.needs_output,
-                                                 plan.collect_gram);
+                                                 plan.collect_gram, plan.recon_sample_positions);
   if (calib.windows > 0) {
     Tensor dense = calib.hidden;
     plan.model->run_block(b, dense, calib.windows, plan.seqlen, stats.get());
@@ -556,7 +556,8 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
       const ActivationStats* linear_stats = stats ? &stats->stats(name) : nullptr;
       if (linear_stats) check_finite_stats(*linear_stats, id.to_string(), b);
       LinearMask lm =
-          prune_linear(comm, plan.mask, b, name, w, linear_stats, stats ? stats->gram(name) : nullptr);
+          prune_linear(comm, plan.mask, b, name, w, linear_stats, stats ? stats->gram(name) : nullptr,
+                       stats ? stats->samples(name) : nullptr);
       refine_seconds += lm.refine_seconds;
       result.communication.masks += comm.size() > 1 ? lm.mask_bytes : 0;
       LayerResult layer;

@@ -81,10 +81,11 @@ struct PruneConfig {
   // Other files the run reads (a recipe): outputs may not replace them.
   std::vector<std::filesystem::path> input_files;
 
-  // Report ‖(W−W̃)X‖/‖WX‖ per linear (needs the Gram matrices XᵀX: about one extra forward pass of work
-  // and n² doubles per input exchanged between ranks). Collected anyway for --refine recon and
-  // --refine-guard, which read them.
+  // Report ‖(W−W̃)X‖/‖WX‖ per linear over a sample of recon_tokens calibration tokens: the same
+  // ceil(recon_tokens / nsamples) evenly spaced positions of every window (0 or enough tokens: all of
+  // them, exact). Costs two sgemms of K rows per linear and K·n floats per input exchanged between ranks.
   bool recon_error = true;
+  int64_t recon_tokens = 1024;
 
   // Checkpoints (engine/checkpoint.h): the state is saved to `checkpoint` after every `checkpoint_every`
   // blocks and after the last; `resume` ("auto" or a checkpoint file, "" = start fresh) continues a run.

@@ -4,6 +4,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -25,6 +26,19 @@ namespace symprune::engine {
 namespace fs = std::filesystem;
 
 namespace {
+
+// What the report's reconstruction error is computed from (the report says which).
+std::string recon_error_description(const PruneConfig& c, const RunPlan& r) {
+  if (!c.recon_error) return "off (--no-recon-error)";
+  if (r.recon_sample_positions.empty()) return "none (no calibration forward pass)";
+  const auto per_window = static_cast<int64_t>(r.recon_sample_positions.size());
+  const std::string what = "||(W-W~)X||_F/||WX||_F on the dense-pass inputs of each block";
+  if (per_window == r.seqlen) return what + ", exact: every calibration token";
+  return fmt::format(
+      "{}, sampled: {} of {} positions of every window (evenly spaced, {} tokens; "
+      "--recon-tokens {})",
+      what, per_window, r.seqlen, per_window * c.nsamples, c.recon_tokens);
+}
 
 constexpr int64_t kDefaultSeqlen = 2048;
 constexpr int64_t kDefaultTokensPerPass = 16384;  // calibration tokens per forward pass by default
@@ -96,18 +110,20 @@ void check_memory(int64_t nsamples, int64_t seqlen, int64_t calib_tokens, int64_
 
 // The checkpoint's options, before anything is read.
 void check_checkpoint_options(const PruneConfig& c) {
-  SYMPRUNE_CHECK(c.checkpoint_every >= 1, "--checkpoint-every must be at least 1, got {}", c.checkpoint_every);
+  SYMPRUNE_CHECK(c.checkpoint_every >= 1, "--checkpoint-every must be at least 1, got {}",
+                 c.checkpoint_every);
   SYMPRUNE_CHECK(c.resume != "auto" || !c.checkpoint.empty(),
                  "--resume auto continues the checkpoint named by --checkpoint FILE: give --checkpoint too");
   if (c.checkpoint.empty() || !c.resume.empty()) return;
   // A fresh start must not overwrite another run's checkpoints.
   std::error_code ec;
   for (const auto& f : {c.checkpoint, previous_checkpoint(c.checkpoint), checkpoint_marker(c.checkpoint)})
-    SYMPRUNE_CHECK(!fs::exists(fs::symlink_status(f, ec)),
-                   "--checkpoint {}: {} exists, from an earlier run: continue that run with --resume auto, or "
-                   "remove {}, {} and {} to start over",
-                   c.checkpoint.string(), f.string(), c.checkpoint.string(),
-                   previous_checkpoint(c.checkpoint).string(), checkpoint_marker(c.checkpoint).string());
+    SYMPRUNE_CHECK(
+        !fs::exists(fs::symlink_status(f, ec)),
+        "--checkpoint {}: {} exists, from an earlier run: continue that run with --resume auto, or "
+        "remove {}, {} and {} to start over",
+        c.checkpoint.string(), f.string(), c.checkpoint.string(), previous_checkpoint(c.checkpoint).string(),
+        checkpoint_marker(c.checkpoint).string());
 }
 
 // Whether --resume finds the completion marker of this very run (then there is nothing to do); a marker of
@@ -127,9 +143,10 @@ bool completed_before(const PruneConfig& c, RunPlan& r) {
   nlohmann::json identity = saved.value("identity", nlohmann::json::object());
   if (identity.contains("fingerprints")) identity["fingerprints"].erase("calibration");
   if (const auto diff = identity_difference(identity, r.identity_without_calibration))
-    fail("{} marks a finished run with a different configuration or inputs: {}; remove it (or choose another "
-         "--checkpoint) to run this one",
-         marker.string(), *diff);
+    fail(
+        "{} marks a finished run with a different configuration or inputs: {}; remove it (or choose another "
+        "--checkpoint) to run this one",
+        marker.string(), *diff);
   r.already_complete = true;
   return true;
 }
@@ -176,11 +193,13 @@ void check_checkpoint_space(const fs::path& file, int64_t checkpoint_bytes) {
   for (const auto& f : {file, previous_checkpoint(file)}) existing += fs::exists(f, ec) ? 1 : 0;
   const double needed = static_cast<double>(checkpoint_bytes) * (3 - existing);
   if (!available || needed <= static_cast<double>(*available)) return;
-  fail("--checkpoint {}: a checkpoint takes up to about {} (hidden states and masks), and the previous one is "
-       "kept while the next is written, so {} needs {} free, but has {}: free space, choose another directory, "
-       "write fewer (--checkpoint-every) or lower --nsamples",
-       file.string(), format_bytes(static_cast<double>(checkpoint_bytes)), dir.string(), format_bytes(needed),
-       format_bytes(static_cast<double>(*available)));
+  fail(
+      "--checkpoint {}: a checkpoint takes up to about {} (hidden states and masks), and the previous one is "
+      "kept while the next is written, so {} needs {} free, but has {}: free space, choose another "
+      "directory, "
+      "write fewer (--checkpoint-every) or lower --nsamples",
+      file.string(), format_bytes(static_cast<double>(checkpoint_bytes)), dir.string(), format_bytes(needed),
+      format_bytes(static_cast<double>(*available)));
 }
 
 void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
@@ -209,8 +228,10 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   r.needs_stats = scores_need_stats || refining;
   r.needs_output = score_method_uses_output_stats(method) && r.needs_stats;
   const bool refine_reads_gram = refine.method == "recon" || refine.guard;
-  r.collect_gram = r.needs_stats && (c.recon_error || refine_reads_gram);
+  r.collect_gram = r.needs_stats && refine_reads_gram;
   r.mask.report_recon_error = c.recon_error;
+  SYMPRUNE_CHECK(c.recon_tokens >= 0, "--recon-tokens must be 0 (all tokens) or positive, got {}",
+                 c.recon_tokens);
   SYMPRUNE_CHECK(c.nsamples >= 1, "--nsamples must be at least 1, got {}", c.nsamples);
   SYMPRUNE_CHECK(c.seqlen >= 0, "--seqlen must be at least 1, got {}", c.seqlen);
   SYMPRUNE_CHECK(c.micro_batch >= 0, "--micro-batch must be at least 1, got {}", c.micro_batch);
@@ -237,6 +258,8 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   const std::string config_json = model.config_file();
   // T: --seqlen, else 2048; under --compat wanda the Wanda repo's rule, T = max_position_embeddings.
   r.seqlen = c.seqlen > 0 ? c.seqlen : c.compat == "wanda" ? model.max_seq_len() : kDefaultSeqlen;
+  if (r.needs_stats && c.recon_error)
+    r.recon_sample_positions = recon_sample_positions(c.recon_tokens, c.nsamples, r.seqlen);
   const int64_t eval_seqlen = c.eval_seqlen > 0 ? c.eval_seqlen : r.seqlen;
   SYMPRUNE_CHECK(c.eval.empty() || eval_seqlen >= 2, "--eval-seqlen must be at least 2, got {}", eval_seqlen);
   r.model_fingerprint =
@@ -352,23 +375,23 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       {"checkpoint", c.checkpoint.empty() ? nlohmann::json() : nlohmann::json(c.checkpoint.string())},
       {"checkpoint_every", c.checkpoint_every},
       {"resume", c.resume.empty() ? nlohmann::json() : nlohmann::json(c.resume)},
-      {"recon_error", c.recon_error
-                          ? nlohmann::json("||(W-W~)X||_F/||WX||_F on the dense-pass inputs of each "
-                                           "block, via G = X^T X")
-                          : nlohmann::json("off (--no-recon-error)")},
+      {"recon_error", recon_error_description(c, r)},
+      {"recon_tokens", c.recon_tokens},
   };
   if (r.evaluate) r.eval_fingerprint = io::tokens_fingerprint(r.eval_tokens);
-  r.identity_without_calibration =
-      run_identity(r.config, {{"model", r.model_fingerprint},
-                              {"eval", r.eval_fingerprint.empty() ? nlohmann::json() : nlohmann::json(r.eval_fingerprint)}});
+  r.identity_without_calibration = run_identity(
+      r.config,
+      {{"model", r.model_fingerprint},
+       {"eval", r.eval_fingerprint.empty() ? nlohmann::json() : nlohmann::json(r.eval_fingerprint)}});
 
   // Outputs are checked (and --out locked, by rank 0) before any block is read: no input may be
   // overwritten, and a path that cannot work must not fail after hours of pruning.
   if (completed_before(c, r)) return;
   const int64_t eval_chunks_total =
-      r.evaluate ? (c.eval_max_chunks > 0 ? std::min<int64_t>(static_cast<int64_t>(r.eval_tokens.size()) / eval_seqlen,
-                                                               c.eval_max_chunks)
-                                          : static_cast<int64_t>(r.eval_tokens.size()) / eval_seqlen)
+      r.evaluate ? (c.eval_max_chunks > 0
+                        ? std::min<int64_t>(static_cast<int64_t>(r.eval_tokens.size()) / eval_seqlen,
+                                            c.eval_max_chunks)
+                        : static_cast<int64_t>(r.eval_tokens.size()) / eval_seqlen)
                  : 0;
   if (comm.rank() == 0) {
     if (r.writes_model) r.out.emplace(c.out, inputs, c.force || written_by_this_run(c));
@@ -392,6 +415,16 @@ RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm) {
   RunPlan r;
   agree_on_errors(comm, [&] { plan(config, comm, r); });
   return r;
+}
+
+std::vector<int64_t> recon_sample_positions(int64_t tokens, int64_t windows, int64_t seqlen) {
+  const int64_t count =
+      tokens <= 0 ? seqlen
+                  : std::clamp<int64_t>((tokens + windows - 1) / std::max<int64_t>(windows, 1), 1, seqlen);
+  std::vector<int64_t> positions(static_cast<size_t>(count));
+  for (int64_t j = 0; j < count; ++j)
+    positions[static_cast<size_t>(j)] = ((2 * j + 1) * seqlen) / (2 * count);
+  return positions;
 }
 
 }  // namespace symprune::engine

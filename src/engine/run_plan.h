@@ -28,7 +28,10 @@ struct RunPlan {
   double sparsity_target = 0.0;
   bool needs_stats = false;   // a dense pass with statistics runs (activation-aware scores or refinement)
   bool needs_output = false;  // Σy² is collected (output-side scores)
-  bool collect_gram = false;  // Gram matrices for the reconstruction error
+  bool collect_gram = false;  // Gram matrices (--refine recon, --refine-guard)
+  // Positions within each calibration window whose inputs the report's reconstruction error reads
+  // (empty: no reconstruction error).
+  std::vector<int64_t> recon_sample_positions;
 
   int64_t seqlen = 0;
   int64_t micro_batch = 0;   // calibration windows per forward pass (a chunk)
@@ -46,7 +49,7 @@ struct RunPlan {
   std::string eval_fingerprint;
   bool already_complete = false;
 
-  std::optional<io::OutputDirectory> out;  // rank 0, when an output is written
+  std::optional<io::OutputDirectory> out;         // rank 0, when an output is written
   std::unique_ptr<io::PathLock> checkpoint_lock;  // rank 0, with --checkpoint: one run per checkpoint
   bool writes_model = false;
   nlohmann::json config;  // the resolved configuration, for the report and the provenance file
@@ -54,5 +57,10 @@ struct RunPlan {
 
 // Collective (agree_on_errors): every rank returns the same plan or throws the same error.
 RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm);
+
+// The positions within each calibration window whose inputs the report's reconstruction error reads:
+// ceil(tokens / windows) of the seqlen positions (at least 1, at most all; tokens 0 = all), evenly spaced,
+// position j = ((2j + 1)·seqlen) / (2·count). The same for every window, rank and block.
+std::vector<int64_t> recon_sample_positions(int64_t tokens, int64_t windows, int64_t seqlen);
 
 }  // namespace symprune::engine

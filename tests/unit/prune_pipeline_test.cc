@@ -2,6 +2,7 @@
 // safetensors here (with a 272-token llama2.c tokenizer.bin: specials, 256 bytes, a..m; and a uint16 token
 // file for calibration).
 #include "engine/prune_pipeline.h"
+#include "engine/run_plan.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -588,6 +589,18 @@ TEST_F(PrunePipeline, EvalReportsDenseAndPrunedPerplexity) {
   EXPECT_TRUE(std::isfinite(r.perplexity->pruned) && r.perplexity->pruned > 1.0);
   EXPECT_NE(r.perplexity->dense, r.perplexity->pruned);
   EXPECT_TRUE(r.report()["perplexity"]["dense"].is_number());
+}
+
+// The report's reconstruction error reads the same evenly spaced positions of every window.
+TEST(ReconSamplePositions, EvenlySpacedAllWhenEnoughOrZero) {
+  std::vector<int64_t> all(16);
+  for (int64_t i = 0; i < 16; ++i) all[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(recon_sample_positions(0, 8, 16), all);
+  EXPECT_EQ(recon_sample_positions(128, 8, 16), all);
+  EXPECT_EQ(recon_sample_positions(4096, 8, 16), all);
+  EXPECT_EQ(recon_sample_positions(32, 8, 16), (std::vector<int64_t>{2, 6, 10, 14}));
+  EXPECT_EQ(recon_sample_positions(9, 8, 16), (std::vector<int64_t>{4, 12}));  // ceil(9 / 8) = 2
+  EXPECT_EQ(recon_sample_positions(1, 8, 16), (std::vector<int64_t>{8}));
 }
 
 }  // namespace
