@@ -10,7 +10,8 @@ import pytest
 from conftest import mpirun
 from prune_support import output_digest, symprune
 
-CALIB = ["--nsamples", "16", "--seqlen", "64", "--micro-batch", "3"]  # 6 chunks: R = 4 gets 2,1,2,1
+# 6 chunks: R = 4 gets 2,1,2,1; the reconstruction error reads 16 of the 64 positions of each window.
+CALIB = ["--nsamples", "16", "--seqlen", "64", "--micro-batch", "3", "--recon-tokens", "256"]
 
 CASES = {
     "magnitude": ["--method", "magnitude", "--sparsity", "0.5"],
@@ -53,6 +54,8 @@ def test_llama_outputs_are_byte_identical_for_every_rank_count(stories, tmp_path
         assert report["config"]["ranks"] == ranks and report["config"]["communicator"] == "mpi"
         reference = json.loads((tmp_path / f"single-{name}.json").read_text())
         assert [l["pruned"] for l in report["layers"]] == [l["pruned"] for l in reference["layers"]]
+        # The report's reconstruction errors (a token sample, per-row sums in row order) too, bit for bit.
+        assert [l["recon_error"] for l in report["layers"]] == [l["recon_error"] for l in reference["layers"]]
 
 
 @pytest.mark.parametrize("name", ["wanda", "ria-layer", "wanda+dsnot"])
