@@ -142,18 +142,20 @@ void BlockStatistics::reduce() {
   }
 }
 
-const Tensor* BlockStatistics::samples(const std::string& linear) const {
-  if (sample_positions_.empty()) return nullptr;
+const BlockStatistics::Group* BlockStatistics::group_of(const std::string& linear) const {
   for (const auto& l : linears_)
-    if (l.name == linear) return &groups_[l.group].samples;
+    if (l.name == linear) return &groups_[l.group];
   return nullptr;
 }
 
+const Tensor* BlockStatistics::samples(const std::string& linear) const {
+  const Group* group = sample_positions_.empty() ? nullptr : group_of(linear);
+  return group ? &group->samples : nullptr;
+}
+
 const Gram* BlockStatistics::gram(const std::string& linear) const {
-  if (!collect_gram_) return nullptr;
-  for (const auto& l : linears_)
-    if (l.name == linear) return &groups_[l.group].total;
-  return nullptr;
+  const Group* group = collect_gram_ ? group_of(linear) : nullptr;
+  return group ? &group->total : nullptr;
 }
 
 }  // namespace symprune::engine

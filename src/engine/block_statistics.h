@@ -67,6 +67,7 @@ class BlockStatistics : public model::LinearObserver {
     Tensor samples;                    // all ranks', after reduce()
   };
   size_t packed_length() const;
+  const Group* group_of(const std::string& linear) const;  // null for an unknown linear
 
   dist::Communicator& comm_;
   Backend& backend_;

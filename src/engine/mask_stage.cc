@@ -87,20 +87,22 @@ bool refine_skips(const std::string& skip, const std::string& linear) {
   return (skip == "mlp" && !attention) || (skip == "attn" && attention);
 }
 
+double sample_energy(dist::Communicator& comm, Backend& backend, const Tensor& rows, int64_t total_rows,
+                     const Tensor& samples) {
+  return std::max(ordered_row_sum(comm, row_sample_energy(backend, rows, samples), total_rows), 0.0);
+}
+
 std::optional<double> reconstruction_error(dist::Communicator& comm, Backend& backend,
                                            const Tensor& weight_rows, const Mask& row_mask,
-                                           int64_t total_rows, const Tensor& samples) {
+                                           int64_t total_rows, const Tensor& samples, double dense_energy) {
   // The pruned part W − W̃ directly, not a difference of two products (no cancellation).
   Tensor delta({weight_rows.dim(0), weight_rows.dim(1)});
   const auto flat = row_mask.flat();
   for (int64_t i = 0; i < weight_rows.numel(); ++i)
     delta[i] = flat[static_cast<size_t>(i)] ? weight_rows[i] : 0.0f;
-  const double dense =
-      std::max(ordered_row_sum(comm, row_sample_energy(backend, weight_rows, samples), total_rows), 0.0);
-  const double diff =
-      std::max(ordered_row_sum(comm, row_sample_energy(backend, delta, samples), total_rows), 0.0);
-  if (dense <= 0.0) return diff <= 0.0 ? std::optional<double>(0.0) : std::nullopt;
-  return std::sqrt(diff / dense);
+  const double diff = sample_energy(comm, backend, delta, total_rows, samples);
+  if (dense_energy <= 0.0) return diff <= 0.0 ? std::optional<double>(0.0) : std::nullopt;
+  return std::sqrt(diff / dense_energy);
 }
 
 LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, int64_t block,
@@ -120,11 +122,14 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
 
   LinearMask out;
   const Tensor own_weight = copy_rows(weight, rows);
+  const bool report = samples != nullptr && settings.report_recon_error;
+  const double dense_energy = report ? sample_energy(comm, *settings.backend, own_weight, m, *samples) : 0.0;
   const RefineSettings& refine = settings.refine;
   if (refine.enabled() && !refine_skips(refine.skip, linear)) {
     SYMPRUNE_ASSERT(stats != nullptr, "refinement of {} without statistics", options.matrix_name);
-    if (samples != nullptr && settings.report_recon_error)
-      out.recon_error_initial = reconstruction_error(comm, *settings.backend, own_weight, own, m, *samples);
+    if (report)
+      out.recon_error_initial =
+          reconstruction_error(comm, *settings.backend, own_weight, own, m, *samples, dense_energy);
     const auto start = std::chrono::steady_clock::now();
     std::optional<NmPattern> nm;
     if (settings.spec.kind == MaskSpec::kNM) nm = NmPattern{settings.spec.n, settings.spec.m};
@@ -152,8 +157,9 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
     out.refine = total;
     out.refine_seconds = seconds_since(start);
   }
-  if (samples != nullptr && settings.report_recon_error)
-    out.recon_error = reconstruction_error(comm, *settings.backend, own_weight, own, m, *samples);
+  if (report)
+    out.recon_error =
+        reconstruction_error(comm, *settings.backend, own_weight, own, m, *samples, dense_energy);
   out.mask = gather_mask(comm, own, m, &out.mask_bytes);
   out.pruned = out.mask.count();
   return out;

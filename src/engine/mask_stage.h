@@ -54,12 +54,17 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
                         const std::string& linear, const Tensor& weight, const ActivationStats* stats,
                         const Gram* gram, const Tensor* samples);
 
-// ‖(W−W̃)X‖_F / ‖WX‖_F over the sampled input rows X [K, n] (BlockStatistics::samples), or nullopt when
-// ‖WX‖ = 0 and W̃ ≠ W. `weight_rows` and `row_mask` are this rank's rows (dist::partition of total_rows).
-// Per row Σ_t (w_r·x_t)² (fp32 products, fp64 sums), gathered and added in row order, so the result is the
-// same for any number of ranks. Collective.
+// ‖AX‖_F² over the sampled input rows X [K, n] (BlockStatistics::samples) of the matrix whose rows
+// `rows` (dist::partition of total_rows) this rank holds: per row Σ_t (a_r·x_t)² (fp32 products, fp64
+// sums), gathered and added in row order, so the result is the same for any number of ranks. Collective.
+double sample_energy(dist::Communicator& comm, Backend& backend, const Tensor& rows, int64_t total_rows,
+                     const Tensor& samples);
+
+// ‖(W−W̃)X‖_F / ‖WX‖_F over the samples, given dense_energy = sample_energy of W's rows (it does not depend
+// on the mask, so a refined linear computes it once for both of its errors), or nullopt when ‖WX‖ = 0 and
+// W̃ ≠ W. `weight_rows` and `row_mask` are this rank's rows. Collective.
 std::optional<double> reconstruction_error(dist::Communicator& comm, Backend& backend,
                                            const Tensor& weight_rows, const Mask& row_mask,
-                                           int64_t total_rows, const Tensor& samples);
+                                           int64_t total_rows, const Tensor& samples, double dense_energy);
 
 }  // namespace symprune::engine
