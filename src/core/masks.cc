@@ -170,97 +170,90 @@ float score_from_order_key(uint32_t key) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Selection
+// Selection on host scores
 
 namespace {
-
-void check_no_nan(const Tensor& scores, std::string_view matrix_name) {
-  const float* s = scores.data();
-  const int64_t size = scores.numel();
-  int64_t first = std::numeric_limits<int64_t>::max();
-#pragma omp parallel for reduction(min : first) schedule(static) if (size >= kParallelMin)
-  for (int64_t i = 0; i < size; ++i)
-    if (std::isnan(s[i])) first = std::min(first, i);
-  if (first != std::numeric_limits<int64_t>::max()) {
-    const int64_t cols = scores.dim(1);
-    fail("NaN score in matrix {} (row {}, column {}); scores must be finite or infinite to select a mask",
-         matrix_name, first / cols, first % cols);
-  }
-}
 
 // (order key, column) packed so that plain integer order is the mask order with lower-index tie-break.
 inline uint64_t row_key(float score, int64_t col) {
   return (static_cast<uint64_t>(score_order_key(score)) << 32) | static_cast<uint64_t>(col);
 }
 
-void select_rows(const Tensor& scores, int64_t k, Mask& mask) {
-  const int64_t rows = scores.dim(0), cols = scores.dim(1);
-  if (k == 0) return;
-#pragma omp parallel if (rows * cols >= kParallelMin)
-  {
-    std::vector<uint64_t> keys(static_cast<size_t>(cols));
+class HostMaskSelector final : public MaskSelector {
+ public:
+  explicit HostMaskSelector(const Tensor& scores)
+      : scores_(scores), rows_(scores.dim(0)), cols_(scores.dim(1)), mask_(rows_, cols_) {}
+
+  int64_t rows() const override { return rows_; }
+  int64_t cols() const override { return cols_; }
+
+  int64_t first_nan() override {
+    const float* s = scores_.data();
+    const int64_t size = scores_.numel();
+    int64_t first = std::numeric_limits<int64_t>::max();
+#pragma omp parallel for reduction(min : first) schedule(static) if (size >= kParallelMin)
+    for (int64_t i = 0; i < size; ++i)
+      if (std::isnan(s[i])) first = std::min(first, i);
+    return first == std::numeric_limits<int64_t>::max() ? -1 : first;
+  }
+
+  void select_rows(int64_t k) override {
+    if (k == 0) return;
+#pragma omp parallel if (rows_ * cols_ >= kParallelMin)
+    {
+      std::vector<uint64_t> keys(static_cast<size_t>(cols_));
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* s = scores.data() + r * cols;
-      for (int64_t c = 0; c < cols; ++c) keys[static_cast<size_t>(c)] = row_key(s[c], c);
-      std::nth_element(keys.begin(), keys.begin() + k, keys.end());
-      uint8_t* p = mask.row(r).data();
-      for (int64_t i = 0; i < k; ++i) p[keys[static_cast<size_t>(i)] & 0xFFFFFFFFu] = 1;
+      for (int64_t r = 0; r < rows_; ++r) {
+        const float* s = scores_.data() + r * cols_;
+        for (int64_t c = 0; c < cols_; ++c) keys[static_cast<size_t>(c)] = row_key(s[c], c);
+        std::nth_element(keys.begin(), keys.begin() + k, keys.end());
+        uint8_t* p = mask_.row(r).data();
+        for (int64_t i = 0; i < k; ++i) p[keys[static_cast<size_t>(i)] & 0xFFFFFFFFu] = 1;
+      }
     }
   }
-}
 
-void select_nm(const Tensor& scores, int n, int m, Mask& mask) {
-  const int64_t rows = scores.dim(0), cols = scores.dim(1);
-  const int64_t groups = cols / m;
-  // Small groups (2:4, 4:8, ...): rank each entry by counting; larger M: nth_element per group.
-  constexpr int kMaxCountingM = 32;
-#pragma omp parallel if (rows * cols >= kParallelMin)
-  {
-    std::vector<uint64_t> keys(static_cast<size_t>(m));
-    std::array<uint32_t, kMaxCountingM> small{};
+  void select_nm(int n, int m) override {
+    const int64_t groups = cols_ / m;
+    // Small groups (2:4, 4:8, ...): rank each entry by counting; larger M: nth_element per group.
+    constexpr int kMaxCountingM = 32;
+#pragma omp parallel if (rows_ * cols_ >= kParallelMin)
+    {
+      std::vector<uint64_t> keys(static_cast<size_t>(m));
+      std::array<uint32_t, kMaxCountingM> small{};
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* s = scores.data() + r * cols;
-      uint8_t* p = mask.row(r).data();
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t base = g * m;
-        if (m <= kMaxCountingM) {
-          for (int j = 0; j < m; ++j) small[static_cast<size_t>(j)] = score_order_key(s[base + j]);
-          for (int i = 0; i < m; ++i) {
-            const uint32_t ki = small[static_cast<size_t>(i)];
-            int rank = 0;
-            for (int j = 0; j < m; ++j) {
-              const uint32_t kj = small[static_cast<size_t>(j)];
-              rank += (kj < ki) || (kj == ki && j < i);
+      for (int64_t r = 0; r < rows_; ++r) {
+        const float* s = scores_.data() + r * cols_;
+        uint8_t* p = mask_.row(r).data();
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t base = g * m;
+          if (m <= kMaxCountingM) {
+            for (int j = 0; j < m; ++j) small[static_cast<size_t>(j)] = score_order_key(s[base + j]);
+            for (int i = 0; i < m; ++i) {
+              const uint32_t ki = small[static_cast<size_t>(i)];
+              int rank = 0;
+              for (int j = 0; j < m; ++j) {
+                const uint32_t kj = small[static_cast<size_t>(j)];
+                rank += (kj < ki) || (kj == ki && j < i);
+              }
+              p[base + i] = rank < n ? 1 : 0;
             }
-            p[base + i] = rank < n ? 1 : 0;
+          } else {
+            for (int j = 0; j < m; ++j) keys[static_cast<size_t>(j)] = row_key(s[base + j], j);
+            std::nth_element(keys.begin(), keys.begin() + n, keys.end());
+            for (int i = 0; i < n; ++i)
+              p[base + static_cast<int64_t>(keys[static_cast<size_t>(i)] & 0xFFFFFFFFu)] = 1;
           }
-        } else {
-          for (int j = 0; j < m; ++j) keys[static_cast<size_t>(j)] = row_key(s[base + j], j);
-          std::nth_element(keys.begin(), keys.begin() + n, keys.end());
-          for (int i = 0; i < n; ++i)
-            p[base + static_cast<int64_t>(keys[static_cast<size_t>(i)] & 0xFFFFFFFFu)] = 1;
         }
       }
     }
   }
-}
 
-// The order key of the element at 0-based position `rank` of the ascending order of all keys, by a
-// 3-pass MSB radix select (11 + 11 + 10 bits, integer histograms, so the result is thread-count
-// independent). `*equal_before` receives how many elements with that key precede it in the order.
-uint32_t radix_select(const Tensor& scores, int64_t rank, int64_t* equal_before, const MatrixPart* part) {
-  constexpr std::array<int, 3> kShift = {21, 10, 0};
-  constexpr std::array<int, 3> kBits = {11, 11, 10};
-  const float* s = scores.data();
-  const int64_t size = scores.numel();
-  uint32_t prefix = 0;       // key bits fixed so far
-  uint32_t prefix_mask = 0;  // which bits those are
-  for (int pass = 0; pass < 3; ++pass) {
-    const int shift = kShift[static_cast<size_t>(pass)];
-    const size_t bins = size_t{1} << kBits[static_cast<size_t>(pass)];
-    std::vector<int64_t> hist(bins, 0);
+  void key_histogram(uint32_t prefix, uint32_t prefix_mask, int shift, std::span<int64_t> hist) override {
+    const float* s = scores_.data();
+    const int64_t size = scores_.numel();
+    const size_t bins = hist.size();
+    std::fill(hist.begin(), hist.end(), 0);
 #pragma omp parallel if (size >= kParallelMin)
     {
       std::vector<int64_t> local(bins, 0);
@@ -272,6 +265,67 @@ uint32_t radix_select(const Tensor& scores, int64_t rank, int64_t* equal_before,
 #pragma omp critical
       for (size_t b = 0; b < bins; ++b) hist[b] += local[b];
     }
+  }
+
+  void prune_below_key(uint32_t threshold_key, std::span<int64_t> equal_in_row) override {
+#pragma omp parallel for schedule(static) if (rows_ * cols_ >= kParallelMin)
+    for (int64_t r = 0; r < rows_; ++r) {
+      const float* s = scores_.data() + r * cols_;
+      uint8_t* p = mask_.row(r).data();
+      int64_t equal = 0;
+      for (int64_t c = 0; c < cols_; ++c) {
+        const uint32_t key = score_order_key(s[c]);
+        p[c] = key < threshold_key ? 1 : 0;
+        equal += key == threshold_key;
+      }
+      equal_in_row[static_cast<size_t>(r)] = equal;
+    }
+  }
+
+  void prune_first_equal(uint32_t threshold_key, std::span<const int64_t> quota) override {
+    for (int64_t r = 0; r < rows_; ++r) {
+      int64_t remaining = quota[static_cast<size_t>(r)];
+      const float* s = scores_.data() + r * cols_;
+      uint8_t* p = mask_.row(r).data();
+      for (int64_t c = 0; c < cols_ && remaining > 0; ++c)
+        if (score_order_key(s[c]) == threshold_key) {
+          p[c] = 1;
+          --remaining;
+        }
+    }
+  }
+
+  void prune_at_most(float theta) override {
+    const float* s = scores_.data();
+    uint8_t* p = mask_.flat().data();
+    const int64_t size = scores_.numel();
+#pragma omp parallel for schedule(static) if (size >= kParallelMin)
+    for (int64_t i = 0; i < size; ++i) p[i] = s[i] <= theta ? 1 : 0;
+  }
+
+  Mask take_mask() override {
+    return std::move(mask_);
+  }
+
+ private:
+  const Tensor& scores_;
+  int64_t rows_, cols_;
+  Mask mask_;
+};
+
+// The order key of the element at 0-based position `rank` of the ascending order of all keys, by a
+// 3-pass MSB radix select (11 + 11 + 10 bits, integer histograms, so the result is thread-count
+// independent). `*equal_before` receives how many elements with that key precede it in the order.
+uint32_t radix_select(MaskSelector& selector, int64_t rank, int64_t* equal_before, const MatrixPart* part) {
+  constexpr std::array<int, 3> kShift = {21, 10, 0};
+  constexpr std::array<int, 3> kBits = {11, 11, 10};
+  uint32_t prefix = 0;       // key bits fixed so far
+  uint32_t prefix_mask = 0;  // which bits those are
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = kShift[static_cast<size_t>(pass)];
+    const size_t bins = size_t{1} << kBits[static_cast<size_t>(pass)];
+    std::vector<int64_t> hist(bins, 0);
+    selector.key_histogram(prefix, prefix_mask, shift, hist);
     if (part != nullptr) part->sum_over_parts(hist);
     size_t bin = 0;
     while (rank >= hist[bin]) rank -= hist[bin++];
@@ -283,66 +337,47 @@ uint32_t radix_select(const Tensor& scores, int64_t rank, int64_t* equal_before,
   return prefix;
 }
 
-void select_layer_exact(const Tensor& scores, int64_t k, Mask& mask, const MatrixPart* part) {
+void select_layer_exact(MaskSelector& selector, int64_t k, const MatrixPart* part) {
   if (k == 0) return;
   int64_t equal_to_prune = 0;
-  const uint32_t threshold = radix_select(scores, k, &equal_to_prune, part);
-  const int64_t rows = scores.dim(0), cols = scores.dim(1);
+  const uint32_t threshold = radix_select(selector, k, &equal_to_prune, part);
+  const int64_t rows = selector.rows();
   // Everything below the threshold key is pruned; of the entries equal to it, the first
   // `equal_to_prune` in flat order. Per-row counts of equal entries place that cut without a serial scan.
   const int64_t row_begin = part ? part->row_begin : 0;
   const int64_t total_rows = part ? part->total_rows : rows;
   std::vector<int64_t> equal_in_row(static_cast<size_t>(total_rows), 0);
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* s = scores.data() + r * cols;
-    uint8_t* p = mask.row(r).data();
-    int64_t equal = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      const uint32_t key = score_order_key(s[c]);
-      p[c] = key < threshold ? 1 : 0;
-      equal += key == threshold;
-    }
-    equal_in_row[static_cast<size_t>(row_begin + r)] = equal;
-  }
+  selector.prune_below_key(
+      threshold,
+      std::span<int64_t>(equal_in_row).subspan(static_cast<size_t>(row_begin), static_cast<size_t>(rows)));
   // Ties before this part's rows are cut first (the other parts' counts, summed in).
   if (part != nullptr) part->sum_over_parts(equal_in_row);
   int64_t remaining = equal_to_prune;
   for (int64_t r = 0; r < row_begin && remaining > 0; ++r)
     remaining -= std::min(remaining, equal_in_row[static_cast<size_t>(r)]);
+  std::vector<int64_t> quota(static_cast<size_t>(rows), 0);
   for (int64_t r = 0; r < rows && remaining > 0; ++r) {
-    if (equal_in_row[static_cast<size_t>(row_begin + r)] == 0) continue;
-    const float* s = scores.data() + r * cols;
-    uint8_t* p = mask.row(r).data();
-    for (int64_t c = 0; c < cols && remaining > 0; ++c)
-      if (score_order_key(s[c]) == threshold) {
-        p[c] = 1;
-        --remaining;
-      }
+    const int64_t take = std::min(remaining, equal_in_row[static_cast<size_t>(row_begin + r)]);
+    quota[static_cast<size_t>(r)] = take;
+    remaining -= take;
   }
+  selector.prune_first_equal(threshold, quota);
 }
 
 // Reference repos: theta = sort(S.flatten())[k] (NaN sorts last), mask = S <= theta. A NaN theta
 // (k at or past the first NaN) prunes nothing, as `S <= nan` does in torch.
-void select_layer_threshold_le(const Tensor& scores, int64_t k, Mask& mask, const MatrixPart* part) {
+void select_layer_threshold_le(MaskSelector& selector, int64_t k, const MatrixPart* part) {
   int64_t unused = 0;
-  const uint32_t threshold_key = radix_select(scores, k, &unused, part);
+  const uint32_t threshold_key = radix_select(selector, k, &unused, part);
   if (threshold_key == 0xFFFFFFFFu) return;
-  const float theta = score_from_order_key(threshold_key);
-  const float* s = scores.data();
-  uint8_t* p = mask.flat().data();
-  const int64_t size = scores.numel();
-#pragma omp parallel for schedule(static) if (size >= kParallelMin)
-  for (int64_t i = 0; i < size; ++i) p[i] = s[i] <= theta ? 1 : 0;
+  selector.prune_at_most(score_from_order_key(threshold_key));
 }
 
 }  // namespace
 
-Mask select_mask(const Tensor& scores, const MaskSpec& spec, std::string_view matrix_name,
+Mask select_mask(MaskSelector& selector, const MaskSpec& spec, std::string_view matrix_name,
                  const MatrixPart* part) {
-  SYMPRUNE_CHECK(scores.rank() == 2, "matrix {}: scores must be a matrix, got shape {}", matrix_name,
-                 scores.shape_string());
-  const int64_t rows = scores.dim(0), cols = scores.dim(1);
+  const int64_t rows = selector.rows(), cols = selector.cols();
   const int64_t total_rows = part ? part->total_rows : rows;
   SYMPRUNE_ASSERT(
       !part || (part->row_begin >= 0 && part->row_begin + rows <= total_rows && part->sum_over_parts),
@@ -350,30 +385,42 @@ Mask select_mask(const Tensor& scores, const MaskSpec& spec, std::string_view ma
   validate_mask_spec(spec, total_rows, cols, matrix_name);
   // Row keys carry the column in 32 bits.
   SYMPRUNE_CHECK(cols < (int64_t{1} << 32), "matrix {}: row width {} is too large", matrix_name, cols);
-  Mask mask(rows, cols);
   const bool layer = spec.kind == MaskSpec::kUnstructuredLayer;
   // A part with no rows still takes part in the layer selection's sums.
-  if ((rows == 0 && !(layer && part)) || cols == 0) return mask;
+  if ((rows == 0 && !(layer && part)) || cols == 0) return selector.take_mask();
   const bool threshold_le = layer && spec.compat_threshold_le;
-  if (!threshold_le) check_no_nan(scores, matrix_name);
+  if (!threshold_le) {
+    const int64_t first = selector.first_nan();
+    if (first >= 0)
+      fail("NaN score in matrix {} (row {}, column {}); scores must be finite or infinite to select a mask",
+           matrix_name, first / cols, first % cols);
+  }
   switch (spec.kind) {
     case MaskSpec::kUnstructuredRow:
-      select_rows(scores, prune_count(cols, spec.sparsity), mask);
+      selector.select_rows(prune_count(cols, spec.sparsity));
       break;
     case MaskSpec::kUnstructuredLayer: {
       const int64_t k = prune_count(total_rows * cols, spec.sparsity);
       SYMPRUNE_ASSERT(k >= 0 && k < total_rows * cols, "prune count {} of {}", k, total_rows * cols);
       if (threshold_le)
-        select_layer_threshold_le(scores, k, mask, part);
+        select_layer_threshold_le(selector, k, part);
       else
-        select_layer_exact(scores, k, mask, part);
+        select_layer_exact(selector, k, part);
       break;
     }
     case MaskSpec::kNM:
-      select_nm(scores, spec.n, spec.m, mask);
+      selector.select_nm(spec.n, spec.m);
       break;
   }
-  return mask;
+  return selector.take_mask();
+}
+
+Mask select_mask(const Tensor& scores, const MaskSpec& spec, std::string_view matrix_name,
+                 const MatrixPart* part) {
+  SYMPRUNE_CHECK(scores.rank() == 2, "matrix {}: scores must be a matrix, got shape {}", matrix_name,
+                 scores.shape_string());
+  HostMaskSelector selector(scores);
+  return select_mask(selector, spec, matrix_name, part);
 }
 
 }  // namespace symprune

@@ -115,6 +115,38 @@ struct MatrixPart {
 Mask select_mask(const Tensor& scores, const MaskSpec& spec, std::string_view matrix_name = "<unnamed>",
                  const MatrixPart* part = nullptr);
 
+// The primitives select_mask needs from wherever the scores are (host memory, a GPU). The selection
+// rules (counts, tie order, layer histograms summed over parts, the NaN check) are written once in
+// select_mask; a backend supplies these steps over the rows it holds ("local rows"). The mask starts
+// with nothing pruned.
+class MaskSelector {
+ public:
+  virtual ~MaskSelector() = default;
+  virtual int64_t rows() const = 0;
+  virtual int64_t cols() const = 0;
+  // Flat (local row-major) index of the first NaN score, or -1.
+  virtual int64_t first_nan() = 0;
+  // Prunes the k smallest (order key, column) of every row.
+  virtual void select_rows(int64_t k) = 0;
+  // Prunes the n smallest (order key, index in group) of every group of m consecutive columns.
+  virtual void select_nm(int n, int m) = 0;
+  // hist[b] = how many scores have (key & prefix_mask) == prefix and (key >> shift) & (bins - 1) == b,
+  // bins = hist.size() (a power of two); key = score_order_key.
+  virtual void key_histogram(uint32_t prefix, uint32_t prefix_mask, int shift, std::span<int64_t> hist) = 0;
+  // Prunes exactly the scores whose key is below threshold_key; equal_in_row[r] = how many keys of
+  // local row r equal it.
+  virtual void prune_below_key(uint32_t threshold_key, std::span<int64_t> equal_in_row) = 0;
+  // Also prunes, in each local row r, the first quota[r] scores (by column) whose key equals threshold_key.
+  virtual void prune_first_equal(uint32_t threshold_key, std::span<const int64_t> quota) = 0;
+  // Prunes exactly the scores <= theta (the compat layer rule; NaN never).
+  virtual void prune_at_most(float theta) = 0;
+  virtual Mask take_mask() = 0;
+};
+
+// select_mask on a backend's scores (`selector` holds the local rows of `part`, or the whole matrix).
+Mask select_mask(MaskSelector& selector, const MaskSpec& spec, std::string_view matrix_name = "<unnamed>",
+                 const MatrixPart* part = nullptr);
+
 // Monotone unsigned key of a score under the mask order: a < b (as floats) iff key(a) < key(b);
 // -0.0 and +0.0 share a key; every NaN maps to 0xFFFFFFFF, above +inf (torch's sort puts NaN last).
 // Public so that a distributed radix select can build the same histograms.

@@ -1,0 +1,75 @@
+#pragma once
+// Host-only header (no CUDA types): device memory and streams for the host code of src/core/cuda.
+// Implemented with the CUDA runtime (device_memory.cc) and, for the CPU emulation of the kernels, with
+// host memory (emulation/device_memory_emulated.cc). Errors throw symprune::Error. C++17, since nvcc
+// compiles the kernel files that include it in that dialect.
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace symprune::cuda {
+
+// A CUDA stream as host code sees it; a null handle is the default stream.
+struct DeviceStream {
+  void* handle = nullptr;
+};
+
+void* device_allocate(size_t bytes);  // Error naming the size and the free memory when it fails
+void device_free(void* pointer) noexcept;
+void copy_to_device(void* device_destination, const void* host_source, size_t bytes,
+                    DeviceStream stream = {});
+void copy_to_host(void* host_destination, const void* device_source, size_t bytes, DeviceStream stream = {});
+void zero_device(void* device_destination, size_t bytes, DeviceStream stream = {});
+// Waits for the stream; a fault of a kernel launched on it surfaces here as an Error.
+void synchronize(DeviceStream stream = {});
+
+// An owning device array of trivially copyable T (RAII; moves only).
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(int64_t count) : count_(count) {
+    if (count_ > 0) data_ = static_cast<T*>(device_allocate(bytes()));
+  }
+  // A copy of host[0, count).
+  DeviceArray(const T* host, int64_t count) : DeviceArray(count) {
+    if (count_ > 0) copy_to_device(data_, host, bytes());
+  }
+  explicit DeviceArray(const std::vector<T>& host)
+      : DeviceArray(host.data(), static_cast<int64_t>(host.size())) {}
+  ~DeviceArray() { device_free(data_); }
+  DeviceArray(DeviceArray&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), count_(std::exchange(other.count_, 0)) {}
+  DeviceArray& operator=(DeviceArray&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(count_, other.count_);
+    return *this;
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  int64_t size() const { return count_; }
+  size_t bytes() const { return static_cast<size_t>(count_) * sizeof(T); }
+
+  void zero(DeviceStream stream = {}) {
+    if (count_ > 0) zero_device(data_, bytes(), stream);
+  }
+  // Copies size() elements from host.
+  void upload(const T* host, DeviceStream stream = {}) {
+    if (count_ > 0) copy_to_device(data_, host, bytes(), stream);
+  }
+  std::vector<T> download(DeviceStream stream = {}) const {
+    std::vector<T> host(static_cast<size_t>(count_));
+    if (count_ > 0) copy_to_host(host.data(), data_, bytes(), stream);
+    return host;
+  }
+
+ private:
+  T* data_ = nullptr;
+  int64_t count_ = 0;
+};
+
+}  // namespace symprune::cuda

@@ -1,0 +1,37 @@
+// Device memory for the CPU emulation of the kernels: host memory, synchronous copies (launches are
+// synchronous there too). Fresh allocations are filled with 0xFF bytes, as cudaMalloc gives no zeros.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/cuda/device_memory.h"
+#include "core/error.h"
+
+namespace symprune::cuda {
+
+void* device_allocate(size_t bytes) {
+  void* pointer = std::malloc(bytes == 0 ? 1 : bytes);
+  if (pointer == nullptr) fail("emulated CUDA: cannot allocate {} bytes", bytes);
+  std::memset(pointer, 0xFF, bytes);
+  return pointer;
+}
+
+void device_free(void* pointer) noexcept {
+  std::free(pointer);
+}
+
+void copy_to_device(void* device_destination, const void* host_source, size_t bytes, DeviceStream) {
+  if (bytes > 0) std::memcpy(device_destination, host_source, bytes);
+}
+
+void copy_to_host(void* host_destination, const void* device_source, size_t bytes, DeviceStream) {
+  if (bytes > 0) std::memcpy(host_destination, device_source, bytes);
+}
+
+void zero_device(void* device_destination, size_t bytes, DeviceStream) {
+  if (bytes > 0) std::memset(device_destination, 0, bytes);
+}
+
+void synchronize(DeviceStream) {}
+
+}  // namespace symprune::cuda

@@ -1,0 +1,193 @@
+// The CPU emulation of the CUDA execution model (see emulated_cuda.h).
+#include "core/cuda/emulation/emulated_cuda.h"
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+thread_local dim3 threadIdx;
+thread_local dim3 blockIdx;
+dim3 blockDim;
+dim3 gridDim;
+
+namespace symprune::cuda::emulation {
+namespace {
+
+// A launch that takes this long has a barrier that not every thread reaches (a hang on a GPU).
+constexpr auto kLaunchTimeout = std::chrono::seconds(120);
+constexpr unsigned kFullMask = 0xffffffffu;
+
+[[noreturn]] void abort_kernel(const char* what) {
+  std::fprintf(stderr, "emulated CUDA kernel error: %s\n", what);
+  std::fflush(stderr);
+  std::abort();
+}
+
+using Barrier = std::barrier<>;
+
+struct Launch {
+  int threads = 0;
+  std::unique_ptr<Barrier> block_barrier;  // __syncthreads
+  std::unique_ptr<Barrier> block_edge;     // between blocks
+  std::vector<std::unique_ptr<Barrier>> warp_barriers;
+  std::vector<uint64_t> warp_slots;  // [warps][32]
+  std::vector<std::byte> shared_backing;
+  std::byte* shared = nullptr;  // 16-byte aligned, like CUDA's dynamic shared memory
+};
+
+Launch* current = nullptr;
+thread_local int thread_linear = 0;
+
+// Threads are kept between launches (creating 256 per launch dominated the tests' time).
+class WorkerPool {
+ public:
+  ~WorkerPool() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    start_.notify_all();
+    for (auto& thread : threads_) thread.join();
+  }
+
+  // Runs job(i) for i in [0, count) on `count` threads and waits for all of them.
+  void run(int count, std::function<void(int)> job) {
+    std::unique_lock lock(mutex_);
+    while (static_cast<int>(threads_.size()) < count) {
+      const int index = static_cast<int>(threads_.size());
+      threads_.emplace_back([this, index] { work(index); });
+    }
+    job_ = std::move(job);
+    active_ = count;
+    finished_ = 0;
+    ++generation_;
+    start_.notify_all();
+    if (!done_.wait_for(lock, kLaunchTimeout, [&] { return finished_ == active_; }))
+      abort_kernel("a launch did not finish in 120 s: a barrier that not every thread of a block reaches?");
+  }
+
+ private:
+  void work(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      std::unique_lock lock(mutex_);
+      start_.wait(lock, [&] { return stopping_ || (generation_ != seen && index < active_); });
+      if (stopping_) return;
+      seen = generation_;
+      lock.unlock();
+      job_(index);
+      lock.lock();
+      if (++finished_ == active_) done_.notify_one();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable start_, done_;
+  std::vector<std::thread> threads_;
+  std::function<void(int)> job_;
+  uint64_t generation_ = 0;
+  int active_ = 0, finished_ = 0;
+  bool stopping_ = false;
+};
+
+Barrier& warp_barrier() {
+  return *current->warp_barriers[static_cast<size_t>(thread_linear / 32)];
+}
+
+void check_warp_call(unsigned mask) {
+  if (mask != kFullMask) abort_kernel("warp operation with a partial mask (the kernels use full warps only)");
+  if ((thread_linear / 32 + 1) * 32 > current->threads)
+    abort_kernel("warp operation in a partial warp (block size not a multiple of 32)");
+}
+
+}  // namespace
+
+void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body) {
+  const int64_t threads = int64_t{block.x} * block.y * block.z;
+  if (threads <= 0 || threads > 1024) abort_kernel("block size outside 1..1024 threads");
+  if (int64_t{grid.x} * grid.y * grid.z <= 0) abort_kernel("empty grid");
+  if (grid.y > 65535 || grid.z > 65535) abort_kernel("grid.y or grid.z above 65535");
+  if (dynamic_shared_bytes > 48 * 1024)
+    abort_kernel("more than 48 KiB of dynamic shared memory without opt-in");
+
+  static std::mutex launch_mutex;  // one launch at a time
+  static WorkerPool pool;
+  std::lock_guard guard(launch_mutex);
+  Launch state;
+  state.threads = static_cast<int>(threads);
+  state.block_barrier = std::make_unique<Barrier>(state.threads);
+  state.block_edge = std::make_unique<Barrier>(state.threads);
+  const int warps = (state.threads + 31) / 32;
+  for (int w = 0; w < warps; ++w)
+    state.warp_barriers.push_back(std::make_unique<Barrier>(std::min(32, state.threads - w * 32)));
+  state.warp_slots.assign(static_cast<size_t>(warps) * 32, 0);
+  state.shared_backing.resize(dynamic_shared_bytes + 16);
+  state.shared = reinterpret_cast<std::byte*>(
+      (reinterpret_cast<uintptr_t>(state.shared_backing.data()) + 15) & ~uintptr_t{15});
+  current = &state;
+  blockDim = block;
+  gridDim = grid;
+
+  pool.run(state.threads, [&](int linear) {
+    thread_linear = linear;
+    threadIdx =
+        dim3(static_cast<unsigned>(linear) % block.x, static_cast<unsigned>(linear) / block.x % block.y,
+             static_cast<unsigned>(linear) / (block.x * block.y));
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) {
+          // Uninitialized shared memory reads as 0xFF bytes (NaN floats, all-ones integers).
+          if (linear == 0 && dynamic_shared_bytes > 0) std::memset(state.shared, 0xFF, dynamic_shared_bytes);
+          state.block_edge->arrive_and_wait();
+          blockIdx = dim3(x, y, z);
+          body();
+          state.block_edge->arrive_and_wait();
+        }
+  });
+  current = nullptr;
+}
+
+void* dynamic_shared() {
+  return current->shared;
+}
+
+void sync_block() {
+  current->block_barrier->arrive_and_wait();
+}
+
+void sync_warp(unsigned mask) {
+  check_warp_call(mask);
+  warp_barrier().arrive_and_wait();
+}
+
+uint64_t warp_exchange(unsigned mask, uint64_t value, int source_lane) {
+  check_warp_call(mask);
+  const size_t base = static_cast<size_t>(thread_linear / 32) * 32;
+  current->warp_slots[base + static_cast<size_t>(thread_linear % 32)] = value;
+  warp_barrier().arrive_and_wait();
+  const uint64_t result = current->warp_slots[base + static_cast<size_t>(source_lane)];
+  // No lane may publish its next value before every lane has read this one.
+  warp_barrier().arrive_and_wait();
+  return result;
+}
+
+unsigned warp_ballot(unsigned mask, bool predicate) {
+  check_warp_call(mask);
+  const size_t base = static_cast<size_t>(thread_linear / 32) * 32;
+  current->warp_slots[base + static_cast<size_t>(thread_linear % 32)] = predicate ? 1 : 0;
+  warp_barrier().arrive_and_wait();
+  unsigned bits = 0;
+  for (unsigned lane = 0; lane < 32; ++lane)
+    bits |= static_cast<unsigned>(current->warp_slots[base + lane]) << lane;
+  warp_barrier().arrive_and_wait();
+  return bits;
+}
+
+}  // namespace symprune::cuda::emulation

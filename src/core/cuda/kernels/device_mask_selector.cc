@@ -1,0 +1,74 @@
+// MaskSelector on device scores (see device_mask_selector.h): each step is a kernel of mask_kernels.cu;
+// only histograms, per-row counts and the packed mask cross to the host.
+#include "core/cuda/kernels/device_mask_selector.h"
+
+#include <bit>
+#include <limits>
+#include <vector>
+
+#include "core/cuda/kernels/mask_kernels.h"
+#include "core/error.h"
+
+namespace symprune::cuda {
+
+DeviceMaskSelector::DeviceMaskSelector(const float* scores, int64_t rows, int64_t cols, DeviceStream stream)
+    : scores_(scores), rows_(rows), cols_(cols), stream_(stream), mask_(rows * cols) {
+  mask_.zero(stream_);
+}
+
+int64_t DeviceMaskSelector::first_nan() {
+  DeviceArray<int64_t> first(1);
+  const int64_t none = std::numeric_limits<int64_t>::max();
+  first.upload(&none, stream_);
+  launch_first_nan(scores_, rows_ * cols_, first.data(), stream_);
+  const int64_t index = first.download(stream_)[0];
+  return index == std::numeric_limits<int64_t>::max() ? -1 : index;
+}
+
+void DeviceMaskSelector::select_rows(int64_t k) {
+  if (k > 0) launch_select_rows(scores_, rows_, cols_, k, mask_.data(), stream_);
+}
+
+void DeviceMaskSelector::select_nm(int n, int m) {
+  launch_select_nm(scores_, rows_, cols_, n, m, mask_.data(), stream_);
+}
+
+void DeviceMaskSelector::key_histogram(uint32_t prefix, uint32_t prefix_mask, int shift,
+                                       std::span<int64_t> hist) {
+  SYMPRUNE_ASSERT(std::has_single_bit(hist.size()), "histogram of {} bins", hist.size());
+  DeviceArray<int64_t> device_hist(static_cast<int64_t>(hist.size()));
+  launch_key_histogram(scores_, rows_ * cols_, prefix, prefix_mask, shift, std::countr_zero(hist.size()),
+                       device_hist.data(), stream_);
+  copy_to_host(hist.data(), device_hist.data(), hist.size_bytes(), stream_);
+}
+
+void DeviceMaskSelector::prune_below_key(uint32_t threshold_key, std::span<int64_t> equal_in_row) {
+  DeviceArray<int64_t> equal(rows_);
+  launch_prune_below_key(scores_, rows_, cols_, threshold_key, mask_.data(), equal.data(), stream_);
+  if (rows_ > 0) copy_to_host(equal_in_row.data(), equal.data(), equal.bytes(), stream_);
+}
+
+void DeviceMaskSelector::prune_first_equal(uint32_t threshold_key, std::span<const int64_t> quota) {
+  const DeviceArray<int64_t> device_quota(quota.data(), static_cast<int64_t>(quota.size()));
+  launch_prune_first_equal(scores_, rows_, cols_, threshold_key, device_quota.data(), mask_.data(), stream_);
+}
+
+void DeviceMaskSelector::prune_at_most(float theta) {
+  launch_prune_at_most(scores_, rows_ * cols_, theta, mask_.data(), stream_);
+}
+
+Mask DeviceMaskSelector::take_mask() {
+  DeviceArray<uint8_t> bits((rows_ * cols_ + 7) / 8);
+  launch_pack_mask_bits(mask_.data(), rows_ * cols_, bits.data(), stream_);
+  const std::vector<uint8_t> host_bits = bits.download(stream_);
+  mask_ = DeviceArray<uint8_t>();
+  return Mask::unpack_bits(rows_, cols_, host_bits);
+}
+
+Mask select_mask_on_device(const float* scores, int64_t rows, int64_t cols, const MaskSpec& spec,
+                           std::string_view matrix_name, const MatrixPart* part, DeviceStream stream) {
+  DeviceMaskSelector selector(scores, rows, cols, stream);
+  return select_mask(selector, spec, matrix_name, part);
+}
+
+}  // namespace symprune::cuda

@@ -1,0 +1,43 @@
+#pragma once
+// Host-only header: core::MaskSelector over scores in device memory, so select_mask's rules (counts, tie
+// order, layer histograms summed over ranks, NaN errors) run unchanged on a GPU. The mask comes back to
+// the host bit-packed (one eighth of the bytes).
+#include <cstdint>
+
+#include "core/cuda/device_memory.h"
+#include "core/masks.h"
+
+namespace symprune::cuda {
+
+class DeviceMaskSelector final : public MaskSelector {
+ public:
+  // `scores` is a device pointer to row-major fp32 [rows, cols]; it must outlive the selector.
+  DeviceMaskSelector(const float* scores, int64_t rows, int64_t cols, DeviceStream stream = {});
+
+  int64_t rows() const override { return rows_; }
+  int64_t cols() const override { return cols_; }
+  int64_t first_nan() override;
+  void select_rows(int64_t k) override;
+  void select_nm(int n, int m) override;
+  void key_histogram(uint32_t prefix, uint32_t prefix_mask, int shift, std::span<int64_t> hist) override;
+  void prune_below_key(uint32_t threshold_key, std::span<int64_t> equal_in_row) override;
+  void prune_first_equal(uint32_t threshold_key, std::span<const int64_t> quota) override;
+  void prune_at_most(float theta) override;
+  Mask take_mask() override;
+
+  // The byte mask on the device (valid until take_mask).
+  const uint8_t* device_mask() const { return mask_.data(); }
+
+ private:
+  const float* scores_;
+  int64_t rows_, cols_;
+  DeviceStream stream_;
+  DeviceArray<uint8_t> mask_;
+};
+
+// select_mask on device scores.
+Mask select_mask_on_device(const float* scores, int64_t rows, int64_t cols, const MaskSpec& spec,
+                           std::string_view matrix_name = "<unnamed>", const MatrixPart* part = nullptr,
+                           DeviceStream stream = {});
+
+}  // namespace symprune::cuda
