@@ -304,6 +304,54 @@ std::vector<double> inverses(const std::vector<double>& values) {
   return out;
 }
 
+void check_score_stats(ScoreMethod method, int64_t m, int64_t n, const ActivationStats* stats,
+                       const ScoreOptions& options) {
+  if (!score_method_needs_stats(method, options)) return;
+  SYMPRUNE_CHECK(stats != nullptr,
+                 "{}: method {} is activation-aware and needs calibration statistics, but none were given",
+                 label(options), score_method_name(method));
+  SYMPRUNE_CHECK(stats->n_seqs > 0, "{}: method {} needs calibration statistics, but they cover 0 sequences",
+                 label(options), score_method_name(method));
+  if (score_method_uses_input_stats(method))
+    check_stat_vector(stats->in_sumsq, n, "in_sumsq", "input columns", options);
+  if (score_method_uses_output_stats(method))
+    check_stat_vector(stats->out_sumsq, m, "out_sumsq", "output rows (were output statistics collected?)",
+                      options);
+}
+
+// The plan's element formula (scores.h) over the rows of `part`; the form is fixed per call so the
+// inner loop has no branch on it.
+template <ScorePlan::Form kForm>
+Tensor fill_plan(const Tensor& weight, RowRange part, const ScorePlan& plan) {
+  const double* u = plan.row_term.data();
+  const double* v = plan.column_term.data();
+  const double* f = plan.column_factor.empty() ? nullptr : plan.column_factor.data();
+  return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
+    double x;
+    if constexpr (kForm == ScorePlan::kProduct)
+      x = w * (u[r] + v[c]);
+    else if constexpr (kForm == ScorePlan::kHypot)
+      x = w * std::sqrt(u[r] * u[r] + v[c] * v[c]);
+    else
+      x = ratio(w, u[r] + v[c]);
+    return f != nullptr ? x * f[c] : x;
+  });
+}
+
+class HostWeightReductions final : public WeightReductions {
+ public:
+  explicit HostWeightReductions(const Tensor& weight) : weight_(weight) {}
+  std::vector<double> row_norms(double p) override { return symprune::row_norms(weight_, NormKind{p}); }
+  std::vector<double> column_norms(double p) override { return symprune::column_norms(weight_, NormKind{p}); }
+  void stochria_sums(const ScoreOptions& options, std::vector<double>& row_sums,
+                     std::vector<double>& column_sums) override {
+    symprune::stochria_sums(weight_, options, row_sums, column_sums);
+  }
+
+ private:
+  const Tensor& weight_;
+};
+
 }  // namespace
 
 const std::vector<std::string_view>& score_method_names() {
@@ -368,119 +416,112 @@ void validate_score_options(ScoreMethod method, const ScoreOptions& options) {
                  label(options), options.beta);
 }
 
+std::unique_ptr<WeightReductions> host_weight_reductions(const Tensor& weight) {
+  return std::make_unique<HostWeightReductions>(weight);
+}
+
+double norm_accumulate(double p, double acc, double magnitude) {
+  return NormKind{p}.add(acc, magnitude);
+}
+double norm_finish(double p, double acc) {
+  return NormKind{p}.finish(acc);
+}
+
+ScorePlan plan_scores(ScoreMethod method, int64_t m, int64_t n, const ActivationStats* stats,
+                      const ScoreOptions& options, WeightReductions& reductions) {
+  validate_score_options(method, options);
+  check_score_stats(method, m, n, stats, options);
+  const double alpha = resolved_alpha(method, options);
+  const auto zeros = [](int64_t count) { return std::vector<double>(static_cast<size_t>(count), 0.0); };
+  const auto a = [&] { return input_factors(stats, alpha, n); };
+  ScorePlan plan;
+  switch (method) {
+    case ScoreMethod::kMagnitude:
+      plan.row_term = zeros(m);
+      plan.column_term.assign(static_cast<size_t>(n), 1.0);
+      return plan;
+    case ScoreMethod::kWanda:
+      plan.row_term = zeros(m);
+      plan.column_term = a();
+      return plan;
+    case ScoreMethod::kOWanda:
+      plan.row_term = output_factors(stats, alpha, m);
+      plan.column_term = zeros(n);
+      return plan;
+    case ScoreMethod::kSymWanda:
+    case ScoreMethod::kSymWandaSq:
+      plan.form = method == ScoreMethod::kSymWanda ? ScorePlan::kProduct : ScorePlan::kHypot;
+      plan.row_term = output_factors(stats, alpha, m);
+      plan.column_term = a();
+      return plan;
+    case ScoreMethod::kSymmetric:
+    case ScoreMethod::kSymmetricSq:
+      plan.form = method == ScoreMethod::kSymmetric ? ScorePlan::kProduct : ScorePlan::kHypot;
+      plan.row_term = reductions.row_norms(2.0);
+      plan.column_term = reductions.column_norms(2.0);
+      return plan;
+    case ScoreMethod::kRI:
+    case ScoreMethod::kRIA:
+      plan.row_term = inverses(reductions.row_norms(1.0));
+      plan.column_term = inverses(reductions.column_norms(1.0));
+      if (method == ScoreMethod::kRIA) plan.column_factor = a();
+      return plan;
+    case ScoreMethod::kRIARowOnly:
+      plan.row_term = inverses(reductions.row_norms(1.0));
+      plan.column_term = zeros(n);
+      plan.column_factor = a();
+      return plan;
+    case ScoreMethod::kRIAColOnly:
+      plan.row_term = zeros(m);
+      plan.column_term = inverses(reductions.column_norms(1.0));
+      plan.column_factor = a();
+      return plan;
+    case ScoreMethod::kLp: {
+      const std::vector<double> rows = reductions.row_norms(options.p);
+      const std::vector<double> cols = reductions.column_norms(options.p);
+      // S1 |W|(1/R + 1/C), S2 |W|/(R + C), S3 |W|(R + C), S4 |W|/(1/R + 1/C); all × a^α.
+      const bool inverted = options.strategy == 1 || options.strategy == 4;
+      plan.form = options.strategy == 2 || options.strategy == 4 ? ScorePlan::kRatio : ScorePlan::kProduct;
+      plan.row_term = inverted ? inverses(rows) : rows;
+      plan.column_term = inverted ? inverses(cols) : cols;
+      plan.column_factor = a();
+      return plan;
+    }
+    case ScoreMethod::kStochRIA: {
+      std::vector<double> row_sums, column_sums;
+      reductions.stochria_sums(options, row_sums, column_sums);
+      plan.row_term = inverses(row_sums);
+      plan.column_term = inverses(column_sums);
+      plan.column_factor = a();
+      return plan;
+    }
+  }
+  SYMPRUNE_ASSERT(false, "unhandled ScoreMethod {}", static_cast<int>(method));
+  return plan;
+}
+
 Tensor compute_scores(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
                       const ScoreOptions& options) {
   validate_score_options(method, options);
   check_weight(weight, options);
   const int64_t m = weight.dim(0), n = weight.dim(1);
   const RowRange part = rows_of(weight, options);
-  const double alpha = resolved_alpha(method, options);
-  const bool needs_stats = score_method_needs_stats(method, options);
-  if (needs_stats) {
-    SYMPRUNE_CHECK(stats != nullptr,
-                   "{}: method {} is activation-aware and needs calibration statistics, but none were given",
-                   label(options), score_method_name(method));
-    SYMPRUNE_CHECK(stats->n_seqs > 0,
-                   "{}: method {} needs calibration statistics, but they cover 0 sequences", label(options),
-                   score_method_name(method));
-    if (score_method_uses_input_stats(method))
-      check_stat_vector(stats->in_sumsq, n, "in_sumsq", "input columns", options);
-    if (score_method_uses_output_stats(method))
-      check_stat_vector(stats->out_sumsq, m, "out_sumsq", "output rows (were output statistics collected?)",
-                        options);
+  if (options.compat_ria_fp16 && (method == ScoreMethod::kRI || method == ScoreMethod::kRIA)) {
+    check_score_stats(method, m, n, stats, options);
+    return ria_fp16_scores(weight, stats, resolved_alpha(method, options), method == ScoreMethod::kRIA,
+                           options, part);
   }
-  const bool input_side = score_method_uses_input_stats(method);
-  const std::vector<double> fa = input_side ? input_factors(stats, alpha, n) : std::vector<double>();
-  const std::vector<double> fb =
-      score_method_uses_output_stats(method) ? output_factors(stats, alpha, m) : std::vector<double>();
-  auto a = [&](int64_t c) { return fa[static_cast<size_t>(c)]; };
-  auto b = [&](int64_t r) { return fb[static_cast<size_t>(r)]; };
-
-  switch (method) {
-    case ScoreMethod::kMagnitude:
-      return fill_scores(weight, part, [](int64_t, int64_t, double w) { return w; });
-    case ScoreMethod::kWanda:
-      return fill_scores(weight, part, [&](int64_t, int64_t c, double w) { return w * a(c); });
-    case ScoreMethod::kOWanda:
-      return fill_scores(weight, part, [&](int64_t r, int64_t, double w) { return w * b(r); });
-    case ScoreMethod::kSymWanda:
-      return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) { return w * (a(c) + b(r)); });
-    case ScoreMethod::kSymWandaSq:
-      return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
-        return w * std::sqrt(a(c) * a(c) + b(r) * b(r));
-      });
-    case ScoreMethod::kSymmetric:
-    case ScoreMethod::kSymmetricSq: {
-      const std::vector<double> rows = row_norms(weight, NormKind{2.0});
-      const std::vector<double> cols = column_norms(weight, NormKind{2.0});
-      if (method == ScoreMethod::kSymmetric)
-        return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
-          return w * (rows[static_cast<size_t>(r)] + cols[static_cast<size_t>(c)]);
-        });
-      return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
-        const double rr = rows[static_cast<size_t>(r)], cc = cols[static_cast<size_t>(c)];
-        return w * std::sqrt(rr * rr + cc * cc);
-      });
-    }
-    case ScoreMethod::kRI:
-    case ScoreMethod::kRIA: {
-      const bool with_activation = method == ScoreMethod::kRIA;
-      if (options.compat_ria_fp16)
-        return ria_fp16_scores(weight, stats, alpha, with_activation, options, part);
-      const std::vector<double> inv_rows = inverses(row_norms(weight, NormKind{1.0}));
-      const std::vector<double> inv_cols = inverses(column_norms(weight, NormKind{1.0}));
-      return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
-        const double ri = w * (inv_rows[static_cast<size_t>(r)] + inv_cols[static_cast<size_t>(c)]);
-        return with_activation ? ri * a(c) : ri;
-      });
-    }
-    case ScoreMethod::kRIARowOnly: {
-      const std::vector<double> inv_rows = inverses(row_norms(weight, NormKind{1.0}));
-      return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
-        return w * inv_rows[static_cast<size_t>(r)] * a(c);
-      });
-    }
-    case ScoreMethod::kRIAColOnly: {
-      const std::vector<double> inv_cols = inverses(column_norms(weight, NormKind{1.0}));
-      return fill_scores(weight, part, [&](int64_t, int64_t c, double w) {
-        return w * inv_cols[static_cast<size_t>(c)] * a(c);
-      });
-    }
-    case ScoreMethod::kLp: {
-      const NormKind kind{options.p};
-      const std::vector<double> rows = row_norms(weight, kind);
-      const std::vector<double> cols = column_norms(weight, kind);
-      const std::vector<double> inv_rows = inverses(rows), inv_cols = inverses(cols);
-      auto at = [](const std::vector<double>& v, int64_t i) { return v[static_cast<size_t>(i)]; };
-      switch (options.strategy) {
-        case 1:
-          return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
-            return w * (at(inv_rows, r) + at(inv_cols, c)) * a(c);
-          });
-        case 2:
-          return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
-            return ratio(w, at(rows, r) + at(cols, c)) * a(c);
-          });
-        case 3:
-          return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
-            return w * (at(rows, r) + at(cols, c)) * a(c);
-          });
-        default:
-          return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
-            return ratio(w, at(inv_rows, r) + at(inv_cols, c)) * a(c);
-          });
-      }
-    }
-    case ScoreMethod::kStochRIA: {
-      std::vector<double> row_sums, column_sums;
-      stochria_sums(weight, options, row_sums, column_sums);
-      const std::vector<double> inv_rows = inverses(row_sums), inv_cols = inverses(column_sums);
-      return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
-        return w * (inv_rows[static_cast<size_t>(r)] + inv_cols[static_cast<size_t>(c)]) * a(c);
-      });
-    }
+  HostWeightReductions reductions(weight);
+  const ScorePlan plan = plan_scores(method, m, n, stats, options, reductions);
+  switch (plan.form) {
+    case ScorePlan::kProduct:
+      return fill_plan<ScorePlan::kProduct>(weight, part, plan);
+    case ScorePlan::kHypot:
+      return fill_plan<ScorePlan::kHypot>(weight, part, plan);
+    case ScorePlan::kRatio:
+      return fill_plan<ScorePlan::kRatio>(weight, part, plan);
   }
-  SYMPRUNE_ASSERT(false, "unhandled ScoreMethod {}", static_cast<int>(method));
+  SYMPRUNE_ASSERT(false, "unhandled score form {}", static_cast<int>(plan.form));
   return Tensor();
 }
 

@@ -56,6 +56,7 @@
 //   fp16 range is an Error.
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -127,6 +128,46 @@ void validate_score_options(ScoreMethod method, const ScoreOptions& options);
 // (and output widths m for owanda/symwanda/symwanda-sq). Errors name options.matrix_name.
 Tensor compute_scores(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
                       const ScoreOptions& options);
+
+// Every method except --compat ria computes, in fp64, S[r, c] = to_fp32(combine(|W[r, c]|, u_r, v_c, f_c)):
+//   product: |W| · (u_r + v_c)        hypot: |W| · sqrt(u_r·u_r + v_c·v_c)        ratio: |W| / (u_r + v_c)
+//   (0 when u_r + v_c is 0), then · f_c when column_factor is not empty; values above the fp32 range
+//   become the largest float. The per-row and per-column vectors come from the statistics and from
+//   reductions of W, which a backend computes where W is (WeightReductions), so every backend applies the
+//   same formulas in the same order. For example wanda is product with u = 0, v = a^α; ria is product with
+//   u = 1/‖W[r,:]‖₁, v = 1/‖W[:,c]‖₁, f = a^α.
+struct ScorePlan {
+  enum Form { kProduct, kHypot, kRatio };
+  Form form = kProduct;
+  std::vector<double> row_term;       // u [m]
+  std::vector<double> column_term;    // v [n]
+  std::vector<double> column_factor;  // f [n], or empty for none
+};
+
+// The reductions of W a plan needs, computed by the backend that holds W. Norms follow scores.h's p rules
+// (p = 0 counts nonzeros, ∞ is the max; each row summed in column order, each column in row order).
+class WeightReductions {
+ public:
+  virtual ~WeightReductions() = default;
+  virtual std::vector<double> row_norms(double p) = 0;
+  virtual std::vector<double> column_norms(double p) = 0;
+  // stochria's sampled ℓ1 sums (ScoreOptions' seed, block, matrix_name, beta).
+  virtual void stochria_sums(const ScoreOptions& options, std::vector<double>& row_sums,
+                             std::vector<double>& column_sums) = 0;
+};
+
+// The reductions of a host weight (the CPU backend's; it must outlive the result).
+std::unique_ptr<WeightReductions> host_weight_reductions(const Tensor& weight);
+
+// The plan of `method` for a weight of m × n (checks the statistics like compute_scores; not for
+// compat_ria_fp16, which has its own arithmetic).
+ScorePlan plan_scores(ScoreMethod method, int64_t m, int64_t n, const ActivationStats* stats,
+                      const ScoreOptions& options, WeightReductions& reductions);
+
+// The two halves of a p-norm, for backends that accumulate on their own: acc' = add(acc, |w|) in order,
+// norm = finish(acc).
+double norm_accumulate(double p, double acc, double magnitude);
+double norm_finish(double p, double acc);
 
 // stochria's sample: τ distinct indices of [0, population), sorted ascending, for row `index`
 // (column = false: columns of that row) or column `index` (column = true: rows of that column).

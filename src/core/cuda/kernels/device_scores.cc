@@ -1,0 +1,101 @@
+// compute_scores on device weights (see device_scores.h).
+#include "core/cuda/kernels/device_scores.h"
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/cuda/kernels/score_kernels.h"
+#include "core/error.h"
+
+namespace symprune::cuda {
+namespace {
+
+std::string label(const ScoreOptions& options) {
+  return options.matrix_name.empty() ? std::string("<unnamed matrix>") : options.matrix_name;
+}
+
+const Tensor& need_host_weight(const Tensor* host_weight, std::string_view what,
+                               const ScoreOptions& options) {
+  SYMPRUNE_CHECK(host_weight != nullptr,
+                 "{}: {} on the GPU reads the weight's host copy, which was not given", label(options), what);
+  return *host_weight;
+}
+
+class DeviceWeightReductions final : public WeightReductions {
+ public:
+  DeviceWeightReductions(const float* weight, int64_t m, int64_t n, const Tensor* host_weight,
+                         DeviceStream stream)
+      : weight_(weight), m_(m), n_(n), host_weight_(host_weight), stream_(stream) {}
+
+  std::vector<double> row_norms(double p) override {
+    DeviceArray<double> sums(m_);
+    launch_row_norm_sums(weight_, m_, n_, p, sums.data(), stream_);
+    return finished(sums.download(stream_), p);
+  }
+  std::vector<double> column_norms(double p) override {
+    DeviceArray<double> sums(n_);
+    launch_column_norm_sums(weight_, m_, n_, p, sums.data(), stream_);
+    return finished(sums.download(stream_), p);
+  }
+  // Sampled sums read τ entries per row and column: cheap on the host, and the sampler is the CPU's.
+  void stochria_sums(const ScoreOptions& options, std::vector<double>& row_sums,
+                     std::vector<double>& column_sums) override {
+    host_weight_reductions(need_host_weight(host_weight_, "stochria", options))
+        ->stochria_sums(options, row_sums, column_sums);
+  }
+
+ private:
+  static std::vector<double> finished(std::vector<double> sums, double p) {
+    for (double& value : sums) value = norm_finish(p, value);
+    return sums;
+  }
+
+  const float* weight_;
+  int64_t m_, n_;
+  const Tensor* host_weight_;
+  DeviceStream stream_;
+};
+
+}  // namespace
+
+void compute_scores_on_device(ScoreMethod method, const float* weight, int64_t m, int64_t n,
+                              const Tensor* host_weight, const ActivationStats* stats,
+                              const ScoreOptions& options, float* scores, DeviceStream stream) {
+  validate_score_options(method, options);
+  SYMPRUNE_CHECK(m > 0 && n > 0, "{}: scores need a non-empty weight, got shape [{}, {}]", label(options), m,
+                 n);
+  const int64_t row_begin = options.row_begin, row_end = options.row_end < 0 ? m : options.row_end;
+  SYMPRUNE_CHECK(row_begin >= 0 && row_begin <= row_end && row_end <= m,
+                 "{}: score rows [{}, {}) outside the {} rows of the weight", label(options), row_begin,
+                 row_end, m);
+  {
+    DeviceArray<int64_t> first(1);
+    const int64_t none = std::numeric_limits<int64_t>::max();
+    first.upload(&none, stream);
+    launch_first_nonfinite(weight, m * n, first.data(), stream);
+    const int64_t index = first.download(stream)[0];
+    if (index != none) {
+      float value = 0.0f;
+      copy_to_host(&value, weight + index, sizeof value, stream);
+      fail("{}: weight [{}, {}] is {} (NaN/Inf weights cannot be scored)", label(options), index / n,
+           index % n, value);
+    }
+  }
+  if (options.compat_ria_fp16 && (method == ScoreMethod::kRI || method == ScoreMethod::kRIA)) {
+    const Tensor host_scores =
+        compute_scores(method, need_host_weight(host_weight, "--compat ria", options), stats, options);
+    copy_to_device(scores, host_scores.data(), static_cast<size_t>(host_scores.numel()) * sizeof(float),
+                   stream);
+    synchronize(stream);
+    return;
+  }
+  DeviceWeightReductions reductions(weight, m, n, host_weight, stream);
+  const ScorePlan plan = plan_scores(method, m, n, stats, options, reductions);
+  const DeviceArray<double> u(plan.row_term), v(plan.column_term), f(plan.column_factor);
+  launch_plan_scores(weight, n, row_begin, row_end, static_cast<int>(plan.form), u.data(), v.data(),
+                     plan.column_factor.empty() ? nullptr : f.data(), scores, stream);
+  synchronize(stream);  // u, v, f are freed on return
+}
+
+}  // namespace symprune::cuda

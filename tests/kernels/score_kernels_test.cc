@@ -1,0 +1,163 @@
+// Scores of a device-held weight against core::compute_scores on the host: every method, bit for bit
+// (the same fp64 formulas in the same order), and the same errors.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include "core/activation_stats.h"
+#include "core/cuda/device_memory.h"
+#include "core/cuda/kernels/device_scores.h"
+#include "core/scores.h"
+#include "kernel_test_support.h"
+
+namespace symprune::kernel_test {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A weight with exact zeros (whole zero rows and columns too, for the 1/0 := 0 rules) and mixed signs.
+Tensor test_weight(int64_t m, int64_t n, uint32_t seed) {
+  std::vector<float> values = uniform_values(m * n, seed, -2.0f, 2.0f);
+  for (int64_t i = 0; i < m * n; i += 7) values[static_cast<size_t>(i)] = 0.0f;
+  for (int64_t c = 0; c < n; ++c) values[static_cast<size_t>(c)] = -0.0f;  // row 0 all zero
+  if (n > 2)
+    for (int64_t r = 0; r < m; ++r) values[static_cast<size_t>(r * n + 2)] = 0.0f;  // column 2 all zero
+  return Tensor({m, n}, values);
+}
+
+ActivationStats test_stats(int64_t m, int64_t n, uint32_t seed) {
+  ActivationStats stats;
+  const auto in = uniform_values(n, seed, 0.0f, 50.0f);
+  const auto out = uniform_values(m, seed + 1, 0.0f, 50.0f);
+  stats.in_sumsq.assign(in.begin(), in.end());
+  stats.in_sumsq[0] = 0.0;  // a dead input channel
+  stats.in_sum.assign(static_cast<size_t>(n), 0.0);
+  stats.in_seqsq.assign(static_cast<size_t>(n), 0.0);
+  stats.out_sumsq.assign(out.begin(), out.end());
+  stats.n_seqs = 3;
+  stats.seq_len = 5;
+  return stats;
+}
+
+Tensor device_scores(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
+                     const ScoreOptions& options) {
+  const int64_t m = weight.dim(0), n = weight.dim(1);
+  const int64_t rows = (options.row_end < 0 ? m : options.row_end) - options.row_begin;
+  const cuda::DeviceArray<float> device_weight(weight.data(), weight.numel());
+  cuda::DeviceArray<float> out(rows * n);
+  cuda::compute_scores_on_device(method, device_weight.data(), m, n, &weight, stats, options, out.data());
+  return Tensor({rows, n}, out.download());
+}
+
+void expect_bit_identical(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
+                          const ScoreOptions& options, const std::string& what) {
+  const Tensor expected = compute_scores(method, weight, stats, options);
+  const Tensor actual = device_scores(method, weight, stats, options);
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  int64_t differing = 0, first = -1;
+  for (int64_t i = 0; i < expected.numel(); ++i)
+    if (std::bit_cast<uint32_t>(actual[i]) != std::bit_cast<uint32_t>(expected[i])) {
+      if (first < 0) first = i;
+      ++differing;
+    }
+  EXPECT_EQ(differing, 0) << what << ": " << differing << " of " << expected.numel()
+                          << " scores differ, first at " << first << " ("
+                          << (first >= 0 ? actual[first] : 0.0f) << " vs "
+                          << (first >= 0 ? expected[first] : 0.0f) << ")";
+}
+
+const struct { int64_t m, n; } kShapes[] = {{1, 1}, {3, 5}, {17, 33}, {64, 300}};
+
+TEST_F(KernelTest, EveryMethodScoresLikeTheHost) {
+  uint32_t seed = 1;
+  for (const auto& shape : kShapes) {
+    const Tensor weight = test_weight(shape.m, shape.n, seed++);
+    const ActivationStats stats = test_stats(shape.m, shape.n, seed++);
+    for (ScoreMethod method :
+         {ScoreMethod::kMagnitude, ScoreMethod::kWanda, ScoreMethod::kOWanda, ScoreMethod::kSymWanda,
+          ScoreMethod::kSymWandaSq, ScoreMethod::kSymmetric, ScoreMethod::kSymmetricSq, ScoreMethod::kRI,
+          ScoreMethod::kRIA, ScoreMethod::kRIARowOnly, ScoreMethod::kRIAColOnly, ScoreMethod::kStochRIA}) {
+      ScoreOptions options;
+      options.matrix_name = "blk.mlp";
+      options.seed = 7;
+      expect_bit_identical(method, weight, &stats, options,
+                           std::string(score_method_name(method)) + " " + weight.shape_string());
+      if (score_method_uses_alpha(method))
+        for (double alpha : {0.0, 0.5, 1.0, 2.0, 0.3}) {
+          options.alpha = alpha;
+          expect_bit_identical(method, weight, &stats, options,
+                               std::string(score_method_name(method)) + " alpha " + std::to_string(alpha));
+        }
+    }
+  }
+}
+
+TEST_F(KernelTest, LpNormsAndStrategiesScoreLikeTheHost) {
+  const Tensor weight = test_weight(19, 41, 3);
+  const ActivationStats stats = test_stats(19, 41, 4);
+  for (double p : {0.0, 1.0, 2.0, 3.0, 4.0, std::numeric_limits<double>::infinity()})
+    for (int strategy = 1; strategy <= 4; ++strategy) {
+      ScoreOptions options;
+      options.p = p;
+      options.strategy = strategy;
+      expect_bit_identical(ScoreMethod::kLp, weight, &stats, options,
+                           "lp p=" + std::to_string(p) + " S" + std::to_string(strategy));
+    }
+}
+
+TEST_F(KernelTest, RowRangesAndCompatRiaScoreLikeTheHost) {
+  const Tensor weight = test_weight(23, 30, 5);
+  const ActivationStats stats = test_stats(23, 30, 6);
+  for (const auto& [begin, end] : {std::pair<int64_t, int64_t>{0, 23}, {5, 11}, {22, 23}, {7, 7}}) {
+    ScoreOptions options;
+    options.row_begin = begin;
+    options.row_end = end;
+    for (ScoreMethod method :
+         {ScoreMethod::kWanda, ScoreMethod::kRIA, ScoreMethod::kSymWanda, ScoreMethod::kStochRIA})
+      expect_bit_identical(method, weight, &stats, options,
+                           std::string(score_method_name(method)) + " rows " + std::to_string(begin) + ".." +
+                               std::to_string(end));
+    options.compat_ria_fp16 = true;
+    expect_bit_identical(ScoreMethod::kRIA, weight, &stats, options, "compat ria");
+  }
+}
+
+TEST_F(KernelTest, LargeProductsClampLikeTheHost) {
+  std::vector<float> values(8 * 8, 3.0e38f);
+  values[5] = -3.0e38f;
+  const Tensor weight({8, 8}, values);
+  ActivationStats stats = test_stats(8, 8, 9);
+  for (double& v : stats.in_sumsq) v = 1.0e30;
+  expect_bit_identical(ScoreMethod::kWanda, weight, &stats, ScoreOptions{}, "wanda clamp");
+  expect_bit_identical(ScoreMethod::kSymmetricSq, weight, &stats, ScoreOptions{}, "symmetric-sq clamp");
+}
+
+TEST_F(KernelTest, ScoreErrorsAreTheHostErrors) {
+  Tensor weight = test_weight(4, 6, 11);
+  weight[2 * 6 + 3] = std::numeric_limits<float>::infinity();
+  ActivationStats stats = test_stats(4, 6, 12);
+  ScoreOptions options;
+  options.matrix_name = "3.mlp.up_proj";
+  const std::string host =
+      error_of([&] { (void)compute_scores(ScoreMethod::kWanda, weight, &stats, options); });
+  EXPECT_THAT(host, HasSubstr("weight [2, 3] is inf"));
+  EXPECT_EQ(error_of([&] { (void)device_scores(ScoreMethod::kWanda, weight, &stats, options); }), host);
+
+  weight[2 * 6 + 3] = 1.0f;
+  const std::string no_stats =
+      error_of([&] { (void)compute_scores(ScoreMethod::kRIA, weight, nullptr, options); });
+  EXPECT_THAT(no_stats, HasSubstr("needs calibration statistics"));
+  EXPECT_EQ(error_of([&] { (void)device_scores(ScoreMethod::kRIA, weight, nullptr, options); }), no_stats);
+
+  stats.in_sumsq[1] = std::nan("");
+  const std::string bad_stat =
+      error_of([&] { (void)compute_scores(ScoreMethod::kWanda, weight, &stats, options); });
+  EXPECT_THAT(bad_stat, HasSubstr("in_sumsq[1]"));
+  EXPECT_EQ(error_of([&] { (void)device_scores(ScoreMethod::kWanda, weight, &stats, options); }), bad_stat);
+}
+
+}  // namespace
+}  // namespace symprune::kernel_test
