@@ -94,17 +94,21 @@ void ActivationStats::accumulate(const Tensor& input, const Tensor& output, int6
     double sumsq[kColumnChunk] = {};
     double sum[kColumnChunk] = {};
     double seqsq[kColumnChunk] = {};
+    // Per sequence first, then the sequences in order: the order a GPU reproduces with one thread per
+    // (channel, sequence) (core/cuda/kernels/stats_kernels.cu).
     for (int64_t s = 0; s < call_seqs; ++s) {
+      double seq_sumsq[kColumnChunk] = {};
       double seq_sum[kColumnChunk] = {};
       for (int64_t t = 0; t < call_seq_len; ++t) {
         const float* row = x + (s * call_seq_len + t) * n + c0;
         for (int64_t j = 0; j < width; ++j) {
           const double v = row[j];
-          sumsq[j] += v * v;
+          seq_sumsq[j] += v * v;
           seq_sum[j] += v;
         }
       }
       for (int64_t j = 0; j < width; ++j) {
+        sumsq[j] += seq_sumsq[j];
         sum[j] += seq_sum[j];
         seqsq[j] += seq_sum[j] * seq_sum[j];
       }
@@ -125,12 +129,16 @@ void ActivationStats::accumulate(const Tensor& input, const Tensor& output, int6
       const int64_t r0 = chunk * kColumnChunk;
       const int64_t width = std::min(kColumnChunk, m - r0);
       double sumsq[kColumnChunk] = {};
-      for (int64_t t = 0; t < rows; ++t) {
-        const float* row = y + t * m + r0;
-        for (int64_t j = 0; j < width; ++j) {
-          const double v = row[j];
-          sumsq[j] += v * v;
+      for (int64_t s = 0; s < call_seqs; ++s) {
+        double seq_sumsq[kColumnChunk] = {};
+        for (int64_t t = 0; t < call_seq_len; ++t) {
+          const float* row = y + (s * call_seq_len + t) * m + r0;
+          for (int64_t j = 0; j < width; ++j) {
+            const double v = row[j];
+            seq_sumsq[j] += v * v;
+          }
         }
+        for (int64_t j = 0; j < width; ++j) sumsq[j] += seq_sumsq[j];
       }
       for (int64_t j = 0; j < width; ++j) out_sumsq[static_cast<size_t>(r0 + j)] += sumsq[j];
     }

@@ -37,8 +37,10 @@ struct ActivationStats {
 
   // Adds one call's tensors: `input` holds n_seqs·seq_len rows of n input features (shape [N_b·T, n]
   // or [N_b, T, n]), `output` the dense outputs [N_b·T, m] (or [N_b, T, m]); an empty `output`
-  // skips the output statistic, which must then be skipped on every call. Sums are fp64; each
-  // channel is summed in token order by one thread, so the result does not depend on thread count.
+  // skips the output statistic, which must then be skipped on every call. Sums are fp64 in a fixed
+  // order: per channel, each sequence's tokens in order from zero, then the sequences' partial sums in
+  // order, then this call's total added to the running one; so the result depends neither on the thread
+  // count nor on the backend (the GPU kernels sum in the same order).
   // Throws symprune::Error on inconsistent shapes or a seq_len differing from earlier calls.
   void accumulate(const Tensor& input, const Tensor& output, int64_t n_seqs, int64_t seq_len);
 

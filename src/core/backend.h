@@ -29,6 +29,13 @@ struct Llama3RopeScaling {
 std::vector<float> rope_inv_freq(int64_t head_dim, double theta,
                                  const std::optional<Llama3RopeScaling>& scaling = std::nullopt);
 
+// cos and sin of the RoPE angles, [seq_len, half] row-major each, as every backend applies them: the angle
+// inv_freq[i] · t in fp32 (as transformers forms it), its cos/sin in fp64 rounded to fp32.
+struct RopeTables {
+  std::vector<float> cos, sin;
+};
+RopeTables rope_tables(std::span<const float> inv_freq, int64_t seq_len);
+
 // Shape of a batch of equal-length sequences for attention/rope: rows are ordered
 // [seq 0 positions 0..T-1, seq 1 positions 0..T-1, ...].
 struct SequenceBatch {

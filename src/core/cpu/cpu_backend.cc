@@ -73,9 +73,10 @@ class CpuBackend final : public Backend {
       for (int64_t blk = 0; blk < row_blocks; ++blk) {
         const int64_t r0 = blk * kLinearRowBlock;
         const int64_t nr = std::min(kLinearRowBlock, rows - r0);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(nr), static_cast<blasint>(m),
-                    static_cast<blasint>(n), 1.0f, x.data() + r0 * n, static_cast<blasint>(n), weight.data(),
-                    static_cast<blasint>(n), 0.0f, y.data() + r0 * m, static_cast<blasint>(m));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(nr),
+                    static_cast<blasint>(m), static_cast<blasint>(n), 1.0f, x.data() + r0 * n,
+                    static_cast<blasint>(n), weight.data(), static_cast<blasint>(n), 0.0f, y.data() + r0 * m,
+                    static_cast<blasint>(m));
       }
     }
     if (has_bias) {
@@ -147,18 +148,9 @@ class CpuBackend final : public Backend {
     SYMPRUNE_ASSERT(cols_of(x) == n_heads * hd, "rope: width {} vs {} heads x {}", cols_of(x), n_heads, hd);
     SYMPRUNE_ASSERT(rows_of(x) == batch.rows(), "rope: {} rows vs batch {}x{}", rows_of(x), batch.n_seqs,
                     batch.seq_len);
-    // Angles as transformers forms them: fp32 inv_freq times fp32 position, in fp32.
-    std::vector<float> cos_table(static_cast<size_t>(batch.seq_len * half));
-    std::vector<float> sin_table(cos_table.size());
-    for (int64_t t = 0; t < batch.seq_len; ++t) {
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = inv_freq[static_cast<size_t>(i)] * static_cast<float>(t);
-        cos_table[static_cast<size_t>(t * half + i)] =
-            static_cast<float>(std::cos(static_cast<double>(angle)));
-        sin_table[static_cast<size_t>(t * half + i)] =
-            static_cast<float>(std::sin(static_cast<double>(angle)));
-      }
-    }
+    const RopeTables tables = rope_tables(inv_freq, batch.seq_len);
+    const std::vector<float>& cos_table = tables.cos;
+    const std::vector<float>& sin_table = tables.sin;
     float* data = x.data();
     const int64_t rows = batch.rows(), width = n_heads * hd;
 #pragma omp parallel for schedule(static) if (rows * width >= kParallelMinElements)
@@ -310,6 +302,24 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+RopeTables rope_tables(std::span<const float> inv_freq, int64_t seq_len) {
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  RopeTables tables;
+  tables.cos.resize(static_cast<size_t>(seq_len * half));
+  tables.sin.resize(tables.cos.size());
+  for (int64_t t = 0; t < seq_len; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      // Angles as transformers forms them: fp32 inv_freq times fp32 position, in fp32.
+      const float angle = inv_freq[static_cast<size_t>(i)] * static_cast<float>(t);
+      tables.cos[static_cast<size_t>(t * half + i)] =
+          static_cast<float>(std::cos(static_cast<double>(angle)));
+      tables.sin[static_cast<size_t>(t * half + i)] =
+          static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  }
+  return tables;
+}
 
 std::vector<float> rope_inv_freq(int64_t head_dim, double theta,
                                  const std::optional<Llama3RopeScaling>& scaling) {

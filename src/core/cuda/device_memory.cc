@@ -15,6 +15,10 @@ cudaStream_t native(DeviceStream stream) {
 
 }  // namespace
 
+void throw_argument_error(const std::string& message) {
+  throw Error(message);
+}
+
 void* device_allocate(size_t bytes) {
   void* pointer = nullptr;
   const cudaError_t status = cudaMalloc(&pointer, bytes);

@@ -5,6 +5,7 @@
 // compiles the kernel files that include it in that dialect.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,10 @@ namespace symprune::cuda {
 struct DeviceStream {
   void* handle = nullptr;
 };
+
+// Bad arguments to a kernel entry point: throws symprune::Error(message) (for .cu files, which do not
+// include core/error.h).
+[[noreturn]] void throw_argument_error(const std::string& message);
 
 void* device_allocate(size_t bytes);  // Error naming the size and the free memory when it fails
 void device_free(void* pointer) noexcept;

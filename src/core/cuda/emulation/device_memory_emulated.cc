@@ -9,6 +9,10 @@
 
 namespace symprune::cuda {
 
+void throw_argument_error(const std::string& message) {
+  throw Error(message);
+}
+
 void* device_allocate(size_t bytes) {
   void* pointer = std::malloc(bytes == 0 ? 1 : bytes);
   if (pointer == nullptr) fail("emulated CUDA: cannot allocate {} bytes", bytes);

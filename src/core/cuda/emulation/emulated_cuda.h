@@ -188,3 +188,14 @@ inline double __ddiv_rn(double a, double b) {
 inline double __dsqrt_rn(double a) {
   return std::sqrt(a);
 }
+inline float __fadd_rn(float a, float b) {
+  return a + b;
+}
+inline float __fsub_rn(float a, float b) {
+  return a - b;
+}
+inline float __fmul_rn(float a, float b) {
+  return a * b;
+}
+// expf, sqrt, fabs: the C library's, as in device code (<math.h> declares them globally).
+#include <math.h>

@@ -2,14 +2,14 @@
 // keys (4 passes of 8 bits, one block per row, the row's keys cached in shared memory when they fit),
 // never a sort; ties at the threshold key are cut by column with a block-wide prefix count.
 #include "core/cuda/kernel_platform.cuh"
+#include "core/cuda/kernels/launch_shape.cuh"
 #include "core/cuda/kernels/mask_kernels.h"
 
 namespace symprune::cuda {
 namespace {
 
-constexpr int kThreads = 256;  // per block, a multiple of the warp size
-constexpr int kWarps = kThreads / 32;
-constexpr unsigned kFullMask = 0xffffffffu;
+using namespace kernels;
+
 // Row keys cached in dynamic shared memory up to this width (11008 = LLaMA-7B's MLP width fits).
 constexpr int64_t kMaxCachedCols = 11264;
 
@@ -19,15 +19,6 @@ __device__ __forceinline__ uint32_t order_key(float score) {
   if ((bits & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;
   if (bits == 0x80000000u) bits = 0;
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-
-int grid_for(int64_t count) {
-  const int64_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
-}
-
-cudaStream_t native(DeviceStream stream) {
-  return static_cast<cudaStream_t>(stream.handle);
 }
 
 // Exclusive prefix count of `flag` over the block's threads in thread order; *total gets the sum.

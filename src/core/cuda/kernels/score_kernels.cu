@@ -4,23 +4,16 @@
 #include <cfloat>
 
 #include "core/cuda/kernel_platform.cuh"
+#include "core/cuda/kernels/launch_shape.cuh"
 #include "core/cuda/kernels/score_kernels.h"
 
 namespace symprune::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+using namespace kernels;
+
 enum NormCode { kCount = 0, kL1 = 1, kL2 = 2, kL3 = 3, kL4 = 4, kMax = 5 };
 enum Form { kProduct = 0, kHypot = 1, kRatio = 2 };  // ScorePlan::Form
-
-cudaStream_t native(DeviceStream stream) {
-  return static_cast<cudaStream_t>(stream.handle);
-}
-
-int grid_for(int64_t count) {
-  const int64_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
-}
 
 int norm_code(double p) {
   if (p == 0.0) return kCount;

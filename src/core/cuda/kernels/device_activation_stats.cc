@@ -1,0 +1,65 @@
+// ActivationStats on the device (see device_activation_stats.h).
+#include "core/cuda/kernels/device_activation_stats.h"
+
+#include <algorithm>
+
+#include "core/cuda/kernels/stats_kernels.h"
+#include "core/error.h"
+
+namespace symprune::cuda {
+
+DeviceActivationStats::DeviceActivationStats(int64_t in_features, int64_t out_features, DeviceStream stream)
+    : n_(in_features),
+      m_(out_features),
+      stream_(stream),
+      in_sumsq_(in_features),
+      in_sum_(in_features),
+      in_seqsq_(in_features),
+      out_sumsq_(out_features) {
+  SYMPRUNE_CHECK(in_features > 0 && out_features >= 0, "activation statistics: invalid widths {} and {}",
+                 in_features, out_features);
+  in_sumsq_.zero(stream_);
+  in_sum_.zero(stream_);
+  in_seqsq_.zero(stream_);
+  out_sumsq_.zero(stream_);
+}
+
+void DeviceActivationStats::accumulate(const float* input, const float* output, int64_t seqs,
+                                       int64_t seq_len) {
+  SYMPRUNE_CHECK(seqs > 0 && seq_len > 0,
+                 "activation statistics: need a positive sequence count and length, got {} x {}", seqs,
+                 seq_len);
+  SYMPRUNE_CHECK(seq_len_ == 0 || seq_len_ == seq_len,
+                 "activation statistics: sequence length {} differs from the {} of earlier calls", seq_len,
+                 seq_len_);
+  SYMPRUNE_CHECK((output != nullptr) == (m_ > 0), "activation statistics: outputs {} but {} expected",
+                 output != nullptr ? "given" : "missing", m_ > 0 ? "they are" : "none are");
+  const int64_t scratch = seqs * std::max(n_, m_);
+  if (seq_sumsq_.size() < scratch) {
+    seq_sumsq_ = DeviceArray<double>(scratch);
+    seq_sum_ = DeviceArray<double>(scratch);
+  }
+  launch_sequence_sums(input, seqs, seq_len, n_, seq_sumsq_.data(), seq_sum_.data(), stream_);
+  launch_combine_sequences(seq_sumsq_.data(), seq_sum_.data(), seqs, n_, in_sumsq_.data(), in_sum_.data(),
+                           in_seqsq_.data(), stream_);
+  if (m_ > 0) {
+    launch_sequence_sums(output, seqs, seq_len, m_, seq_sumsq_.data(), nullptr, stream_);
+    launch_combine_sequences(seq_sumsq_.data(), nullptr, seqs, m_, out_sumsq_.data(), nullptr, nullptr,
+                             stream_);
+  }
+  n_seqs_ += seqs;
+  seq_len_ = seq_len;
+}
+
+ActivationStats DeviceActivationStats::download() const {
+  ActivationStats stats;
+  stats.in_sumsq = in_sumsq_.download(stream_);
+  stats.in_sum = in_sum_.download(stream_);
+  stats.in_seqsq = in_seqsq_.download(stream_);
+  if (m_ > 0) stats.out_sumsq = out_sumsq_.download(stream_);
+  stats.n_seqs = n_seqs_;
+  stats.seq_len = seq_len_;
+  return stats;
+}
+
+}  // namespace symprune::cuda

@@ -1,0 +1,267 @@
+// Forward-pass kernels (see forward_kernels.h). Products and sums that nvcc could contract into FMAs are
+// written with __fmul_rn/__fadd_rn where the CPU result is reproduced bit for bit.
+#include <cmath>
+#include <string>
+
+#include "core/cuda/kernel_platform.cuh"
+#include "core/cuda/kernels/forward_kernels.h"
+#include "core/cuda/kernels/launch_shape.cuh"
+
+namespace symprune::cuda {
+namespace {
+
+using namespace kernels;
+
+// Σ over the block (fp64); every thread gets the result. All threads must call it.
+__device__ double block_sum(double value) {
+  __shared__ double warp_sums[kWarps];
+  __shared__ double total;
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(kFullMask, value, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = value;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double sum = 0.0;
+    for (int w = 0; w < kWarps; ++w) sum += warp_sums[w];
+    total = sum;
+  }
+  __syncthreads();
+  const double result = total;
+  __syncthreads();  // warp_sums / total are reused by the next call
+  return result;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ weight, int64_t d, float eps,
+                    float* __restrict__ y) {
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * d;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * d;
+  double sumsq = 0.0;
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) sumsq += static_cast<double>(xr[j]) * xr[j];
+  sumsq = block_sum(sumsq);
+  const float inv = static_cast<float>(1.0 / sqrt(sumsq / static_cast<double>(d) + eps));
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) yr[j] = __fmul_rn(weight[j], __fmul_rn(xr[j], inv));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    layer_norm_kernel(const float* __restrict__ x, const float* __restrict__ weight,
+                      const float* __restrict__ bias, int64_t d, float eps, float* __restrict__ y) {
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * d;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * d;
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) sum += xr[j];
+  const double mean = block_sum(sum) / static_cast<double>(d);
+  double var = 0.0;
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+    const double c = xr[j] - mean;
+    var += c * c;
+  }
+  var = block_sum(var) / static_cast<double>(d);
+  const double inv = 1.0 / sqrt(var + eps);
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+    float v = static_cast<float>((xr[j] - mean) * inv);
+    if (weight != nullptr) v = __fmul_rn(v, weight[j]);
+    if (bias != nullptr) v = __fadd_rn(v, bias[j]);
+    yr[j] = v;
+  }
+}
+
+__global__ void rope_kernel(float* __restrict__ x, int64_t rows, int64_t seq_len, int64_t n_heads,
+                            int64_t half, const float* __restrict__ cos_table,
+                            const float* __restrict__ sin_table) {
+  const int64_t pairs = rows * n_heads * half;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t f = i % half, h = (i / half) % n_heads, r = i / (half * n_heads);
+    const int64_t t = r % seq_len;
+    float* v = x + r * n_heads * 2 * half + h * 2 * half;
+    const float c = cos_table[t * half + f], s = sin_table[t * half + f];
+    const float x1 = v[f], x2 = v[f + half];
+    v[f] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    v[f + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+  }
+}
+
+__global__ void silu_mul_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t count,
+                                float* __restrict__ out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = __fmul_rn(g / __fadd_rn(1.0f, expf(-g)), up[i]);
+  }
+}
+
+__global__ void relu_kernel(float* __restrict__ x, int64_t count) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t count) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = __fadd_rn(x[i], y[i]);
+}
+
+__global__ void embedding_kernel(const float* __restrict__ table, const int32_t* __restrict__ ids,
+                                 int64_t count, int64_t d, float* __restrict__ out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count * d;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = table[static_cast<int64_t>(ids[i / d]) * d + i % d];
+}
+
+__global__ void add_position_rows_kernel(float* __restrict__ x, const float* __restrict__ table, int64_t rows,
+                                         int64_t seq_len, int64_t row_offset, int64_t d) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * d;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / d;
+    x[i] = __fadd_rn(x[i], table[(row_offset + r % seq_len) * d + i % d]);
+  }
+}
+
+constexpr int kMaxHeadDim = 256;
+constexpr int kMaxPerLane = kMaxHeadDim / 32;
+
+// One warp per query row, kWarps queries per block; keys and values of a tile of kv rows are staged
+// in shared memory for all of the block's queries. Online softmax in fp32 (running max, running sum).
+__global__ void __launch_bounds__(kThreads)
+    attention_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                     int64_t seq_len, int64_t n_heads, int64_t group, int64_t hd, int tile_keys, float scale,
+                     float* __restrict__ out) {
+  SYMPRUNE_DYNAMIC_SHARED(float, staged);  // [tile_keys][hd] keys, then [tile_keys][hd] values
+  float* k_tile = staged;
+  float* v_tile = staged + static_cast<int64_t>(tile_keys) * hd;
+  const int64_t s = blockIdx.z, h = blockIdx.y, kvh = h / group;
+  const int64_t q_width = n_heads * hd, kv_width = (n_heads / group) * hd;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t first_query = static_cast<int64_t>(blockIdx.x) * kWarps;
+  const int64_t t = first_query + warp;  // this warp's query position
+  const bool active = t < seq_len;
+  const int per_lane = static_cast<int>((hd + 31) / 32);
+
+  float q_reg[kMaxPerLane], acc[kMaxPerLane];
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int64_t j = lane + 32 * i;
+    q_reg[i] = active && i < per_lane && j < hd ? q[(s * seq_len + t) * q_width + h * hd + j] : 0.0f;
+    acc[i] = 0.0f;
+  }
+  float running_max = -INFINITY, running_sum = 0.0f;
+  const int64_t last_key = (first_query + kWarps - 1 < seq_len ? first_query + kWarps - 1 : seq_len - 1);
+  for (int64_t k0 = 0; k0 <= last_key; k0 += tile_keys) {
+    const int64_t tile = (last_key + 1 - k0) < tile_keys ? (last_key + 1 - k0) : tile_keys;
+    for (int64_t e = threadIdx.x; e < tile * hd; e += kThreads) {
+      const int64_t key = k0 + e / hd, j = e % hd;
+      k_tile[e] = k[(s * seq_len + key) * kv_width + kvh * hd + j];
+      v_tile[e] = v[(s * seq_len + key) * kv_width + kvh * hd + j];
+    }
+    __syncthreads();
+    if (active) {
+      const int64_t visible = (t - k0 + 1) < tile ? (t - k0 + 1) : tile;  // causal: keys ≤ t
+      for (int64_t key = 0; key < visible; ++key) {
+        float dot = 0.0f;
+        for (int i = 0; i < per_lane; ++i) {
+          const int64_t j = lane + 32 * i;
+          if (j < hd) dot += q_reg[i] * k_tile[key * hd + j];
+        }
+        for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(kFullMask, dot, offset);
+        const float score = dot * scale;
+        const float new_max = score > running_max ? score : running_max;
+        const float correction = expf(running_max - new_max);
+        const float p = expf(score - new_max);
+        running_sum = running_sum * correction + p;
+        for (int i = 0; i < per_lane; ++i) {
+          const int64_t j = lane + 32 * i;
+          acc[i] = acc[i] * correction + (j < hd ? p * v_tile[key * hd + j] : 0.0f);
+        }
+        running_max = new_max;
+      }
+    }
+    __syncthreads();  // the next tile overwrites the staged rows
+  }
+  if (active) {
+    const float inv = 1.0f / running_sum;
+    for (int i = 0; i < per_lane; ++i) {
+      const int64_t j = lane + 32 * i;
+      if (j < hd) out[(s * seq_len + t) * q_width + h * hd + j] = acc[i] * inv;
+    }
+  }
+}
+
+}  // namespace
+
+void launch_rms_norm(const float* x, const float* weight, int64_t rows, int64_t d, float eps, float* y,
+                     DeviceStream stream) {
+  if (rows <= 0 || d <= 0) return;
+  SYMPRUNE_LAUNCH(rms_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, native(stream), x, weight, d,
+                  eps, y);
+  SYMPRUNE_CHECK_LAUNCH();
+}
+
+void launch_layer_norm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t d,
+                       float eps, float* y, DeviceStream stream) {
+  if (rows <= 0 || d <= 0) return;
+  SYMPRUNE_LAUNCH(layer_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, native(stream), x, weight,
+                  bias, d, eps, y);
+  SYMPRUNE_CHECK_LAUNCH();
+}
+
+void launch_rope(float* x, int64_t rows, int64_t seq_len, int64_t n_heads, int64_t half,
+                 const float* cos_table, const float* sin_table, DeviceStream stream) {
+  const int64_t pairs = rows * n_heads * half;
+  if (pairs <= 0) return;
+  SYMPRUNE_LAUNCH(rope_kernel, grid_for(pairs), kThreads, 0, native(stream), x, rows, seq_len, n_heads, half,
+                  cos_table, sin_table);
+  SYMPRUNE_CHECK_LAUNCH();
+}
+
+void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out, DeviceStream stream) {
+  if (count <= 0) return;
+  SYMPRUNE_LAUNCH(silu_mul_kernel, grid_for(count), kThreads, 0, native(stream), gate, up, count, out);
+  SYMPRUNE_CHECK_LAUNCH();
+}
+
+void launch_relu(float* x, int64_t count, DeviceStream stream) {
+  if (count <= 0) return;
+  SYMPRUNE_LAUNCH(relu_kernel, grid_for(count), kThreads, 0, native(stream), x, count);
+  SYMPRUNE_CHECK_LAUNCH();
+}
+
+void launch_add(float* x, const float* y, int64_t count, DeviceStream stream) {
+  if (count <= 0) return;
+  SYMPRUNE_LAUNCH(add_kernel, grid_for(count), kThreads, 0, native(stream), x, y, count);
+  SYMPRUNE_CHECK_LAUNCH();
+}
+
+void launch_embedding(const float* table, const int32_t* ids, int64_t count, int64_t d, float* out,
+                      DeviceStream stream) {
+  if (count <= 0 || d <= 0) return;
+  SYMPRUNE_LAUNCH(embedding_kernel, grid_for(count * d), kThreads, 0, native(stream), table, ids, count, d,
+                  out);
+  SYMPRUNE_CHECK_LAUNCH();
+}
+
+void launch_add_position_rows(float* x, const float* table, int64_t rows, int64_t seq_len, int64_t row_offset,
+                              int64_t d, DeviceStream stream) {
+  if (rows <= 0 || d <= 0) return;
+  SYMPRUNE_LAUNCH(add_position_rows_kernel, grid_for(rows * d), kThreads, 0, native(stream), x, table, rows,
+                  seq_len, row_offset, d);
+  SYMPRUNE_CHECK_LAUNCH();
+}
+
+void launch_attention(const float* q, const float* k, const float* v, int64_t n_seqs, int64_t seq_len,
+                      int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
+                      DeviceStream stream) {
+  if (n_seqs <= 0 || seq_len <= 0) return;
+  if (head_dim <= 0 || head_dim > kMaxHeadDim || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+    throw_argument_error("attention: head_dim " + std::to_string(head_dim) + " (at most 256) with " +
+                         std::to_string(n_heads) + " heads and " + std::to_string(n_kv_heads) + " kv heads");
+  // Two staged tiles of tile_keys × hd floats stay within the 48 KiB of shared memory without opt-in.
+  const int tile_keys = head_dim <= 128 ? 32 : 16;
+  const size_t shared = 2 * static_cast<size_t>(tile_keys) * static_cast<size_t>(head_dim) * sizeof(float);
+  const dim3 grid(static_cast<unsigned>((seq_len + kWarps - 1) / kWarps), static_cast<unsigned>(n_heads),
+                  static_cast<unsigned>(n_seqs));
+  SYMPRUNE_LAUNCH(attention_kernel, grid, kThreads, shared, native(stream), q, k, v, seq_len, n_heads,
+                  n_heads / n_kv_heads, head_dim, tile_keys, scale, out);
+  SYMPRUNE_CHECK_LAUNCH();
+}
+
+}  // namespace symprune::cuda

@@ -1,0 +1,39 @@
+#pragma once
+// Host-only header: the forward-pass ops of core::Backend (core/backend.h) on DEVICE pointers, fp32. Each
+// matches the CPU backend: bit for bit where the CPU's arithmetic is order-free (relu, add, embedding,
+// positions, RoPE from the same tables), within stated tolerances where the CPU reduces in another order
+// or calls libm (norms, SiLU, attention); tests/kernels/forward_kernels_test.cc states them.
+#include <cstdint>
+
+#include "core/cuda/device_memory.h"
+
+namespace symprune::cuda {
+
+// y = x / sqrt(mean(x²) + eps) · weight per row of width d (sums in fp64, as the CPU).
+void launch_rms_norm(const float* x, const float* weight, int64_t rows, int64_t d, float eps, float* y,
+                     DeviceStream stream);
+// y = (x − mean) / sqrt(var + eps) (· weight) (+ bias) per row; weight / bias may be null.
+void launch_layer_norm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t d,
+                       float eps, float* y, DeviceStream stream);
+// In-place rotate-half RoPE on x [rows, n_heads · 2·half]; row r has position r % seq_len; cos/sin are
+// core::rope_tables' [seq_len, half] tables on the device.
+void launch_rope(float* x, int64_t rows, int64_t seq_len, int64_t n_heads, int64_t half,
+                 const float* cos_table, const float* sin_table, DeviceStream stream);
+// out = silu(gate) · up; x = max(x, 0); x += y (count elements each).
+void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out, DeviceStream stream);
+void launch_relu(float* x, int64_t count, DeviceStream stream);
+void launch_add(float* x, const float* y, int64_t count, DeviceStream stream);
+// out[i, :] = table[ids[i], :] (ids on the device, checked by the caller); out is [count, d].
+void launch_embedding(const float* table, const int32_t* ids, int64_t count, int64_t d, float* out,
+                      DeviceStream stream);
+// x[r, :] += table[row_offset + r % seq_len, :] (OPT's learned positions).
+void launch_add_position_rows(float* x, const float* table, int64_t rows, int64_t seq_len, int64_t row_offset,
+                              int64_t d, DeviceStream stream);
+// Causal grouped-query attention per sequence, flash-style: K/V tiles in shared memory and an online
+// softmax, so memory stays O(rows · width) at any length (no T × T buffer). q [n_seqs·T, n_heads·hd],
+// k/v [n_seqs·T, n_kv_heads·hd], out like q; hd ≤ 256.
+void launch_attention(const float* q, const float* k, const float* v, int64_t n_seqs, int64_t seq_len,
+                      int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
+                      DeviceStream stream);
+
+}  // namespace symprune::cuda

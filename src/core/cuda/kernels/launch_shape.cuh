@@ -1,0 +1,24 @@
+#pragma once
+// Launch shapes shared by the kernel files of this folder (included after core/cuda/kernel_platform.cuh).
+#include <cstdint>
+
+#include "core/cuda/device_memory.h"
+
+namespace symprune::cuda::kernels {
+
+constexpr int kThreads = 256;  // threads per block: a multiple of the warp size
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Blocks for a grid-stride loop over `count` items: enough to cover it, at most 4096 (the loop does the
+// rest).
+inline int grid_for(int64_t count) {
+  const int64_t blocks = (count + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
+}
+
+inline cudaStream_t native(DeviceStream stream) {
+  return static_cast<cudaStream_t>(stream.handle);
+}
+
+}  // namespace symprune::cuda::kernels

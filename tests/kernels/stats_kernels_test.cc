@@ -1,0 +1,66 @@
+// Activation statistics of device-held activations against ActivationStats::accumulate on the host:
+// the fp64 sums must be bit-identical after several calls (micro-batches), with and without outputs.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "core/activation_stats.h"
+#include "core/cuda/device_memory.h"
+#include "core/cuda/kernels/device_activation_stats.h"
+#include "kernel_test_support.h"
+
+namespace symprune::kernel_test {
+namespace {
+
+using ::testing::HasSubstr;
+
+void expect_identical(const std::vector<double>& actual, const std::vector<double>& expected,
+                      const char* field) {
+  ASSERT_EQ(actual.size(), expected.size()) << field;
+  for (size_t i = 0; i < expected.size(); ++i)
+    ASSERT_EQ(actual[i], expected[i]) << field << "[" << i << "] differs by " << actual[i] - expected[i];
+}
+
+TEST_F(KernelTest, StatisticsSumLikeTheHostOverSeveralCalls) {
+  const int64_t seq_len = 37;
+  for (const auto& [n, m] : {std::pair<int64_t, int64_t>{1, 0}, {300, 0}, {70, 513}, {257, 3}}) {
+    ActivationStats host;
+    cuda::DeviceActivationStats device(n, m);
+    uint32_t seed = static_cast<uint32_t>(n * 7 + m);
+    for (int64_t seqs : {1, 3, 2}) {
+      // Large offsets make the order of fp64 additions matter.
+      const Tensor x({seqs * seq_len, n}, uniform_values(seqs * seq_len * n, seed++, -300.0f, 1000.0f));
+      const Tensor y =
+          m > 0 ? Tensor({seqs * seq_len, m}, uniform_values(seqs * seq_len * m, seed++, -5.0f, 5.0f))
+                : Tensor();
+      host.accumulate(x, y, seqs, seq_len);
+      const cuda::DeviceArray<float> dx(x.data(), x.numel());
+      const cuda::DeviceArray<float> dy(y.data(), y.numel());
+      device.accumulate(dx.data(), m > 0 ? dy.data() : nullptr, seqs, seq_len);
+    }
+    const ActivationStats actual = device.download();
+    expect_identical(actual.in_sumsq, host.in_sumsq, "in_sumsq");
+    expect_identical(actual.in_sum, host.in_sum, "in_sum");
+    expect_identical(actual.in_seqsq, host.in_seqsq, "in_seqsq");
+    expect_identical(actual.out_sumsq, host.out_sumsq, "out_sumsq");
+    EXPECT_EQ(actual.n_seqs, host.n_seqs);
+    EXPECT_EQ(actual.seq_len, host.seq_len);
+  }
+}
+
+TEST_F(KernelTest, StatisticsRejectWhatTheHostRejects) {
+  const Tensor x({2 * 4, 8}, uniform_values(64, 3));
+  const cuda::DeviceArray<float> dx(x.data(), x.numel());
+  ActivationStats host;
+  cuda::DeviceActivationStats device(8, 0);
+  host.accumulate(x, Tensor(), 2, 4);
+  device.accumulate(dx.data(), nullptr, 2, 4);
+  const std::string expected = error_of([&] { host.accumulate(x, Tensor(), 4, 2); });
+  EXPECT_THAT(expected, HasSubstr("sequence length 2 differs from the 4 of earlier calls"));
+  EXPECT_EQ(error_of([&] { device.accumulate(dx.data(), nullptr, 4, 2); }), expected);
+  EXPECT_THAT(error_of([&] { device.accumulate(dx.data(), nullptr, 0, 4); }),
+              HasSubstr("need a positive sequence count and length"));
+  EXPECT_THAT(error_of([&] { device.accumulate(dx.data(), dx.data(), 2, 4); }), HasSubstr("outputs given"));
+}
+
+}  // namespace
+}  // namespace symprune::kernel_test
