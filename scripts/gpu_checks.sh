@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs on a lent GPU machine (through the device tool) from a bundle made by scripts/gpu_bundle.sh:
+#  1. the gpu tests (kernel parity with the CPU, accelerator probe, NCCL), as gtest runs;
+#  2. compute-sanitizer memcheck and racecheck of the kernel parity tests;
+#  3. the kernel benchmark (bench/cuda/cuda_kernels_bench.cc).
+# Logs and results go to $OUT (or ./gpu-results); a table of outcomes is printed last.
+#
+#   bash scripts/gpu_checks.sh BUNDLE_DIR [--skip-sanitizer] [--skip-bench]
+set -uo pipefail
+bundle="$(cd "${1:?usage: gpu_checks.sh BUNDLE_DIR [--skip-sanitizer] [--skip-bench]}" && pwd)"
+shift
+skip_sanitizer=0 skip_bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --skip-sanitizer) skip_sanitizer=1 ;;
+    --skip-bench) skip_bench=1 ;;
+    *) echo "gpu_checks: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+out="${OUT:-$PWD/gpu-results}"
+mkdir -p "$out"
+
+# CUDA's libraries: the toolkit's, then those of the pip packages PyTorch brings (NCCL is only there).
+cuda_dirs=""
+for dir in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -d $dir ]] && cuda_dirs="$cuda_dirs:$dir"
+done
+while read -r lib; do cuda_dirs="$cuda_dirs:$(dirname "$lib")"; done < <(
+  find / -xdev \( -name 'libnccl.so.2' -o -name 'libcublas.so.13' -o -name 'libcublasLt.so.13' \) 2>/dev/null | sort -u)
+export LD_LIBRARY_PATH="$bundle/lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="/usr/local/cuda/bin:$PATH"
+
+summary=()
+step() {  # step NAME COMMAND...: runs it with output to $out/NAME.log, records the outcome
+  local name=$1
+  shift
+  local start=$SECONDS
+  "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-28s rc=%-3s %5ss' "$name" "$rc" "$((SECONDS - start))")")
+  tail -n 5 "$out/$name.log"
+  return 0
+}
+
+{ nvidia-smi; echo; cat "$bundle/commit"; ldd "$bundle/bin/symprune_gpu_tests"; } >"$out/environment.log" 2>&1
+"$bundle/bin/symprune" info >>"$out/environment.log" 2>&1
+step gpu_tests "$bundle/bin/symprune_gpu_tests" --gtest_output="xml:$out/gpu_tests.xml"
+if ((!skip_sanitizer)); then
+  step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$bundle/bin/symprune_gpu_tests" \
+    --gtest_filter='KernelTest.*:CudaDeviceTest.*'
+  step racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$bundle/bin/symprune_gpu_tests" \
+    --gtest_filter='KernelTest.*'
+fi
+if ((!skip_bench)); then
+  step kernels_bench "$bundle/bin/cuda_kernels_bench" --json "$out/cuda_kernels_bench.json" \
+    --markdown "$out/cuda_kernels_bench.md"
+fi
+grep -h -E '^\[  (PASSED|FAILED)|FAILED  \]' "$out"/gpu_tests.log | tail -n 20
+printf '%s\n' "${summary[@]}"
