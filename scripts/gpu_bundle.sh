@@ -2,10 +2,11 @@
 # Packs what a lent GPU machine needs to run the GPU checks: the CUDA build's gpu test binary, the kernel
 # benchmark and symprune, plus the shared libraries they load that such a machine lacks. It has CUDA 13
 # (cuBLAS in the toolkit, NCCL from PyTorch's pip packages) but none of this machine's Debian libraries
-# (OpenBLAS, fmt, ...), and no package registry. The bundle stays under the device tool's 64 MiB carry.
+# (OpenBLAS, HDF5, MPI, ...), and no package registry. The directory is about 72 MiB, over the device
+# tool's 64 MiB carry, so it is also packed as BUNDLE_DIR.tar.xz (about 16 MiB), which is what to carry.
 #
 #   scripts/gpu_bundle.sh [BUILD_DIR] [BUNDLE_DIR]     defaults: build/ (a CUDA configuration), gpu-bundle/
-# Then, with the device tool: carry gpu-bundle, command `bash scripts/gpu_checks.sh gpu-bundle`.
+# Then, with the device tool: carry gpu-bundle.tar.xz, command `bash scripts/gpu_checks.sh gpu-bundle.tar.xz`.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build}"
@@ -32,8 +33,9 @@ ldd "${binaries[@]}" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   esac
 done
 git -C "$root" rev-parse HEAD >"$bundle/commit"
-size_kib=$(du -sk "$bundle" | cut -f1)
-echo "gpu_bundle: $bundle ($((size_kib / 1024)) MiB; commit $(cut -c1-12 "$bundle/commit"))"
+tar -C "$bundle" -cf - . | xz -T0 -6 >"$bundle.tar.xz"
+size_kib=$(du -k "$bundle.tar.xz" | cut -f1)
+echo "gpu_bundle: $bundle.tar.xz ($((size_kib / 1024)) MiB; commit $(cut -c1-12 "$bundle/commit"))"
 if ((size_kib > 60 * 1024)); then
   echo "gpu_bundle: over 60 MiB, the device tool carries 64 MiB at most" >&2
   exit 1

@@ -5,10 +5,16 @@
 #  3. the kernel benchmark (bench/cuda/cuda_kernels_bench.cc).
 # Logs and results go to $OUT (or ./gpu-results); a table of outcomes is printed last.
 #
-#   bash scripts/gpu_checks.sh BUNDLE_DIR [--skip-sanitizer] [--skip-bench]
+#   bash scripts/gpu_checks.sh BUNDLE (a directory or its .tar.xz) [--skip-sanitizer] [--skip-bench]
 set -uo pipefail
-bundle="$(cd "${1:?usage: gpu_checks.sh BUNDLE_DIR [--skip-sanitizer] [--skip-bench]}" && pwd)"
+bundle="${1:?usage: gpu_checks.sh BUNDLE_DIR|BUNDLE.tar.xz [--skip-sanitizer] [--skip-bench]}"
 shift
+if [[ -f $bundle ]]; then
+  unpacked="$(mktemp -d)"
+  tar -C "$unpacked" -xJf "$bundle" || { echo "gpu_checks: cannot unpack $bundle" >&2; exit 2; }
+  bundle="$unpacked"
+fi
+bundle="$(cd "$bundle" && pwd)"
 skip_sanitizer=0 skip_bench=0
 for arg in "$@"; do
   case "$arg" in
