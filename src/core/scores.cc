@@ -180,11 +180,11 @@ Tensor fill_scores(const Tensor& weight, RowRange rows, F f) {
   const int64_t n = weight.dim(1);
   Tensor scores({rows.size(), n});
   const float* w = weight.data();
-  float* s = scores.data() - rows.begin * n;
+  float* s = scores.data();  // row r of the weight is row r - rows.begin of the scores
 #pragma omp parallel for schedule(static) if (rows.size() * n >= kParallelMin)
   for (int64_t r = rows.begin; r < rows.end; ++r)
     for (int64_t c = 0; c < n; ++c)
-      s[r * n + c] = to_score(f(r, c, std::fabs(static_cast<double>(w[r * n + c]))));
+      s[(r - rows.begin) * n + c] = to_score(f(r, c, std::fabs(static_cast<double>(w[r * n + c]))));
   return scores;
 }
 
@@ -252,7 +252,7 @@ Tensor ria_fp16_scores(const Tensor& weight, const ActivationStats* stats, doubl
     }
   }
   Tensor scores({rows.size(), n});
-  float* out = scores.data() - rows.begin * n;
+  float* out = scores.data();  // row r of the weight is row r - rows.begin of the scores
 #pragma omp parallel for schedule(static) if (rows.size() * n >= kParallelMin)
   for (int64_t r = rows.begin; r < rows.end; ++r) {
     for (int64_t c = 0; c < n; ++c) {
@@ -261,7 +261,7 @@ Tensor ria_fp16_scores(const Tensor& weight, const ActivationStats* stats, doubl
       const float q1 = cs > 0.0f ? half_round(a / cs) : 0.0f;
       const float q2 = rs > 0.0f ? half_round(a / rs) : 0.0f;
       const float ri = half_round(q1 + q2);
-      out[r * n + c] = with_activation ? ri * factor[static_cast<size_t>(c)] : ri;
+      out[(r - rows.begin) * n + c] = with_activation ? ri * factor[static_cast<size_t>(c)] : ri;
     }
   }
   return scores;

@@ -12,8 +12,6 @@
 #include <thread>
 #include <vector>
 
-thread_local dim3 threadIdx;
-thread_local dim3 blockIdx;
 dim3 blockDim;
 dim3 gridDim;
 
@@ -44,6 +42,8 @@ struct Launch {
 
 Launch* current = nullptr;
 thread_local int thread_linear = 0;
+thread_local uint3 thread_index_of_this_thread{0, 0, 0};
+thread_local uint3 block_index_of_this_thread{0, 0, 0};
 
 // Threads are kept between launches (creating 256 per launch dominated the tests' time).
 class WorkerPool {
@@ -137,21 +137,28 @@ void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::funct
 
   pool.run(state.threads, [&](int linear) {
     thread_linear = linear;
-    threadIdx =
-        dim3(static_cast<unsigned>(linear) % block.x, static_cast<unsigned>(linear) / block.x % block.y,
-             static_cast<unsigned>(linear) / (block.x * block.y));
+    thread_index_of_this_thread =
+        uint3{static_cast<unsigned>(linear) % block.x, static_cast<unsigned>(linear) / block.x % block.y,
+              static_cast<unsigned>(linear) / (block.x * block.y)};
     for (unsigned z = 0; z < grid.z; ++z)
       for (unsigned y = 0; y < grid.y; ++y)
         for (unsigned x = 0; x < grid.x; ++x) {
           // Uninitialized shared memory reads as 0xFF bytes (NaN floats, all-ones integers).
           if (linear == 0 && dynamic_shared_bytes > 0) std::memset(state.shared, 0xFF, dynamic_shared_bytes);
           state.block_edge->arrive_and_wait();
-          blockIdx = dim3(x, y, z);
+          block_index_of_this_thread = uint3{x, y, z};
           body();
           state.block_edge->arrive_and_wait();
         }
   });
   current = nullptr;
+}
+
+uint3 thread_index() {
+  return thread_index_of_this_thread;
+}
+uint3 block_index() {
+  return block_index_of_this_thread;
 }
 
 void* dynamic_shared() {

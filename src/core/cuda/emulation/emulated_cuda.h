@@ -26,8 +26,17 @@ struct dim3 {
 struct EmulatedStream;
 using cudaStream_t = EmulatedStream*;
 
-extern thread_local dim3 threadIdx;
-extern thread_local dim3 blockIdx;
+struct uint3 {
+  unsigned x, y, z;
+};
+namespace symprune::cuda::emulation {
+uint3 thread_index();
+uint3 block_index();
+}  // namespace symprune::cuda::emulation
+// The calling thread's indices, read through functions: GCC's UBSan flags direct accesses to a
+// thread_local defined in another file as null accesses in some kernels.
+#define threadIdx (::symprune::cuda::emulation::thread_index())
+#define blockIdx (::symprune::cuda::emulation::block_index())
 extern dim3 blockDim;
 extern dim3 gridDim;
 constexpr int warpSize = 32;
