@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "support/error_text.h"
 
 namespace symprune::kernel_test {
 
@@ -38,14 +39,6 @@ inline std::vector<float> tied_values(int64_t count, uint32_t seed, int levels) 
   return out;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no symprune::Error thrown)";
-}
+using test::error_of;
 
 }  // namespace symprune::kernel_test

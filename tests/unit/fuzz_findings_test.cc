@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/tokenizer.h"
+#include "support/error_text.h"
 #include "support/test_support.h"
 
 namespace {
@@ -24,16 +25,7 @@ void write_file(const fs::path& path, std::string_view bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected symprune::Error";
-  return {};
-}
+using symprune::test::error_of;
 
 // fmt's "{:?}" (through libspdlog's copy of libfmt 9) aborted with "negative value" on a merges.txt line
 // ending in a truncated UTF-8 sequence; the line is now quoted by hand, bad bytes as \xNN.

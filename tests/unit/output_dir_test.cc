@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "support/error_text.h"
 #include "support/test_support.h"
 
 namespace symprune::io {
@@ -36,14 +37,7 @@ std::vector<std::string> entries(const fs::path& dir) {
   return names;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 class OutputDir : public ::testing::Test {
  protected:

@@ -14,6 +14,7 @@
 #include "core/cuda/cuda_gemm.h"
 #include "core/cuda/cuda_rms_norm.h"
 #include "core/error.h"
+#include "support/error_text.h"
 
 namespace symprune::cuda {
 namespace {
@@ -28,15 +29,7 @@ std::vector<float> random_values(int64_t count, uint32_t seed, float low = -1.0f
   return out;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no symprune::Error thrown)";
-}
+using test::error_of;
 
 class CudaDeviceTest : public ::testing::Test {
  protected:
