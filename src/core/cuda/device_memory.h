@@ -20,6 +20,8 @@ struct DeviceStream {
 // include core/error.h).
 [[noreturn]] void throw_argument_error(const std::string& message);
 
+// Allocations and frees are ordered on the default stream (a pool keeps freed memory for reuse): an array
+// used on another stream must be synchronized before it is freed.
 void* device_allocate(size_t bytes);  // Error naming the size and the free memory when it fails
 void device_free(void* pointer) noexcept;
 void copy_to_device(void* device_destination, const void* host_source, size_t bytes,
