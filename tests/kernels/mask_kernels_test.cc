@@ -100,7 +100,8 @@ TEST_F(KernelTest, NmSelectionEqualsHost) {
 
 TEST_F(KernelTest, LayerSelectionEqualsHost) {
   uint32_t seed = 40;
-  const Shape shapes[] = {{1, 1}, {7, 9}, {33, 65}, {64, 300}};
+  // The largest spans several blocks of the histogram kernel.
+  const Shape shapes[] = {{1, 1}, {7, 9}, {33, 65}, {20, 300}};
   for (const auto& shape : shapes)
     for (double rho : {0.0, 0.2, 0.5, 0.9})
       for (bool compat : {false, true}) {
