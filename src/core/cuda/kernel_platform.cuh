@@ -7,7 +7,8 @@
 //
 // Kernels launch with SYMPRUNE_LAUNCH(kernel, grid, block, dynamic_shared_bytes, stream, args...)
 // (a template kernel through a function pointer variable), declare dynamic shared memory with
-// SYMPRUNE_DYNAMIC_SHARED(type, name) and check the launch with SYMPRUNE_CHECK_LAUNCH().
+// SYMPRUNE_DYNAMIC_SHARED(type, name), check the launch with SYMPRUNE_CHECK_LAUNCH() and ask for a
+// fully unrolled loop with SYMPRUNE_UNROLL (#pragma unroll under nvcc, nothing in the emulation).
 #if defined(SYMPRUNE_CUDA_EMULATION)
 #include "core/cuda/emulation/emulated_cuda.h"
 #else
@@ -19,4 +20,5 @@
   kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
 #define SYMPRUNE_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #define SYMPRUNE_CHECK_LAUNCH() SYMPRUNE_CUDA_CHECK(cudaGetLastError())
+#define SYMPRUNE_UNROLL _Pragma("unroll")
 #endif

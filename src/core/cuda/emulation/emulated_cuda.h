@@ -3,8 +3,9 @@
 // through core/cuda/kernel_platform.cuh only, when SYMPRUNE_CUDA_EMULATION is defined).
 //
 // A launch runs every block of the grid in turn; each thread of a block is an OS thread (kept in a pool
-// between launches), so code between barriers runs concurrently as on a GPU. __syncthreads() is a real barrier of the block,
-// warp shuffles and votes exchange values through a per-warp barrier, atomics are std::atomic_ref,
+// between launches), so code between barriers runs concurrently as on a GPU. __syncthreads() is a real
+// barrier of the block, warp shuffles and votes exchange values through a per-warp barrier, atomics are
+// std::atomic_ref,
 // `__shared__` variables are function statics (one block runs at a time) and dynamic shared memory
 // is a buffer filled with 0xFF bytes (NaN floats) at every block, so reading it before writing shows.
 // Fresh device allocations are filled with 0xFF too (emulation/device_memory_emulated.cc). What it checks
@@ -89,6 +90,7 @@ inline int lane_id() {
 #define SYMPRUNE_DYNAMIC_SHARED(type, name) \
   type* name = static_cast<type*>(::symprune::cuda::emulation::dynamic_shared())
 #define SYMPRUNE_CHECK_LAUNCH() ((void)0)
+#define SYMPRUNE_UNROLL
 
 inline void __syncthreads() {
   ::symprune::cuda::emulation::sync_block();

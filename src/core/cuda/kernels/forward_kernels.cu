@@ -139,6 +139,9 @@ __global__ void __launch_bounds__(kThreads)
   const int per_lane = static_cast<int>((hd + 31) / 32);
 
   float q_reg[kMaxPerLane], acc[kMaxPerLane];
+  // Unrolled over the constant kMaxPerLane so q_reg and acc stay in registers (a loop to the run-time
+  // per_lane indexes them dynamically, which puts them in local memory: ptxas showed a 64-byte stack).
+  SYMPRUNE_UNROLL
   for (int i = 0; i < kMaxPerLane; ++i) {
     const int64_t j = lane + 32 * i;
     q_reg[i] = active && i < per_lane && j < hd ? q[(s * seq_len + t) * q_width + h * hd + j] : 0.0f;
@@ -158,9 +161,10 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t visible = (t - k0 + 1) < tile ? (t - k0 + 1) : tile;  // causal: keys ≤ t
       for (int64_t key = 0; key < visible; ++key) {
         float dot = 0.0f;
-        for (int i = 0; i < per_lane; ++i) {
+        SYMPRUNE_UNROLL
+        for (int i = 0; i < kMaxPerLane; ++i) {
           const int64_t j = lane + 32 * i;
-          if (j < hd) dot += q_reg[i] * k_tile[key * hd + j];
+          if (i < per_lane && j < hd) dot += q_reg[i] * k_tile[key * hd + j];
         }
         for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(kFullMask, dot, offset);
         const float score = dot * scale;
@@ -168,9 +172,10 @@ __global__ void __launch_bounds__(kThreads)
         const float correction = expf(running_max - new_max);
         const float p = expf(score - new_max);
         running_sum = running_sum * correction + p;
-        for (int i = 0; i < per_lane; ++i) {
+        SYMPRUNE_UNROLL
+        for (int i = 0; i < kMaxPerLane; ++i) {
           const int64_t j = lane + 32 * i;
-          acc[i] = acc[i] * correction + (j < hd ? p * v_tile[key * hd + j] : 0.0f);
+          if (i < per_lane) acc[i] = acc[i] * correction + (j < hd ? p * v_tile[key * hd + j] : 0.0f);
         }
         running_max = new_max;
       }
@@ -179,9 +184,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (active) {
     const float inv = 1.0f / running_sum;
-    for (int i = 0; i < per_lane; ++i) {
+    SYMPRUNE_UNROLL
+    for (int i = 0; i < kMaxPerLane; ++i) {
       const int64_t j = lane + 32 * i;
-      if (j < hd) out[(s * seq_len + t) * q_width + h * hd + j] = acc[i] * inv;
+      if (i < per_lane && j < hd) out[(s * seq_len + t) * q_width + h * hd + j] = acc[i] * inv;
     }
   }
 }
