@@ -1,7 +1,8 @@
 #pragma once
-// The narrow compute interface the model runs on (DESIGN.md §7.2): a handful of fp32 ops on host
-// Tensors. The CPU backend (src/core/cpu, OpenBLAS + OpenMP) is the specification; an accelerated
-// backend implements the same interface and keeps its device types out of this header.
+// The narrow compute interface the model runs on (DESIGN.md §7.2): a handful of fp32 ops on Tensors,
+// host tensors for the CPU backend (src/core/cpu, OpenBLAS + OpenMP; the specification), tensors in
+// device memory for a device-resident backend (the CUDA one, src/core/cuda), which keeps its device types
+// out of this header.
 //
 // Shapes: a "matrix" argument is any tensor viewed as [numel / dim(-1), dim(-1)] (rows = tokens).
 // Outputs are resized by the op (Tensor::resize keeps the buffer when the shape already matches, so a
@@ -48,6 +49,16 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+
+  // Whether the ops take and give tensors in device memory (Tensor::on_device) instead of host tensors.
+  virtual bool device_resident() const { return false; }
+  // `host` in this backend's memory (a host backend returns it as is).
+  virtual Tensor to_backend(Tensor host) { return host; }
+  // A host copy of a tensor of this backend (a host backend returns a copy).
+  virtual Tensor to_host(const Tensor& tensor) { return tensor; }
+  // dst rows [dst_row, dst_row + rows) = src rows [src_row, src_row + rows); both viewed as
+  // [*, width] with the same width, dst already sized.
+  virtual void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) = 0;
 
   // y[M, m] = x[M, n] · W[m, n]ᵀ (+ bias[m] when bias is non-null and non-empty).
   virtual void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y) = 0;

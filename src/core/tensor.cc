@@ -65,11 +65,26 @@ void Tensor::resize(std::vector<int64_t> shape) {
   if (shape == shape_) return;
   const int64_t count = shape_numel(shape);
   shape_ = std::move(shape);
+  storage_.reset();
   data_.assign(static_cast<size_t>(count), 0.0f);
 }
 
-void Tensor::fill(float value) { std::fill(data_.begin(), data_.end(), value); }
+void Tensor::fill(float value) {
+  SYMPRUNE_ASSERT(!on_device(), "fill of a device tensor {}", shape_string());
+  std::fill(data_.begin(), data_.end(), value);
+}
 
-std::string Tensor::shape_string() const { return shape_to_string(shape_); }
+Tensor Tensor::in_device_memory(std::vector<int64_t> shape, std::shared_ptr<TensorStorage> storage) {
+  SYMPRUNE_ASSERT(storage != nullptr, "device tensor {} without storage", shape_to_string(shape));
+  (void)shape_numel(shape);  // validates the shape
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.storage_ = std::move(storage);
+  return t;
+}
+
+std::string Tensor::shape_string() const {
+  return shape_to_string(shape_);
+}
 
 }  // namespace symprune

@@ -1,13 +1,26 @@
 #pragma once
-// A dense row-major fp32 host tensor. The model works in fp32 on the CPU backend; storage dtypes
-// (bf16/fp16) live only in files and are converted on load (core/dtype.h).
+// A dense row-major fp32 tensor, in host memory or in a device backend's memory (TensorStorage). The model
+// works in fp32; storage dtypes (bf16/fp16) live only in files and are converted on load (core/dtype.h).
+// A device tensor has a shape and a device pointer only: its host accessors (data(), values(), row(),
+// operator[]) see no elements (data() is null), so host code given one fails at once instead of reading
+// device memory; backends reach its memory through device_data().
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 namespace symprune {
+
+int64_t shape_numel(const std::vector<int64_t>& shape);  // overflow-checked
+
+// Memory a device backend owns for a tensor (the tensor keeps it alive; copies share it).
+class TensorStorage {
+ public:
+  virtual ~TensorStorage() = default;
+  virtual float* data() = 0;  // a device pointer
+};
 
 class Tensor {
  public:
@@ -18,8 +31,14 @@ class Tensor {
   const std::vector<int64_t>& shape() const { return shape_; }
   int rank() const { return static_cast<int>(shape_.size()); }
   int64_t dim(int axis) const;  // negative axis counts from the end
-  int64_t numel() const { return static_cast<int64_t>(data_.size()); }
-  bool empty() const { return data_.empty(); }
+  int64_t numel() const { return storage_ ? shape_numel(shape_) : static_cast<int64_t>(data_.size()); }
+  bool empty() const { return numel() == 0; }
+
+  // A tensor of `shape` in a device backend's memory.
+  static Tensor in_device_memory(std::vector<int64_t> shape, std::shared_ptr<TensorStorage> storage);
+  bool on_device() const { return storage_ != nullptr; }
+  float* device_data() { return storage_ ? storage_->data() : nullptr; }
+  const float* device_data() const { return storage_ ? storage_->data() : nullptr; }
 
   float* data() { return data_.data(); }
   const float* data() const { return data_.data(); }
@@ -33,7 +52,8 @@ class Tensor {
 
   // Same data, new shape (element count must match).
   void reshape(std::vector<int64_t> shape);
-  // Reallocates to `shape` (zero-filled) if it differs; keeps the buffer when it matches.
+  // Reallocates to `shape` (zero-filled, in host memory) if it differs; keeps the buffer when it matches.
+  // A device tensor of another shape becomes a host tensor (device backends allocate their outputs).
   void resize(std::vector<int64_t> shape);
   void fill(float value);
 
@@ -42,9 +62,9 @@ class Tensor {
  private:
   std::vector<int64_t> shape_;
   std::vector<float> data_;
+  std::shared_ptr<TensorStorage> storage_;  // set for a device tensor (data_ is then empty)
 };
 
-int64_t shape_numel(const std::vector<int64_t>& shape);  // overflow-checked
 std::string shape_to_string(const std::vector<int64_t>& shape);
 
 }  // namespace symprune

@@ -86,6 +86,10 @@ DecoderModel DecoderModel::open_source(std::unique_ptr<io::TensorSource> tensors
   }
   io::validate_model_tensors(m.config_, *m.weights_);
   m.load_globals();
+  if (backend.device_resident())
+    for (Tensor* t : {&m.embed_tokens_, &m.embed_positions_, &m.project_in_, &m.project_out_,
+                      &m.final_norm_weight_, &m.final_norm_bias_, &m.lm_head_})
+      if (!t->empty()) *t = backend.to_backend(std::move(*t));
   m.blocks_.resize(static_cast<size_t>(c.num_layers));
   return m;
 }
@@ -199,6 +203,14 @@ void DecoderModel::set_block_weights(int64_t block, BlockWeights weights) {
       load_order_.erase(load_order_.begin());
     }
   }
+  if (backend_->device_resident()) {
+    for (Tensor* t : {&weights.norm1_weight, &weights.norm1_bias, &weights.norm2_weight, &weights.norm2_bias})
+      if (!t->empty()) *t = backend_->to_backend(std::move(*t));
+    for (auto& [name, lw] : weights.linears) {
+      lw.weight = backend_->to_backend(std::move(lw.weight));
+      if (!lw.bias.empty()) lw.bias = backend_->to_backend(std::move(lw.bias));
+    }
+  }
   slot = std::make_unique<BlockWeights>(std::move(weights));
   load_order_.push_back(block);
 }
@@ -212,7 +224,7 @@ void DecoderModel::set_linear_weight(const LinearId& id, Tensor weight) {
   SYMPRUNE_CHECK(it != linears.end(), "unknown linear '{}'", id.to_string());
   SYMPRUNE_CHECK(weight.shape() == it->second.weight.shape(), "new weight for '{}' has shape {}, expected {}",
                  id.to_string(), weight.shape_string(), it->second.weight.shape_string());
-  it->second.weight = std::move(weight);
+  it->second.weight = backend_->to_backend(std::move(weight));
   std::erase(load_order_, id.block);  // pinned: eviction would silently restore the stored weight
 }
 
@@ -290,12 +302,12 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
     for (int64_t s0 = 0; s0 < n_seqs; s0 += per_pass) {
       interrupt::check();
       const int64_t seqs = std::min(per_pass, n_seqs - s0);
-      const size_t count = static_cast<size_t>(seqs * seq_len * d);
-      x.resize({seqs * seq_len, d});
-      float* src = hidden.data() + s0 * seq_len * d;
-      std::memcpy(x.data(), src, count * sizeof(float));
+      const int64_t rows = seqs * seq_len;
+      if (x.shape() != std::vector<int64_t>{rows, d} || x.on_device() != hidden.on_device())
+        x = backend_->to_backend(Tensor({rows, d}));
+      backend_->copy_rows(hidden, s0 * seq_len, x, 0, rows);
       run(x, seqs);
-      std::memcpy(src, x.data(), count * sizeof(float));
+      backend_->copy_rows(x, 0, hidden, s0 * seq_len, rows);
     }
   }
   hidden.reshape(original_shape);
@@ -315,12 +327,24 @@ struct LinearRunner {
     const LinearWeights& lw = w.linears.at(name);
     const Tensor* weight = &lw.weight;
     LinearId id{block, name};
+    Tensor uploaded;
     if (overrides) {
       auto it = overrides->find(id);
       if (it != overrides->end()) weight = &it->second;
+      // Overrides are host tensors (the engine's refinement); a device backend takes a copy per use.
+      if (be.device_resident() && !weight->on_device()) {
+        uploaded = be.to_backend(*weight);
+        weight = &uploaded;
+      }
     }
     be.linear(in, *weight, lw.bias.empty() ? nullptr : &lw.bias, out);
-    if (observer) observer->on_linear(id, in, out);
+    if (!observer) return;
+    // Observers read host tensors: a device backend hands them host copies (correct everywhere; the
+    // statistics kernels will take the device tensors directly once the engine uses them).
+    if (be.device_resident())
+      observer->on_linear(id, be.to_host(in), be.to_host(out));
+    else
+      observer->on_linear(id, in, out);
   }
 };
 

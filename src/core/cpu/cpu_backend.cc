@@ -49,6 +49,17 @@ class CpuBackend final : public Backend {
  public:
   std::string_view name() const override { return "cpu"; }
 
+  void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override {
+    const int64_t width = cols_of(src);
+    SYMPRUNE_ASSERT(cols_of(dst) == width && src_row >= 0 && dst_row >= 0 && rows >= 0 &&
+                        (src_row + rows) * width <= src.numel() && (dst_row + rows) * width <= dst.numel(),
+                    "copy_rows {} rows {}+{} -> {} row {}", src.shape_string(), src_row, rows,
+                    dst.shape_string(), dst_row);
+    if (rows > 0)
+      std::memcpy(dst.data() + dst_row * width, src.data() + src_row * width,
+                  static_cast<size_t>(rows * width) * sizeof(float));
+  }
+
   void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y) override {
     SYMPRUNE_ASSERT(weight.rank() == 2, "linear weight must be 2-D, got {}", weight.shape_string());
     const int64_t m = weight.dim(0), n = weight.dim(1);

@@ -71,6 +71,11 @@ void copy_to_host(void* host_destination, const void* device_source, size_t byte
   SYMPRUNE_CUDA_CHECK(cudaStreamSynchronize(native(stream)));
 }
 
+void copy_on_device(void* device_destination, const void* device_source, size_t bytes, DeviceStream stream) {
+  SYMPRUNE_CUDA_CHECK(
+      cudaMemcpyAsync(device_destination, device_source, bytes, cudaMemcpyDeviceToDevice, native(stream)));
+}
+
 void zero_device(void* device_destination, size_t bytes, DeviceStream stream) {
   SYMPRUNE_CUDA_CHECK(cudaMemsetAsync(device_destination, 0, bytes, native(stream)));
 }

@@ -28,6 +28,8 @@ void copy_to_device(void* device_destination, const void* host_source, size_t by
                     DeviceStream stream = {});
 void copy_to_host(void* host_destination, const void* device_source, size_t bytes, DeviceStream stream = {});
 void zero_device(void* device_destination, size_t bytes, DeviceStream stream = {});
+void copy_on_device(void* device_destination, const void* device_source, size_t bytes,
+                    DeviceStream stream = {});
 // Waits for the stream; a fault of a kernel launched on it surfaces here as an Error.
 void synchronize(DeviceStream stream = {});
 

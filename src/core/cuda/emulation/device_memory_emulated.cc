@@ -32,6 +32,10 @@ void copy_to_host(void* host_destination, const void* device_source, size_t byte
   if (bytes > 0) std::memcpy(host_destination, device_source, bytes);
 }
 
+void copy_on_device(void* device_destination, const void* device_source, size_t bytes, DeviceStream) {
+  if (bytes > 0) std::memmove(device_destination, device_source, bytes);
+}
+
 void zero_device(void* device_destination, size_t bytes, DeviceStream) {
   if (bytes > 0) std::memset(device_destination, 0, bytes);
 }

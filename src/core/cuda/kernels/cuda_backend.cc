@@ -1,0 +1,170 @@
+// The CUDA backend (see cuda_backend.h).
+#include "core/cuda/kernels/cuda_backend.h"
+
+#include <memory>
+#include <vector>
+
+#include "core/cuda/device_memory.h"
+#include "core/cuda/kernels/forward_kernels.h"
+#include "core/cuda/kernels/linear.h"
+#include "core/error.h"
+
+namespace symprune::cuda {
+namespace {
+
+class DeviceStorage final : public TensorStorage {
+ public:
+  explicit DeviceStorage(int64_t count) : array_(count) {}
+  float* data() override { return array_.data(); }
+
+ private:
+  DeviceArray<float> array_;
+};
+
+int64_t cols_of(const Tensor& t) {
+  return t.rank() == 0 ? 1 : t.dim(-1);
+}
+int64_t rows_of(const Tensor& t) {
+  const int64_t c = cols_of(t);
+  return c == 0 ? 0 : t.numel() / c;
+}
+
+// The device memory of an input, which must be a device tensor (a host tensor here is a caller's bug).
+const float* in(const Tensor& t, const char* what) {
+  SYMPRUNE_ASSERT(t.on_device() || t.empty(), "cuda backend: {} {} is a host tensor", what, t.shape_string());
+  return t.device_data();
+}
+
+// Makes `t` a device tensor of `shape` (keeps its memory when it already is one).
+float* out(Tensor& t, std::vector<int64_t> shape) {
+  if (!t.on_device() || t.shape() != shape) {
+    const int64_t count = shape_numel(shape);
+    t = Tensor::in_device_memory(std::move(shape), std::make_shared<DeviceStorage>(count));
+  }
+  return t.device_data();
+}
+
+class CudaBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cuda"; }
+  bool device_resident() const override { return true; }
+
+  Tensor to_backend(Tensor host) override {
+    if (host.on_device()) return host;
+    Tensor device;
+    float* d = out(device, host.shape());
+    if (host.numel() > 0) copy_to_device(d, host.data(), static_cast<size_t>(host.numel()) * sizeof(float));
+    return device;
+  }
+
+  Tensor to_host(const Tensor& tensor) override {
+    if (!tensor.on_device()) return tensor;
+    Tensor host(tensor.shape());
+    if (host.numel() > 0)
+      copy_to_host(host.data(), tensor.device_data(), static_cast<size_t>(host.numel()) * sizeof(float));
+    return host;
+  }
+
+  void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override {
+    const int64_t width = cols_of(src);
+    SYMPRUNE_ASSERT(cols_of(dst) == width && src_row >= 0 && dst_row >= 0 && rows >= 0 &&
+                        (src_row + rows) * width <= src.numel() && (dst_row + rows) * width <= dst.numel(),
+                    "copy_rows {} rows {}+{} -> {} row {}", src.shape_string(), src_row, rows,
+                    dst.shape_string(), dst_row);
+    if (rows > 0)
+      copy_on_device(dst.device_data() + dst_row * width, in(src, "copy_rows source") + src_row * width,
+                     static_cast<size_t>(rows * width) * sizeof(float));
+  }
+
+  void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y) override {
+    SYMPRUNE_ASSERT(weight.rank() == 2 && cols_of(x) == weight.dim(1), "linear: input {} vs weight {}",
+                    x.shape_string(), weight.shape_string());
+    const int64_t m = weight.dim(0), n = weight.dim(1), rows = rows_of(x);
+    std::vector<int64_t> shape = x.shape();
+    shape.back() = m;
+    float* yd = out(y, std::move(shape));
+    const bool has_bias = bias != nullptr && !bias->empty();
+    launch_linear(in(x, "linear input"), in(weight, "linear weight"),
+                  has_bias ? in(*bias, "linear bias") : nullptr, rows, n, m, yd, {});
+  }
+
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
+    SYMPRUNE_ASSERT(weight.numel() == cols_of(x), "rms_norm weight {} vs {}", weight.shape_string(),
+                    x.shape_string());
+    float* yd = out(y, x.shape());
+    launch_rms_norm(in(x, "rms_norm input"), in(weight, "rms_norm weight"), rows_of(x), cols_of(x), eps, yd,
+                    {});
+  }
+
+  void layer_norm(const Tensor& x, const Tensor* weight, const Tensor* bias, float eps, Tensor& y) override {
+    const bool has_weight = weight != nullptr && !weight->empty(),
+               has_bias = bias != nullptr && !bias->empty();
+    float* yd = out(y, x.shape());
+    launch_layer_norm(in(x, "layer_norm input"), has_weight ? in(*weight, "layer_norm weight") : nullptr,
+                      has_bias ? in(*bias, "layer_norm bias") : nullptr, rows_of(x), cols_of(x), eps, yd, {});
+  }
+
+  void rope(Tensor& x, const SequenceBatch& batch, int64_t n_heads,
+            std::span<const float> inv_freq) override {
+    const int64_t half = static_cast<int64_t>(inv_freq.size());
+    SYMPRUNE_ASSERT(cols_of(x) == n_heads * 2 * half && rows_of(x) == batch.rows(), "rope on {} for {} heads",
+                    x.shape_string(), n_heads);
+    const RopeTables tables = rope_tables(inv_freq, batch.seq_len);
+    const DeviceArray<float> cos_table(tables.cos), sin_table(tables.sin);
+    launch_rope(x.device_data(), batch.rows(), batch.seq_len, n_heads, half, cos_table.data(),
+                sin_table.data(), {});
+  }
+
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, const SequenceBatch& batch,
+                 int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& o) override {
+    const int64_t head_dim = cols_of(q) / n_heads;
+    SYMPRUNE_ASSERT(
+        head_dim * n_heads == cols_of(q) && cols_of(k) == n_kv_heads * head_dim && rows_of(q) == batch.rows(),
+        "attention q {} k {} for {}/{} heads", q.shape_string(), k.shape_string(), n_heads, n_kv_heads);
+    float* od = out(o, q.shape());
+    launch_attention(in(q, "attention q"), in(k, "attention k"), in(v, "attention v"), batch.n_seqs,
+                     batch.seq_len, n_heads, n_kv_heads, head_dim, scale, od, {});
+  }
+
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& o) override {
+    SYMPRUNE_ASSERT(gate.numel() == up.numel(), "silu_mul {} vs {}", gate.shape_string(), up.shape_string());
+    float* od = out(o, gate.shape());
+    launch_silu_mul(in(gate, "silu gate"), in(up, "silu up"), gate.numel(), od, {});
+  }
+
+  void relu(Tensor& x) override { launch_relu(x.device_data(), x.numel(), {}); }
+
+  void add(Tensor& x, const Tensor& y) override {
+    SYMPRUNE_ASSERT(x.numel() == y.numel(), "add {} vs {}", x.shape_string(), y.shape_string());
+    launch_add(x.device_data(), in(y, "add operand"), x.numel(), {});
+  }
+
+  void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& o) override {
+    SYMPRUNE_ASSERT(table.rank() == 2, "embedding table {}", table.shape_string());
+    const int64_t d = table.dim(1), count = static_cast<int64_t>(ids.size());
+    for (int32_t id : ids)
+      SYMPRUNE_ASSERT(id >= 0 && id < table.dim(0), "token id {} outside [0, {})", id, table.dim(0));
+    float* od = out(o, {count, d});
+    const DeviceArray<int32_t> device_ids(ids.data(), count);
+    launch_embedding(in(table, "embedding table"), device_ids.data(), count, d, od, {});
+  }
+
+  void add_position_rows(Tensor& x, const Tensor& table, const SequenceBatch& batch,
+                         int64_t row_offset) override {
+    const int64_t d = cols_of(x);
+    SYMPRUNE_ASSERT(table.rank() == 2 && table.dim(1) == d && row_offset + batch.seq_len <= table.dim(0) &&
+                        rows_of(x) == batch.rows(),
+                    "position table {} for {}", table.shape_string(), x.shape_string());
+    launch_add_position_rows(x.device_data(), in(table, "position table"), batch.rows(), batch.seq_len,
+                             row_offset, d, {});
+  }
+};
+
+}  // namespace
+
+Backend& cuda_backend() {
+  static CudaBackend backend;
+  return backend;
+}
+
+}  // namespace symprune::cuda
