@@ -88,6 +88,10 @@ class Backend {
                                  int64_t row_offset) = 0;
 };
 
+// Checks copy_rows' arguments (the same width, rows inside both tensors; a broken invariant aborts) and
+// returns that width; for Backend implementations.
+int64_t copy_rows_width(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t rows);
+
 // The process-wide CPU backend (OpenBLAS sgemm for every matrix product, OpenMP for the rest).
 Backend& cpu_backend();
 // Threads used by the CPU backend (OpenMP and OpenBLAS); 0 leaves the defaults (one per CPU). Throws

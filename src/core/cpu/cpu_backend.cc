@@ -50,11 +50,7 @@ class CpuBackend final : public Backend {
   std::string_view name() const override { return "cpu"; }
 
   void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override {
-    const int64_t width = cols_of(src);
-    SYMPRUNE_ASSERT(cols_of(dst) == width && src_row >= 0 && dst_row >= 0 && rows >= 0 &&
-                        (src_row + rows) * width <= src.numel() && (dst_row + rows) * width <= dst.numel(),
-                    "copy_rows {} rows {}+{} -> {} row {}", src.shape_string(), src_row, rows,
-                    dst.shape_string(), dst_row);
+    const int64_t width = copy_rows_width(src, src_row, dst, dst_row, rows);
     if (rows > 0)
       std::memcpy(dst.data() + dst_row * width, src.data() + src_row * width,
                   static_cast<size_t>(rows * width) * sizeof(float));
@@ -313,6 +309,16 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+int64_t copy_rows_width(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row,
+                        int64_t rows) {
+  const int64_t width = cols_of(src);
+  SYMPRUNE_ASSERT(cols_of(dst) == width && src_row >= 0 && dst_row >= 0 && rows >= 0 &&
+                      (src_row + rows) * width <= src.numel() && (dst_row + rows) * width <= dst.numel(),
+                  "copy_rows {} rows {}+{} -> {} row {}", src.shape_string(), src_row, rows,
+                  dst.shape_string(), dst_row);
+  return width;
+}
 
 RopeTables rope_tables(std::span<const float> inv_freq, int64_t seq_len) {
   const int64_t half = static_cast<int64_t>(inv_freq.size());

@@ -66,11 +66,7 @@ class CudaBackend final : public Backend {
   }
 
   void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override {
-    const int64_t width = cols_of(src);
-    SYMPRUNE_ASSERT(cols_of(dst) == width && src_row >= 0 && dst_row >= 0 && rows >= 0 &&
-                        (src_row + rows) * width <= src.numel() && (dst_row + rows) * width <= dst.numel(),
-                    "copy_rows {} rows {}+{} -> {} row {}", src.shape_string(), src_row, rows,
-                    dst.shape_string(), dst_row);
+    const int64_t width = copy_rows_width(src, src_row, dst, dst_row, rows);
     if (rows > 0)
       copy_on_device(dst.device_data() + dst_row * width, in(src, "copy_rows source") + src_row * width,
                      static_cast<size_t>(rows * width) * sizeof(float));
