@@ -81,4 +81,15 @@ class DeviceArray {
   int64_t count_ = 0;
 };
 
+// The smallest flat index a "first index" kernel reports, or -1: `launch(int64_t* first)` queues a kernel
+// that lowers *first (set to INT64_MAX here) with atomicMin.
+template <typename Launch>
+int64_t first_index_on_device(Launch launch, DeviceStream stream = {}) {
+  constexpr int64_t kNone = INT64_MAX;
+  DeviceArray<int64_t> first(&kNone, 1);
+  launch(first.data());
+  const int64_t index = first.download(stream)[0];
+  return index == kNone ? -1 : index;
+}
+
 }  // namespace symprune::cuda

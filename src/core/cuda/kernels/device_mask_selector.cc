@@ -17,12 +17,8 @@ DeviceMaskSelector::DeviceMaskSelector(const float* scores, int64_t rows, int64_
 }
 
 int64_t DeviceMaskSelector::first_nan() {
-  DeviceArray<int64_t> first(1);
-  const int64_t none = std::numeric_limits<int64_t>::max();
-  first.upload(&none, stream_);
-  launch_first_nan(scores_, rows_ * cols_, first.data(), stream_);
-  const int64_t index = first.download(stream_)[0];
-  return index == std::numeric_limits<int64_t>::max() ? -1 : index;
+  return first_index_on_device(
+      [&](int64_t* first) { launch_first_nan(scores_, rows_ * cols_, first, stream_); }, stream_);
 }
 
 void DeviceMaskSelector::select_rows(int64_t k) {

@@ -70,12 +70,9 @@ void compute_scores_on_device(ScoreMethod method, const float* weight, int64_t m
                  "{}: score rows [{}, {}) outside the {} rows of the weight", label(options), row_begin,
                  row_end, m);
   {
-    DeviceArray<int64_t> first(1);
-    const int64_t none = std::numeric_limits<int64_t>::max();
-    first.upload(&none, stream);
-    launch_first_nonfinite(weight, m * n, first.data(), stream);
-    const int64_t index = first.download(stream)[0];
-    if (index != none) {
+    const int64_t index = first_index_on_device(
+        [&](int64_t* first) { launch_first_nonfinite(weight, m * n, first, stream); }, stream);
+    if (index >= 0) {
       float value = 0.0f;
       copy_to_host(&value, weight + index, sizeof value, stream);
       fail("{}: weight [{}, {}] is {} (NaN/Inf weights cannot be scored)", label(options), index / n,
