@@ -11,6 +11,7 @@
 #include <string>
 
 #include "command.h"
+#include "core/accel.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -35,6 +36,7 @@ struct EvalOptions {
   int64_t max_chunks = 0;
   int64_t batch = 0;
   int threads = 0;
+  std::string device = "auto";
 };
 
 void run_eval(const EvalOptions& o) {
@@ -53,7 +55,8 @@ void run_eval(const EvalOptions& o) {
   // Cheap checks before loading weights: tokenizer, text, sequence length.
   const auto tokenizer =
       io::load_tokenizer(o.tokenizer.empty() ? resolved.dir : std::filesystem::path(o.tokenizer));
-  model::DecoderModel model = model::DecoderModel::open(resolved.dir);
+  Backend& backend = accel::backend_for_device(o.device);
+  model::DecoderModel model = model::DecoderModel::open(resolved.dir, backend);
   SYMPRUNE_CHECK(o.seqlen <= model.max_seq_len(), "--seqlen {} exceeds max_position_embeddings {} of {}",
                  o.seqlen, model.max_seq_len(), (resolved.dir / "config.json").string());
   const std::string text = io::read_text_file(o.text, "text file (--text)");
@@ -117,6 +120,7 @@ void run_eval(const EvalOptions& o) {
         {"protocol",
          "one BOS at text start; non-overlapping chunks of seqlen; tail dropped; ppl = exp(mean chunk loss)"},
         {"threads", cpu_threads()},
+        {"device", std::string(backend.name())},
         {"eval_seconds", result.wall_seconds},
         {"wall_seconds", wall},
     };
@@ -137,6 +141,8 @@ void add_eval(CLI::App& app) {
   sub->add_option("--max-chunks", options->max_chunks, "evaluate only the first K chunks (0 = all)");
   sub->add_option("--batch", options->batch, "chunks per forward pass (0 = auto)");
   sub->add_option("--threads", options->threads, "CPU threads (0 = default)");
+  sub->add_option("--device", options->device,
+                  "auto (a CUDA GPU when one is present, else the CPU; the default), cuda or cpu");
   sub->add_option("--tokenizer", options->tokenizer,
                   "tokenizer file or directory (default: the model directory)");
   sub->callback([options] { run_eval(*options); });

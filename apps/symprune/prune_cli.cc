@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli_checks.h"
+#include "core/accel.h"
 #include "engine/checkpoint.h"
 #include "recipe_config.h"
 
@@ -75,7 +76,7 @@ void add_switch(CLI::App* sub, std::deque<Switch>& switches, const std::string& 
 
 }  // namespace
 
-engine::PruneConfig parsed_prune_config(PruneCliOptions& o) {
+engine::PruneConfig parsed_prune_config(PruneCliOptions& o, int local_rank) {
   for (const auto& sw : o.switches) sw.resolve();  // into o.config, before it is copied
   engine::PruneConfig c = o.config;
   if (o.alpha_option->count() > 0) c.alpha = o.alpha;
@@ -84,6 +85,7 @@ engine::PruneConfig parsed_prune_config(PruneCliOptions& o) {
   c.report = o.report;  // checked before pruning, written by the pipeline at the end
   c.checkpoint = o.checkpoint;
   if (o.recipe_option->count() > 0) c.input_files.push_back(o.recipe_option->as<std::string>());
+  c.backend = &accel::backend_for_device(o.device, local_rank);
   return c;
 }
 
@@ -217,6 +219,10 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
                   "continue a run: auto (the newest usable checkpoint at --checkpoint, or start fresh when "
                   "there is none; does nothing when the run already finished) or a checkpoint FILE");
   sub->add_option("--threads", c.threads, "CPU threads (0 = default)");
+  sub->add_option("--device", o->device,
+                  "where the model, statistics, scores and masks run: auto (a CUDA GPU when one is present, "
+                  "else the CPU; the default), cuda or cpu. fp32 on either; results agree with the CPU's "
+                  "(statistics and scores bit for bit, forward passes within rounding)");
   o->recipe_option = add_recipe_option(sub);
   sub->footer(kMethodsHelp);
 }

@@ -28,6 +28,7 @@ struct PruneCliOptions {
   std::string out;
   std::string report;
   std::string checkpoint;
+  std::string device = "auto";
   CLI::Option* alpha_option = nullptr;
   CLI::Option* sparsity_option = nullptr;
   CLI::Option* recipe_option = nullptr;
@@ -37,8 +38,10 @@ struct PruneCliOptions {
 // Adds every prune option, --recipe and the methods help to `sub`; values land in `o`.
 void add_prune_options(CLI::App* sub, PruneCliOptions& o);
 
-// The pipeline configuration once the command line (and recipe) are parsed.
-engine::PruneConfig parsed_prune_config(PruneCliOptions& o);
+// The pipeline configuration once the command line (and recipe) are parsed; --device is resolved to a
+// backend (accel::backend_for_device, the node-local rank picking the GPU), which throws when it is
+// unusable.
+engine::PruneConfig parsed_prune_config(PruneCliOptions& o, int local_rank = 0);
 
 // stdout: per-layer table, sparsity total, perplexities, "wrote OUT".
 void print_prune_result(const engine::PruneConfig& config, const engine::PruneResult& result);

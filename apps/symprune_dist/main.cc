@@ -30,11 +30,13 @@ namespace {
 
 using namespace symprune;
 
-// "auto": NCCL when built with it and the run is on GPUs (the CUDA backend, to come); MPI otherwise.
-std::unique_ptr<dist::Communicator> make_communicator(const std::string& kind, dist::MpiCommunicator& world) {
+// "auto": NCCL when built with it and the run is on GPUs (a device-resident backend); MPI otherwise.
+std::unique_ptr<dist::Communicator> make_communicator(const std::string& kind, dist::MpiCommunicator& world,
+                                                      const Backend& backend) {
   SYMPRUNE_CHECK(kind == "auto" || kind == "mpi" || kind == "nccl",
                  "--comm must be auto, mpi or nccl, got '{}'", kind);
-  if (kind == "nccl") return dist::make_nccl_communicator(world, world.local_rank());
+  if (kind == "nccl" || (kind == "auto" && backend.device_resident() && dist::compiled_with_nccl()))
+    return dist::make_nccl_communicator(world, world.local_rank());
   return nullptr;  // the MPI world itself
 }
 
@@ -66,8 +68,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off (env SYMPRUNE_LOG_LEVEL)");
   app.add_option(
       "--comm", comm_kind,
-      "communicator: auto (MPI; NCCL once the GPU backend runs the pipeline), mpi (host buffers) or "
-      "nccl (one GPU per node-local rank, bootstrapped over MPI)");
+      "communicator: auto (NCCL when the run is on GPUs and NCCL is built in, else MPI), mpi (host "
+      "buffers) or nccl (one GPU per node-local rank, bootstrapped over MPI)");
   app::PruneCliOptions options;
   app::add_prune_options(&app, options);
   app::add_numeric_checks(app);
@@ -84,11 +86,15 @@ int main(int argc, char** argv) {
 
   try {
     log::init(rank, log_level, size);
-    const engine::PruneConfig config = app::parsed_prune_config(options);
+    engine::PruneConfig config;
     std::unique_ptr<dist::Communicator> nccl;
-    engine::agree_on_errors(*world, [&] { nccl = make_communicator(comm_kind, *world); });
+    engine::agree_on_errors(*world, [&] {
+      config = app::parsed_prune_config(options, world->local_rank());
+      nccl = make_communicator(comm_kind, *world, *config.backend);
+    });
     dist::Communicator& comm = nccl ? *nccl : *world;
-    log::info("{} ranks over {} ({} node-local on this node)", size, comm.name(), world->local_size());
+    log::info("{} ranks over {} ({} node-local on this node), on {}", size, comm.name(), world->local_size(),
+              config.backend->name());
     const engine::PruneResult result = engine::prune_model(config, comm);
     if (root) app::print_prune_result(config, result);
     return 0;

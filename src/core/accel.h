@@ -3,7 +3,12 @@
 // Never throws: any driver/runtime error (no driver, no device) reads as zero devices, so the
 // binaries start on machines without a GPU.
 #include <string>
+#include <string_view>
 #include <vector>
+
+namespace symprune {
+class Backend;
+}
 
 namespace symprune::accel {
 
@@ -20,5 +25,9 @@ int device_count();
 std::vector<DeviceInfo> devices();
 // Why there are no devices (driver missing, ...) or empty; for `symprune info`.
 std::string unavailable_reason();
+
+// The backend for --device: "cpu"; "cuda" (CUDA device local_rank % device_count() is made current; an
+// Error says why there is none); "auto" (cuda when a device is present, else cpu). Other names: Error.
+Backend& backend_for_device(std::string_view device, int local_rank = 0);
 
 }  // namespace symprune::accel

@@ -13,7 +13,9 @@ constexpr int64_t kColumnChunk = 64;
 // Below this many values a parallel region costs more than it saves (results are identical either way).
 constexpr int64_t kParallelMin = 1 << 15;
 
-int64_t checked_width(const Tensor& tensor, int64_t rows, const char* what) {
+}  // namespace
+
+int64_t checked_activation_width(const Tensor& tensor, int64_t rows, const char* what) {
   SYMPRUNE_CHECK(tensor.rank() >= 2, "activation statistics: {} must have rank >= 2, got shape {}", what,
                  tensor.shape_string());
   const int64_t width = tensor.dim(-1);
@@ -22,6 +24,8 @@ int64_t checked_width(const Tensor& tensor, int64_t rows, const char* what) {
                  tensor.shape_string(), rows);
   return width;
 }
+
+namespace {
 
 void check_index(int64_t index, size_t size, const char* what) {
   SYMPRUNE_ASSERT(index >= 0 && static_cast<size_t>(index) < size, "{} index {} out of {}", what, index,
@@ -63,14 +67,14 @@ void ActivationStats::accumulate(const Tensor& input, const Tensor& output, int6
                  "activation statistics: sequence length {} differs from the {} of earlier calls",
                  call_seq_len, seq_len);
   const int64_t rows = call_seqs * call_seq_len;
-  const int64_t n = checked_width(input, rows, "input");
+  const int64_t n = checked_activation_width(input, rows, "input");
   SYMPRUNE_CHECK(in_sumsq.empty() || in_features() == n,
                  "activation statistics: input width {} differs from the {} of earlier calls", n,
                  in_features());
   const bool with_output = !output.empty();
   int64_t m = 0;
   if (with_output) {
-    m = checked_width(output, rows, "output");
+    m = checked_activation_width(output, rows, "output");
     SYMPRUNE_CHECK(n_seqs == 0 || (has_output() && out_features() == m),
                    "activation statistics: output width {} differs from earlier calls ({})", m,
                    has_output() ? std::to_string(out_features()) : std::string("no outputs"));

@@ -48,4 +48,8 @@ struct ActivationStats {
   void merge(const ActivationStats& other);
 };
 
+// The width of an activation tensor of `rows` token rows (rank >= 2, numel = rows · width, width > 0), or
+// ActivationStats::accumulate's error naming `what` ("input", "output"); for backends' own accumulators.
+int64_t checked_activation_width(const Tensor& tensor, int64_t rows, const char* what);
+
 }  // namespace symprune

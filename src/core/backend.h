@@ -13,6 +13,9 @@
 #include <string_view>
 #include <vector>
 
+#include "core/activation_stats.h"
+#include "core/masks.h"
+#include "core/scores.h"
 #include "core/tensor.h"
 
 namespace symprune {
@@ -37,6 +40,15 @@ struct RopeTables {
 };
 RopeTables rope_tables(std::span<const float> inv_freq, int64_t seq_len);
 
+// Which part of a weight Backend::mask_weight keeps: W̃ (the pruned entries set to zero) or W − W̃ (the
+// kept entries set to zero; what the reconstruction error multiplies).
+enum class MaskedPart { kKept, kPruned };
+
+// Memory of a device backend, in bytes.
+struct DeviceMemory {
+  int64_t free = 0, total = 0;
+};
+
 // Shape of a batch of equal-length sequences for attention/rope: rows are ordered
 // [seq 0 positions 0..T-1, seq 1 positions 0..T-1, ...].
 struct SequenceBatch {
@@ -56,6 +68,12 @@ class Backend {
   virtual Tensor to_backend(Tensor host) { return host; }
   // A host copy of a tensor of this backend (a host backend returns a copy).
   virtual Tensor to_host(const Tensor& tensor) { return tensor; }
+  // A tensor of `shape` in this backend's memory: zero-filled on a host backend, unspecified values on a
+  // device backend (nothing is uploaded).
+  virtual Tensor allocate(std::vector<int64_t> shape) { return Tensor(std::move(shape)); }
+  // A copy of `tensor` (this backend's memory) that shares no storage with it (copies of a device tensor
+  // share its memory).
+  Tensor duplicate(const Tensor& tensor);
   // dst rows [dst_row, dst_row + rows) = src rows [src_row, src_row + rows); both viewed as
   // [*, width] with the same width, dst already sized.
   virtual void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) = 0;
@@ -86,6 +104,28 @@ class Backend {
   // out[i, :] = table[row_offset + (i % seq_len), :] added to x (OPT learned positions).
   virtual void add_position_rows(Tensor& x, const Tensor& table, const SequenceBatch& batch,
                                  int64_t row_offset) = 0;
+
+  // --- The pruning pipeline's ops (DESIGN.md §3.1–3.3, perplexity). The defaults are the host
+  // specification on host tensors (ActivationStats::accumulate, compute_scores + select_mask, Mask,
+  // the fp64 row NLL); a device-resident backend overrides them to work in its memory with the same
+  // results, and only statistics vectors, packed masks and per-row figures cross to the host.
+
+  // The statistics of one call of seqs · seq_len tokens: input [rows, n], output [rows, m] or null
+  // (no output statistic). Same order and errors as ActivationStats::accumulate on a fresh object.
+  virtual ActivationStats activation_stats(const Tensor& input, const Tensor* output, int64_t seqs,
+                                           int64_t seq_len);
+  // The mask of rows [options.row_begin, options.row_end) of `weight` [m, n] (this backend's memory):
+  // select_mask(compute_scores(...)) with the same rules, errors and results.
+  virtual Mask score_and_select(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
+                                const ScoreOptions& options, const MaskSpec& spec, const MatrixPart* part);
+  // A new tensor in this backend's memory: `weight` [rows, n] with the entries of one part of `mask`
+  // (the same shape) set to zero (MaskedPart).
+  virtual Tensor mask_weight(const Tensor& weight, const Mask& mask, MaskedPart keep);
+  // −log softmax(logits[r])[targets[r]] in fp64 for every row of logits [rows, vocab] (this backend's
+  // memory); targets are in [0, vocab) (checked by the caller).
+  virtual std::vector<double> row_nll(const Tensor& logits, std::span<const int32_t> targets);
+  // Free and total memory of a device backend; nullopt for a host backend (host memory is the system's).
+  virtual std::optional<DeviceMemory> device_memory() { return std::nullopt; }
 };
 
 // Checks copy_rows' arguments (the same width, rows inside both tensors; a broken invariant aborts) and

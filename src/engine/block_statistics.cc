@@ -39,26 +39,39 @@ BlockStatistics::BlockStatistics(dist::Communicator& comm, const model::DecoderM
 void BlockStatistics::on_linear(const model::LinearId& id, const Tensor& input, const Tensor& output) {
   const int64_t n = input.dim(-1);
   const int64_t rows = input.numel() / n;
-  static const Tensor kNoOutput;
+  const int64_t windows = rows / seq_len_;
   // A fresh partial per chunk: total = Σ chunks in order (engine/ordered_reduce.h).
-  ActivationStats partial;
-  partial.accumulate(input, collect_output_ ? output : kNoOutput, rows / seq_len_, seq_len_);
-  chunk_stats_[id.name].push_back(std::move(partial));
+  chunk_stats_[id.name].push_back(
+      backend_.activation_stats(input, collect_output_ ? &output : nullptr, windows, seq_len_));
   for (auto& group : groups_) {
     if (group.leader != id.name) continue;
-    const float* x = input.data();
-    for (int64_t w = 0; w < rows / seq_len_; ++w)
-      for (int64_t p : sample_positions_) {
-        const float* row = x + (w * seq_len_ + p) * n;
-        group.local_samples.insert(group.local_samples.end(), row, row + n);
-      }
+    if (!sample_positions_.empty()) {
+      // The sampled rows, copied in the backend's memory and brought to the host at once.
+      const auto count = static_cast<int64_t>(sample_positions_.size());
+      Tensor sampled = backend_.to_backend(Tensor({windows * count, n}));
+      for (int64_t w = 0; w < windows; ++w)
+        for (int64_t j = 0; j < count; ++j)
+          backend_.copy_rows(input, w * seq_len_ + sample_positions_[static_cast<size_t>(j)], sampled,
+                             w * count + j, 1);
+      const Tensor host = backend_.to_host(sampled);
+      group.local_samples.insert(group.local_samples.end(), host.data(), host.data() + host.numel());
+    }
     if (!collect_gram_) continue;
-    // G_chunk = XᵀX as one sgemm: linear(x = Xᵀ [n, rows], W = Xᵀ) = Xᵀ X.
+    // G_chunk = XᵀX as one sgemm: linear(x = Xᵀ [n, rows], W = Xᵀ) = Xᵀ X (transposed on the host).
+    const Tensor host_input = backend_.device_resident() ? backend_.to_host(input) : Tensor();
+    const float* x = backend_.device_resident() ? host_input.data() : input.data();
     transposed_.resize({n, rows});
     float* xt = transposed_.data();
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < n; ++c) xt[c * rows + r] = x[r * n + c];
-    backend_.linear(transposed_, transposed_, nullptr, product_);
+    if (backend_.device_resident()) {
+      const Tensor device = backend_.to_backend(transposed_);
+      Tensor product;
+      backend_.linear(device, device, nullptr, product);
+      product_ = backend_.to_host(product);
+    } else {
+      backend_.linear(transposed_, transposed_, nullptr, product_);
+    }
     group.chain->add(product_.values());
   }
 }

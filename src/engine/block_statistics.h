@@ -38,6 +38,8 @@ class BlockStatistics : public model::LinearObserver {
                   bool collect_output, bool collect_gram, std::vector<int64_t> sample_positions = {});
 
   void on_linear(const model::LinearId& id, const Tensor& input, const Tensor& output) override;
+  // Statistics and samples are taken in the backend's memory (Backend::activation_stats, copy_rows).
+  bool reads_backend_tensors() const override { return true; }
 
   // Collective, after this rank's dense pass (also on a rank without chunks): combines every rank's chunks.
   void reduce();

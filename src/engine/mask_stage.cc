@@ -15,11 +15,11 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-Tensor copy_rows(const Tensor& w, dist::Range rows) {
-  const int64_t n = w.dim(1);
-  Tensor out({rows.size(), n});
-  if (rows.size() > 0)
-    std::memcpy(out.data(), w.data() + rows.begin * n, static_cast<size_t>(rows.size() * n) * sizeof(float));
+// This rank's rows of a weight held by `backend`: the weight itself when they are all of them.
+Tensor own_rows(Backend& backend, const Tensor& w, dist::Range rows) {
+  if (rows.begin == 0 && rows.size() == w.dim(0)) return w;
+  Tensor out = backend.to_backend(Tensor({rows.size(), w.dim(1)}));
+  backend.copy_rows(w, rows.begin, out, 0, rows.size());
   return out;
 }
 
@@ -48,17 +48,19 @@ Mask gather_mask(dist::Communicator& comm, const Mask& own, int64_t total_rows, 
   return whole;
 }
 
-// Σ_t (a_r·x_t)² per row of A over the rows x_t of X: one sgemm (A Xᵀ), fp32 products, fp64 sums.
+// Σ_t (a_r·x_t)² per row of A over the rows x_t of X (both in the backend's memory): one sgemm (A Xᵀ),
+// fp32 products, fp64 sums on the host.
 std::vector<double> row_sample_energy(Backend& backend, const Tensor& a, const Tensor& x) {
   const int64_t rows = a.dim(0), k = x.dim(0);
   std::vector<double> out(static_cast<size_t>(rows), 0.0);
   if (rows == 0 || k == 0) return out;
   Tensor product;
   backend.linear(a, x, nullptr, product);
+  const Tensor host = backend.to_host(product);
   for (int64_t r = 0; r < rows; ++r) {
     double sum = 0.0;
     for (int64_t t = 0; t < k; ++t) {
-      const double v = product[r * k + t];
+      const double v = host[r * k + t];
       sum += v * v;
     }
     out[static_cast<size_t>(r)] = sum;
@@ -96,10 +98,7 @@ std::optional<double> reconstruction_error(dist::Communicator& comm, Backend& ba
                                            const Tensor& weight_rows, const Mask& row_mask,
                                            int64_t total_rows, const Tensor& samples, double dense_energy) {
   // The pruned part W − W̃ directly, not a difference of two products (no cancellation).
-  Tensor delta({weight_rows.dim(0), weight_rows.dim(1)});
-  const auto flat = row_mask.flat();
-  for (int64_t i = 0; i < weight_rows.numel(); ++i)
-    delta[i] = flat[static_cast<size_t>(i)] ? weight_rows[i] : 0.0f;
+  const Tensor delta = backend.mask_weight(weight_rows, row_mask, MaskedPart::kPruned);
   const double diff = sample_energy(comm, backend, delta, total_rows, samples);
   if (dense_energy <= 0.0) return diff <= 0.0 ? std::optional<double>(0.0) : std::nullopt;
   return std::sqrt(diff / dense_energy);
@@ -115,21 +114,22 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
   options.matrix_name = std::to_string(block) + "." + linear;
   options.row_begin = rows.begin;
   options.row_end = rows.end;
-  const Tensor scores =
-      compute_scores(settings.method, weight, settings.scores_need_stats ? stats : nullptr, options);
+  Backend& backend = *settings.backend;
   const MatrixPart part{rows.begin, m, [&comm](std::span<int64_t> v) { comm.all_reduce_sum(v); }};
-  Mask own = select_mask(scores, settings.spec, options.matrix_name, &part);
+  Mask own = backend.score_and_select(settings.method, weight, settings.scores_need_stats ? stats : nullptr,
+                                      options, settings.spec, &part);
 
   LinearMask out;
-  const Tensor own_weight = copy_rows(weight, rows);
+  const Tensor own_weight = own_rows(backend, weight, rows);
   const bool report = samples != nullptr && settings.report_recon_error;
-  const double dense_energy = report ? sample_energy(comm, *settings.backend, own_weight, m, *samples) : 0.0;
+  const Tensor backend_samples = report ? backend.to_backend(*samples) : Tensor();
+  const double dense_energy = report ? sample_energy(comm, backend, own_weight, m, backend_samples) : 0.0;
   const RefineSettings& refine = settings.refine;
   if (refine.enabled() && !refine_skips(refine.skip, linear)) {
     SYMPRUNE_ASSERT(stats != nullptr, "refinement of {} without statistics", options.matrix_name);
     if (report)
       out.recon_error_initial =
-          reconstruction_error(comm, *settings.backend, own_weight, own, m, *samples, dense_energy);
+          reconstruction_error(comm, backend, own_weight, own, m, backend_samples, dense_energy);
     const auto start = std::chrono::steady_clock::now();
     std::optional<NmPattern> nm;
     if (settings.spec.kind == MaskSpec::kNM) nm = NmPattern{settings.spec.n, settings.spec.m};
@@ -137,11 +137,12 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
     std::vector<double> column_l1;
     if (refine.method == "r2dsnot") {
       int64_t unused = 0;
-      column_l1 = initial_column_l1(weight, gather_mask(comm, own, m, &unused));
+      column_l1 = initial_column_l1(backend.to_host(weight), gather_mask(comm, own, m, &unused));
     }
+    // The refinement runs on the host (core/refine_dsnot.h, core/refine_recon.h).
     const RefineStats local =
-        refine_linear(refine, own_weight, *stats, gram ? gram->g.data() : nullptr, gram ? gram->n : 0, own,
-                      nm, column_l1.empty() ? nullptr : &column_l1);
+        refine_linear(refine, backend.to_host(own_weight), *stats, gram ? gram->g.data() : nullptr,
+                      gram ? gram->n : 0, own, nm, column_l1.empty() ? nullptr : &column_l1);
     // Totals over all rows: the ranks' row sums added up (report figures).
     std::vector<double> sums = {
         static_cast<double>(local.swaps), local.mean_abs_error_before * static_cast<double>(rows.size()),
@@ -158,8 +159,7 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
     out.refine_seconds = seconds_since(start);
   }
   if (report)
-    out.recon_error =
-        reconstruction_error(comm, *settings.backend, own_weight, own, m, *samples, dense_energy);
+    out.recon_error = reconstruction_error(comm, backend, own_weight, own, m, backend_samples, dense_energy);
   out.mask = gather_mask(comm, own, m, &out.mask_bytes);
   out.pruned = out.mask.count();
   return out;

@@ -25,7 +25,7 @@
 namespace symprune::engine {
 
 struct MaskSettings {
-  Backend* backend = nullptr;  // for the reconstruction error's products
+  Backend* backend = nullptr;  // holds the weights: scores, selection, the reconstruction error run there
   ScoreMethod method = ScoreMethod::kMagnitude;
   ScoreOptions score;  // block and matrix_name are set per linear
   bool scores_need_stats = false;
@@ -47,14 +47,16 @@ struct LinearMask {
 // Whether `linear` ("self_attn.q_proj", "fc1", ...) is left unrefined by `skip` (DSnoT's --skip_layer).
 bool refine_skips(const std::string& skip, const std::string& linear);
 
-// Collective over `comm`: every rank calls it for the same linear with the whole weight and the reduced
+// Collective over `comm`: every rank calls it for the same linear with the whole weight (in the memory of
+// settings.backend: scores, selection and the reconstruction error's products run there) and the reduced
 // statistics (`stats` may be null when neither scores nor refinement read them, `gram` when no Gram
 // matrices were collected, `samples` when the report has no reconstruction error).
 LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, int64_t block,
                         const std::string& linear, const Tensor& weight, const ActivationStats* stats,
                         const Gram* gram, const Tensor* samples);
 
-// ‖AX‖_F² over the sampled input rows X [K, n] (BlockStatistics::samples) of the matrix whose rows
+// ‖AX‖_F² over the sampled input rows X [K, n] (BlockStatistics::samples; both in the backend's memory)
+// of the matrix whose rows
 // `rows` (dist::partition of total_rows) this rank holds: per row Σ_t (a_r·x_t)² (fp32 products, fp64
 // sums), gathered and added in row order, so the result is the same for any number of ranks. Collective.
 double sample_energy(dist::Communicator& comm, Backend& backend, const Tensor& rows, int64_t total_rows,

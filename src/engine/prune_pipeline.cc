@@ -145,7 +145,7 @@ std::unique_ptr<BlockStatistics> dense_pass(RunPlan& plan, dist::Communicator& c
   auto stats = std::make_unique<BlockStatistics>(comm, *plan.model, b, plan.seqlen, plan.needs_output,
                                                  plan.collect_gram, plan.recon_sample_positions);
   if (calib.windows > 0) {
-    Tensor dense = calib.hidden;
+    Tensor dense = plan.model->backend().duplicate(calib.hidden);
     plan.model->run_block(b, dense, calib.windows, plan.seqlen, stats.get());
   }
   return stats;
@@ -439,7 +439,9 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
         auto rows =
             read_checkpoint_rows(reader, "calib_hidden", calib_shape, calib.first_window, calib.windows);
         calib.hidden =
-            calib.windows > 0 ? Tensor({calib.windows * plan.seqlen, d}, std::move(rows)) : Tensor();
+            calib.windows > 0
+                ? model.backend().to_backend(Tensor({calib.windows * plan.seqlen, d}, std::move(rows)))
+                : Tensor();
       }
       if (plan.evaluate) {
         dense_eval->restore_hidden(read_checkpoint_rows(
@@ -480,8 +482,10 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     std::vector<CheckpointSlab> slabs;
     if (plan.needs_stats) {
       CheckpointSlab slab{"calib_hidden", calib_shape, calib.first_window, {}};
-      if (calib.windows > 0)
-        slab.data.assign(calib.hidden.data(), calib.hidden.data() + calib.hidden.numel());
+      if (calib.windows > 0) {
+        const Tensor host = model.backend().to_host(calib.hidden);
+        slab.data.assign(host.data(), host.data() + host.numel());
+      }
       slabs.push_back(std::move(slab));
     }
     if (plan.evaluate) {
@@ -571,9 +575,7 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
       result.pruned_total += layer.pruned;
       result.params_total += w.numel();
       result.layers.push_back(layer);
-      Tensor pruned = w;
-      lm.mask.apply(pruned);
-      pruned_weights.emplace_back(id, std::move(pruned));
+      pruned_weights.emplace_back(id, model.backend().mask_weight(w, lm.mask, MaskedPart::kKept));
       const std::string canonical = block_prefix(mc, b) + name + ".weight";
       const auto stored_name = io::stored_tensor_name(model.tensors(), canonical);
       SYMPRUNE_ASSERT(stored_name.has_value(), "tensor {} vanished from {}", canonical,

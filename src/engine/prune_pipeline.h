@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
 #include "core/refine_dsnot.h"
 #include "dist/communicator.h"
 
@@ -97,6 +98,11 @@ struct PruneConfig {
   int64_t eval_seqlen = 0;  // 0 = seqlen
   int64_t eval_max_chunks = 0;
   int threads = 0;
+
+  // The backend the model, the statistics, the scores and the masks run on; null = the CPU's. The apps
+  // resolve --device (cpu, cuda, auto) to it with accel::backend_for_device. The report's "device" is its
+  // name; a checkpoint resumes only on the same kind of backend.
+  Backend* backend = nullptr;
 };
 
 struct LayerResult {

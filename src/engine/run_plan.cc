@@ -1,6 +1,7 @@
 #include "engine/run_plan.h"
 
 #include <fcntl.h>
+#include <fmt/ranges.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -106,6 +107,77 @@ void check_memory(int64_t nsamples, int64_t seqlen, int64_t calib_tokens, int64_
       "twice (dense and pruned), but only {} of memory is available: lower --eval-max-chunks, --nsamples or "
       "--seqlen",
       format_bytes(needed), eval_tokens, hidden_size, format_bytes(static_cast<double>(*available)));
+}
+
+// What a device-resident backend holds at the peak of a block, in bytes (the memory plan of
+// check_device_memory). Every term is fp32.
+struct DeviceMemoryPlan {
+  double globals = 0, block_weights = 0, calibration = 0, activations = 0, evaluation = 0, selection = 0;
+  double total() const {
+    return globals + block_weights + calibration + activations + evaluation + selection;
+  }
+};
+
+DeviceMemoryPlan plan_device_memory(const model::DecoderModel& model, int64_t calib_tokens,
+                                    int64_t tokens_per_pass, int64_t eval_tokens) {
+  const io::ModelConfig& mc = model.config();
+  const double f = sizeof(float);
+  const double d = static_cast<double>(mc.hidden_size), vocab = static_cast<double>(mc.vocab_size);
+  const double kv = static_cast<double>(mc.num_kv_heads * mc.head_dim);
+  const double inner = static_cast<double>(mc.intermediate_size);
+  DeviceMemoryPlan p;
+  // Embeddings and the head (OPT: learned positions too).
+  p.globals = f * (2.0 * vocab * d + static_cast<double>(mc.max_position_embeddings + 2) * d);
+  // The dense block and the pruned copies of its linears, which replace them after the masks.
+  double linears = 0, largest = 0;
+  for (const auto& shape : model.linear_shapes()) {
+    const double size = static_cast<double>(shape.out) * static_cast<double>(shape.in);
+    linears += size;
+    largest = std::max(largest, size);
+  }
+  p.block_weights = f * 2.0 * linears;
+  // H of this rank's windows and the dense pass's copy of it.
+  p.calibration = f * 2.0 * static_cast<double>(calib_tokens) * d;
+  // One micro-batch through a block: its rows, q/k/v, attention, the norms and the MLP's three widths.
+  p.activations = f * static_cast<double>(tokens_per_pass) * (8.0 * d + 2.0 * kv + 4.0 * inner);
+  // The dense and the pruned evaluation streams, and one slab of logits.
+  p.evaluation = eval_tokens > 0 ? f * (2.0 * static_cast<double>(eval_tokens) * d + 512.0 * vocab) : 0.0;
+  // The scores of the largest matrix and its byte mask.
+  p.selection = (f + 1.0) * largest;
+  return p;
+}
+
+// Before any work on a device: the plan against the device's free memory, with the option that lowers
+// each large term.
+void check_device_memory(Backend& backend, const DeviceMemoryPlan& p, int64_t nsamples, int64_t seqlen,
+                         int64_t micro_batch) {
+  const auto memory = backend.device_memory();
+  if (!memory) return;
+  const double free = static_cast<double>(memory->free);
+  log::info(
+      "device memory plan: {} of {} free ({} weights and head, {} block weights, {} calibration states, {} "
+      "activations, {} evaluation, {} selection)",
+      format_bytes(p.total()), format_bytes(free), format_bytes(p.globals), format_bytes(p.block_weights),
+      format_bytes(p.calibration), format_bytes(p.activations), format_bytes(p.evaluation),
+      format_bytes(p.selection));
+  if (p.total() <= free) return;
+  std::vector<std::string> lower;
+  if (p.calibration > 0)
+    lower.push_back(fmt::format("--nsamples {} or --seqlen {} (calibration states {})", nsamples, seqlen,
+                                format_bytes(p.calibration)));
+  if (p.activations > 0)
+    lower.push_back(
+        fmt::format("--micro-batch {} (activations {})", micro_batch, format_bytes(p.activations)));
+  if (p.evaluation > 0)
+    lower.push_back(fmt::format("--eval-max-chunks (evaluation {})", format_bytes(p.evaluation)));
+  lower.push_back("--device cpu");
+  fail(
+      "the run needs about {} of {} memory (weights and head {}, block weights {}, calibration states {}, "
+      "activations {}, evaluation {}, selection {}), but only {} of its {} are free: lower {}",
+      format_bytes(p.total()), backend.name(), format_bytes(p.globals), format_bytes(p.block_weights),
+      format_bytes(p.calibration), format_bytes(p.activations), format_bytes(p.evaluation),
+      format_bytes(p.selection), format_bytes(free), format_bytes(static_cast<double>(memory->total)),
+      fmt::format("{}", fmt::join(lower, ", or ")));
 }
 
 // The checkpoint's options, before anything is read.
@@ -253,7 +325,8 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   if (!r.needs_stats && !c.calib.empty())
     log::info("method {} reads no activations: --calib {} is not used", score_method_name(method), c.calib);
 
-  r.model = std::make_unique<model::DecoderModel>(model::DecoderModel::open(r.resolved));
+  Backend& backend = c.backend ? *c.backend : cpu_backend();
+  r.model = std::make_unique<model::DecoderModel>(model::DecoderModel::open(r.resolved, backend));
   model::DecoderModel& model = *r.model;
   const std::string config_json = model.config_file();
   // T: --seqlen, else 2048; under --compat wanda the Wanda repo's rule, T = max_position_embeddings.
@@ -323,8 +396,13 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
     if (c.eval_max_chunks > 0) eval_chunks = std::min(eval_chunks, c.eval_max_chunks);
     eval_tokens = (eval_chunks + comm.size() - 1) / comm.size() * eval_seqlen;
   }
-  check_memory(c.nsamples, r.seqlen, r.needs_stats ? local_windows * r.seqlen : 0, eval_tokens,
-               model.hidden_size());
+  const int64_t calib_tokens = r.needs_stats ? local_windows * r.seqlen : 0;
+  if (backend.device_resident())
+    check_device_memory(backend,
+                        plan_device_memory(model, calib_tokens, r.micro_batch * r.seqlen, eval_tokens),
+                        c.nsamples, r.seqlen, r.micro_batch);
+  else
+    check_memory(c.nsamples, r.seqlen, calib_tokens, eval_tokens, model.hidden_size());
 
   // The mask stage's settings.
   r.mask.backend = &model.backend();
@@ -370,6 +448,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       {"eval_seqlen", eval_seqlen},
       {"eval_max_chunks", c.eval_max_chunks},
       {"threads", cpu_threads()},
+      {"device", std::string(backend.name())},
       {"ranks", comm.size()},
       {"communicator", comm.name()},
       {"checkpoint", c.checkpoint.empty() ? nlohmann::json() : nlohmann::json(c.checkpoint.string())},

@@ -304,7 +304,7 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
       const int64_t seqs = std::min(per_pass, n_seqs - s0);
       const int64_t rows = seqs * seq_len;
       if (x.shape() != std::vector<int64_t>{rows, d} || x.on_device() != hidden.on_device())
-        x = backend_->to_backend(Tensor({rows, d}));
+        x = backend_->allocate({rows, d});
       backend_->copy_rows(hidden, s0 * seq_len, x, 0, rows);
       run(x, seqs);
       backend_->copy_rows(x, 0, hidden, s0 * seq_len, rows);
@@ -339,9 +339,8 @@ struct LinearRunner {
     }
     be.linear(in, *weight, lw.bias.empty() ? nullptr : &lw.bias, out);
     if (!observer) return;
-    // Observers read host tensors: a device backend hands them host copies (correct everywhere; the
-    // statistics kernels will take the device tensors directly once the engine uses them).
-    if (be.device_resident())
+    // Observers that read host tensors get host copies from a device backend.
+    if (be.device_resident() && !observer->reads_backend_tensors())
       observer->on_linear(id, be.to_host(in), be.to_host(out));
     else
       observer->on_linear(id, in, out);

@@ -41,6 +41,9 @@ class LinearObserver {
  public:
   virtual ~LinearObserver() = default;
   virtual void on_linear(const LinearId& id, const Tensor& input, const Tensor& output) = 0;
+  // Whether on_linear takes the backend's own tensors (device memory on a device backend; the observer
+  // then reads them through the backend). Otherwise a device backend hands it host copies.
+  virtual bool reads_backend_tensors() const { return false; }
 };
 
 // Weights used instead of the stored ones (same shape [m, n]; the stored bias is kept).

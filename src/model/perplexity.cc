@@ -13,39 +13,16 @@ namespace symprune::model {
 namespace {
 
 constexpr int64_t kDefaultTokensPerBatch = 8192;
-constexpr int64_t kLogitRowsPerSlab = 512;         // bounds the [rows, vocab] logits buffer
-constexpr int64_t kParallelMinElements = 1 << 15;  // smaller work runs on one thread
+constexpr int64_t kLogitRowsPerSlab = 512;  // bounds the [rows, vocab] logits buffer
 
-// -log softmax(row)[target], in double.
-double row_nll(const float* row, int64_t vocab, int32_t target) {
-  float mx = row[0];
-  for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, row[j]);
-  double sum = 0.0;
-  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
-  return std::log(sum) + mx - static_cast<double>(row[target]);
-}
-
-// Σ over rows of row_nll, rows computed in parallel and added in row order (thread-count independent).
-double sum_row_nll(const float* logits, int64_t rows, int64_t vocab, const int32_t* targets,
-                   std::vector<double>& scratch) {
-  scratch.resize(static_cast<size_t>(rows));
-#pragma omp parallel for schedule(static) if (rows * vocab >= kParallelMinElements)
-  for (int64_t r = 0; r < rows; ++r)
-    scratch[static_cast<size_t>(r)] = row_nll(logits + r * vocab, vocab, targets[r]);
+// Σ of the backend's per-row NLLs, added in row order (independent of threads and backends).
+double sum_row_nll(Backend& backend, const Tensor& logits, std::span<const int32_t> targets) {
   double total = 0.0;
-  for (int64_t r = 0; r < rows; ++r) total += scratch[static_cast<size_t>(r)];
+  for (double v : backend.row_nll(logits, targets)) total += v;
   return total;
 }
 
 }  // namespace
-
-double sequence_mean_nll(const Tensor& logits, std::span<const int32_t> tokens) {
-  const int64_t vocab = logits.dim(-1);
-  const int64_t T = static_cast<int64_t>(tokens.size());
-  SYMPRUNE_ASSERT(T >= 2 && logits.numel() == T * vocab, "logits {} for {} tokens", logits.shape_string(), T);
-  std::vector<double> scratch;
-  return sum_row_nll(logits.data(), T - 1, vocab, tokens.data() + 1, scratch) / static_cast<double>(T - 1);
-}
 
 PerplexityStream::PerplexityStream(DecoderModel& model, std::span<const int32_t> tokens,
                                    const PerplexityOptions& options, int parts, int part)
@@ -83,7 +60,10 @@ void PerplexityStream::run_block(int64_t block) {
 std::vector<float> PerplexityStream::local_hidden() const {
   std::vector<float> out;
   out.reserve(static_cast<size_t>(local_chunks_ * seqlen_ * model_.hidden_size()));
-  for (const Tensor& h : hidden_) out.insert(out.end(), h.data(), h.data() + h.numel());
+  for (const Tensor& h : hidden_) {
+    const Tensor host = model_.backend().to_host(h);
+    out.insert(out.end(), host.data(), host.data() + host.numel());
+  }
   return out;
 }
 
@@ -93,17 +73,19 @@ void PerplexityStream::restore_hidden(std::span<const float> values) {
                  seqlen_, model_.hidden_size());
   size_t at = 0;
   for (Tensor& h : hidden_) {
-    std::memcpy(h.data(), values.data() + at, static_cast<size_t>(h.numel()) * sizeof(float));
-    at += static_cast<size_t>(h.numel());
+    const auto count = static_cast<size_t>(h.numel());
+    h = model_.backend().to_backend(
+        Tensor(h.shape(), std::vector<float>(values.data() + at, values.data() + at + count)));
+    at += count;
   }
 }
 
 std::vector<double> PerplexityStream::local_chunk_nll(const PerplexityProgress& progress) {
-  const int64_t T = seqlen_, vocab = model_.vocab_size();
+  const int64_t T = seqlen_;
   std::vector<double> nll;
   nll.reserve(static_cast<size_t>(local_chunks_));
+  Backend& backend = model_.backend();
   Tensor slab, logits;
-  std::vector<double> scratch;
   int64_t c0 = first_chunk_;
   for (Tensor& h : hidden_) {
     interrupt::check();
@@ -116,12 +98,13 @@ std::vector<double> PerplexityStream::local_chunk_nll(const PerplexityProgress& 
       // Predictions come from positions 0..T-2 of the sequence.
       for (int64_t r0 = 0; r0 < T - 1; r0 += kLogitRowsPerSlab) {
         const int64_t rows = std::min(kLogitRowsPerSlab, T - 1 - r0);
-        slab.resize({rows, width});
-        std::memcpy(slab.data(), final.data() + (s * T + r0) * width,
-                    static_cast<size_t>(rows * width) * sizeof(float));
+        if (slab.shape() != std::vector<int64_t>{rows, width})
+          slab = backend.to_backend(Tensor({rows, width}));
+        backend.copy_rows(final, s * T + r0, slab, 0, rows);
         model_.lm_head(slab, logits);
-        const int32_t* next = all_tokens_.data() + (c0 + s) * T + r0 + 1;
-        total += sum_row_nll(logits.data(), rows, vocab, next, scratch);
+        total += sum_row_nll(
+            backend, logits,
+            all_tokens_.subspan(static_cast<size_t>((c0 + s) * T + r0 + 1), static_cast<size_t>(rows)));
       }
       // NaN/Inf logits would only show up as a NaN perplexity at the end: name the chunk instead.
       SYMPRUNE_CHECK(std::isfinite(total),

@@ -77,8 +77,4 @@ PerplexityResult evaluate_perplexity(DecoderModel& model, std::span<const int32_
                                      const PerplexityProgress& progress = {},
                                      const BlockProgress& block_progress = {});
 
-// Mean next-token NLL of one sequence's logits [T, vocab] against its tokens (T-1 predictions),
-// accumulated in double in order. Exposed for tests.
-double sequence_mean_nll(const Tensor& logits, std::span<const int32_t> tokens);
-
 }  // namespace symprune::model

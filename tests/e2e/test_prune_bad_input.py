@@ -64,6 +64,8 @@ CASES = [
     ("refine-threshold-negative",
      ["--method", "wanda", "--sparsity", "0.5", "--refine", "dsnot", "--refine-threshold=-0.1"],
      [("--refine-threshold",), ("-0.1",)]),
+    ("device-unknown", ["--method", "magnitude", "--sparsity", "0.5", "--device", "tpu"],
+     [("--device",), ("tpu",), ("cuda",)]),
 ]
 
 
@@ -94,6 +96,13 @@ def _expect_failure(stories, tmp_path, args, words, rc_is_one=True):
     assert tree_digest(stories.model) == stories.digest, "the input directory was modified"
     assert _listing(stories.root) == root_before
     return proc
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidia0"), reason="this machine has a GPU")
+def test_device_cuda_without_a_gpu(stories, tmp_path):
+    # Either no CUDA in the build or no device: both say why, before anything is read or written.
+    _expect_failure(stories, tmp_path, ["--method", "magnitude", "--sparsity", "0.5", "--device", "cuda"],
+                    [("--device cuda",), ("built without cuda", "no usable cuda device")])
 
 
 @pytest.mark.parametrize("args,words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])

@@ -4,5 +4,8 @@
 namespace symprune::kernel_test {
 
 void skip_without_device() {}
+bool emulated_device() {
+  return true;
+}
 
 }  // namespace symprune::kernel_test

@@ -16,6 +16,9 @@ namespace symprune::kernel_test {
 
 // Skips the test when the kernels need a device and none is visible.
 void skip_without_device();
+// Whether the kernels run in the CPU emulation (every CUDA thread an OS thread: whole-model tests there
+// use small sizes).
+bool emulated_device();
 
 class KernelTest : public ::testing::Test {
  protected:

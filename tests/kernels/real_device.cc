@@ -7,5 +7,8 @@ namespace symprune::kernel_test {
 void skip_without_device() {
   if (accel::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << accel::unavailable_reason();
 }
+bool emulated_device() {
+  return false;
+}
 
 }  // namespace symprune::kernel_test

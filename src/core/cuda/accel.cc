@@ -6,6 +6,11 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include "core/backend.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/kernels/cuda_backend.h"
+#include "core/error.h"
+
 namespace symprune::accel {
 namespace {
 
@@ -67,6 +72,19 @@ std::vector<DeviceInfo> devices() {
 }
 std::string unavailable_reason() {
   return probe().devices.empty() ? probe().reason : std::string();
+}
+
+Backend& backend_for_device(std::string_view device, int local_rank) {
+  SYMPRUNE_CHECK(device == "auto" || device == "cpu" || device == "cuda",
+                 "--device must be auto, cpu or cuda, got '{}'", device);
+  if (device == "cpu") return cpu_backend();
+  if (device_count() == 0) {
+    SYMPRUNE_CHECK(device == "auto", "--device cuda: no usable CUDA device: {}", unavailable_reason());
+    return cpu_backend();
+  }
+  // One device per node-local rank (several ranks share a device when there are fewer devices).
+  SYMPRUNE_CUDA_CHECK(cudaSetDevice(local_rank % device_count()));
+  return cuda::cuda_backend();
 }
 
 }  // namespace symprune::accel

@@ -54,6 +54,13 @@ void* device_allocate(size_t bytes) {
   return pointer;
 }
 
+void device_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
+  size_t free_memory = 0, total_memory = 0;
+  SYMPRUNE_CUDA_CHECK(cudaMemGetInfo(&free_memory, &total_memory));
+  *free_bytes = static_cast<int64_t>(free_memory);
+  *total_bytes = static_cast<int64_t>(total_memory);
+}
+
 void device_free(void* pointer) noexcept {
   // Ordered after the work already queued on the default stream, which every kernel entry point uses.
   if (pointer != nullptr) (void)cudaFreeAsync(pointer, nullptr);

@@ -30,6 +30,8 @@ void copy_to_host(void* host_destination, const void* device_source, size_t byte
 void zero_device(void* device_destination, size_t bytes, DeviceStream stream = {});
 void copy_on_device(void* device_destination, const void* device_source, size_t bytes,
                     DeviceStream stream = {});
+// Free and total bytes of the device (the emulation: the host memory this process can use).
+void device_memory_info(int64_t* free_bytes, int64_t* total_bytes);
 // Waits for the stream; a fault of a kernel launched on it surfaces here as an Error.
 void synchronize(DeviceStream stream = {});
 

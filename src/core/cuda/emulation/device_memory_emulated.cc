@@ -6,6 +6,7 @@
 
 #include "core/cuda/device_memory.h"
 #include "core/error.h"
+#include "core/system_memory.h"
 
 namespace symprune::cuda {
 
@@ -18,6 +19,12 @@ void* device_allocate(size_t bytes) {
   if (pointer == nullptr) fail("emulated CUDA: cannot allocate {} bytes", bytes);
   std::memset(pointer, 0xFF, bytes);
   return pointer;
+}
+
+void device_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
+  const auto available = available_memory_bytes();
+  *free_bytes = available ? static_cast<int64_t>(*available) : int64_t{1} << 40;
+  *total_bytes = *free_bytes;
 }
 
 void device_free(void* pointer) noexcept {

@@ -1,12 +1,18 @@
 // The CUDA backend (see cuda_backend.h).
 #include "core/cuda/kernels/cuda_backend.h"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
 #include "core/cuda/device_memory.h"
+#include "core/cuda/kernels/device_activation_stats.h"
+#include "core/cuda/kernels/device_mask_selector.h"
+#include "core/cuda/kernels/device_scores.h"
 #include "core/cuda/kernels/forward_kernels.h"
 #include "core/cuda/kernels/linear.h"
+#include "core/cuda/kernels/loss_kernels.h"
+#include "core/cuda/kernels/mask_kernels.h"
 #include "core/error.h"
 
 namespace symprune::cuda {
@@ -48,6 +54,12 @@ class CudaBackend final : public Backend {
  public:
   std::string_view name() const override { return "cuda"; }
   bool device_resident() const override { return true; }
+
+  Tensor allocate(std::vector<int64_t> shape) override {
+    Tensor t;
+    out(t, std::move(shape));
+    return t;
+  }
 
   Tensor to_backend(Tensor host) override {
     if (host.on_device()) return host;
@@ -153,6 +165,64 @@ class CudaBackend final : public Backend {
                     "position table {} for {}", table.shape_string(), x.shape_string());
     launch_add_position_rows(x.device_data(), in(table, "position table"), batch.rows(), batch.seq_len,
                              row_offset, d, {});
+  }
+
+  ActivationStats activation_stats(const Tensor& input, const Tensor* output, int64_t seqs,
+                                   int64_t seq_len) override {
+    // The host's shape checks (the device accumulator sees pointers only), in its order.
+    if (seqs > 0 && seq_len > 0) {
+      checked_activation_width(input, seqs * seq_len, "input");
+      if (output) checked_activation_width(*output, seqs * seq_len, "output");
+    }
+    DeviceActivationStats stats(cols_of(input), output ? cols_of(*output) : 0);
+    stats.accumulate(in(input, "statistics input"), output ? in(*output, "statistics output") : nullptr, seqs,
+                     seq_len);
+    return stats.download();
+  }
+
+  Mask score_and_select(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
+                        const ScoreOptions& options, const MaskSpec& spec, const MatrixPart* part) override {
+    SYMPRUNE_ASSERT(weight.rank() == 2, "scores of weight {}", weight.shape_string());
+    const int64_t m = weight.dim(0), n = weight.dim(1);
+    const int64_t row_end = options.row_end < 0 ? m : options.row_end;
+    const int64_t rows = std::max<int64_t>(row_end - options.row_begin, 0);
+    // stochria's sampled sums and --compat ria's fp16 arithmetic read the weight on the host.
+    const bool needs_host = method == ScoreMethod::kStochRIA || options.compat_ria_fp16;
+    const Tensor host_weight = needs_host ? to_host(weight) : Tensor();
+    DeviceArray<float> scores(rows * n);
+    compute_scores_on_device(method, in(weight, "score weight"), m, n, needs_host ? &host_weight : nullptr,
+                             stats, options, scores.data());
+    return select_mask_on_device(scores.data(), rows, n, spec, options.matrix_name, part);
+  }
+
+  Tensor mask_weight(const Tensor& weight, const Mask& mask, MaskedPart keep) override {
+    SYMPRUNE_ASSERT(weight.rank() == 2 && mask.rows() == weight.dim(0) && mask.cols() == weight.dim(1),
+                    "mask {}x{} for weight {}", mask.rows(), mask.cols(), weight.shape_string());
+    const DeviceArray<uint8_t> bits(mask.pack_bits());
+    Tensor result;
+    float* rd = out(result, weight.shape());
+    launch_mask_weight(in(weight, "masked weight"), bits.data(), weight.numel(), keep == MaskedPart::kPruned,
+                       rd, {});
+    return result;
+  }
+
+  std::vector<double> row_nll(const Tensor& logits, std::span<const int32_t> targets) override {
+    const int64_t vocab = cols_of(logits), rows = rows_of(logits);
+    SYMPRUNE_ASSERT(static_cast<int64_t>(targets.size()) == rows, "row_nll: {} targets for logits {}",
+                    targets.size(), logits.shape_string());
+    std::vector<double> nll(static_cast<size_t>(rows));
+    if (rows == 0) return nll;
+    const DeviceArray<int32_t> device_targets(targets.data(), rows);
+    DeviceArray<double> device_nll(rows);
+    launch_row_nll(in(logits, "logits"), device_targets.data(), rows, vocab, device_nll.data(), {});
+    copy_to_host(nll.data(), device_nll.data(), nll.size() * sizeof(double));
+    return nll;
+  }
+
+  std::optional<DeviceMemory> device_memory() override {
+    DeviceMemory memory;
+    device_memory_info(&memory.free, &memory.total);
+    return memory;
   }
 };
 

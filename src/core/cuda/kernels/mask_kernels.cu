@@ -216,6 +216,15 @@ __global__ void pack_bits_kernel(const uint8_t* __restrict__ mask, int64_t count
   }
 }
 
+__global__ void mask_weight_kernel(const float* weight, const uint8_t* __restrict__ bits, int64_t count,
+                                   bool keep_pruned, float* out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const bool pruned = ((bits[i >> 3] >> (i & 7)) & 1u) != 0;
+    out[i] = pruned == keep_pruned ? weight[i] : 0.0f;
+  }
+}
+
 }  // namespace
 
 void launch_first_nan(const float* scores, int64_t count, int64_t* first, DeviceStream stream) {
@@ -284,6 +293,14 @@ void launch_pack_mask_bits(const uint8_t* mask, int64_t count, uint8_t* bits, De
   if (count <= 0) return;
   SYMPRUNE_LAUNCH(pack_bits_kernel, grid_for((count + 7) / 8), kThreads, 0, native(stream), mask, count,
                   bits);
+  SYMPRUNE_CHECK_LAUNCH();
+}
+
+void launch_mask_weight(const float* weight, const uint8_t* bits, int64_t count, bool keep_pruned, float* out,
+                        DeviceStream stream) {
+  if (count <= 0) return;
+  SYMPRUNE_LAUNCH(mask_weight_kernel, grid_for(count), kThreads, 0, native(stream), weight, bits, count,
+                  keep_pruned, out);
   SYMPRUNE_CHECK_LAUNCH();
 }
 

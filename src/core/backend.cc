@@ -1,0 +1,71 @@
+// Backend's host implementations of the pruning ops (the specification; see core/backend.h).
+#include "core/backend.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace symprune {
+namespace {
+
+constexpr int64_t kParallelMinElements = 1 << 15;  // smaller work runs on one thread
+
+// -log softmax(row)[target], in double.
+double host_row_nll(const float* row, int64_t vocab, int32_t target) {
+  float mx = row[0];
+  for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, row[j]);
+  double sum = 0.0;
+  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
+  return std::log(sum) + mx - static_cast<double>(row[target]);
+}
+
+}  // namespace
+
+Tensor Backend::duplicate(const Tensor& tensor) {
+  if (!tensor.on_device()) return tensor;
+  Tensor copy = allocate(tensor.shape());
+  const int64_t width = tensor.rank() == 0 ? 1 : tensor.dim(-1);
+  if (tensor.numel() > 0) copy_rows(tensor, 0, copy, 0, tensor.numel() / width);
+  return copy;
+}
+
+ActivationStats Backend::activation_stats(const Tensor& input, const Tensor* output, int64_t seqs,
+                                          int64_t seq_len) {
+  static const Tensor kNoOutput;
+  ActivationStats stats;
+  stats.accumulate(input, output ? *output : kNoOutput, seqs, seq_len);
+  return stats;
+}
+
+Mask Backend::score_and_select(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
+                               const ScoreOptions& options, const MaskSpec& spec, const MatrixPart* part) {
+  return select_mask(compute_scores(method, weight, stats, options), spec, options.matrix_name, part);
+}
+
+Tensor Backend::mask_weight(const Tensor& weight, const Mask& mask, MaskedPart keep) {
+  SYMPRUNE_ASSERT(weight.rank() == 2 && mask.rows() == weight.dim(0) && mask.cols() == weight.dim(1),
+                  "mask {}x{} for weight {}", mask.rows(), mask.cols(), weight.shape_string());
+  Tensor out(weight.shape());
+  const auto pruned = mask.flat();
+  const bool keep_pruned = keep == MaskedPart::kPruned;
+  const int64_t count = weight.numel();
+#pragma omp parallel for schedule(static) if (count >= kParallelMinElements)
+  for (int64_t i = 0; i < count; ++i)
+    out[i] = (pruned[static_cast<size_t>(i)] != 0) == keep_pruned ? weight[i] : 0.0f;
+  return out;
+}
+
+std::vector<double> Backend::row_nll(const Tensor& logits, std::span<const int32_t> targets) {
+  const int64_t vocab = logits.dim(-1), rows = logits.numel() / std::max<int64_t>(vocab, 1);
+  SYMPRUNE_ASSERT(static_cast<int64_t>(targets.size()) == rows, "row_nll: {} targets for logits {}",
+                  targets.size(), logits.shape_string());
+  std::vector<double> nll(static_cast<size_t>(rows));
+  const float* data = logits.data();
+#pragma omp parallel for schedule(static) if (rows * vocab >= kParallelMinElements)
+  for (int64_t r = 0; r < rows; ++r)
+    nll[static_cast<size_t>(r)] = host_row_nll(data + r * vocab, vocab, targets[static_cast<size_t>(r)]);
+  return nll;
+}
+
+}  // namespace symprune

@@ -1,0 +1,245 @@
+// The pruning pipeline on the CUDA backend against the CPU backend (the specification):
+//  * the pruning ops of core::Backend (statistics, scores + selection, masked weights, row NLL, copies) on
+//    device tensors give the CPU's results: statistics, masks and masked weights bit for bit, NLL within
+//    1e-12;
+//  * an end-to-end prune of stories260K (a real trained LLaMA, converted from llama2.c) through
+//    engine::prune_model on either backend: the same masks, hence byte-identical pruned weights, and the
+//    same perplexities within 1e-4 relative (the forward passes differ only by fp32 rounding order);
+//  * the device memory plan refuses a run that does not fit, naming what to lower.
+// Built into the emulated tests (label unit) and into symprune_gpu_tests (label gpu, a real device).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/cuda/kernels/cuda_backend.h"
+#include "engine/prune_pipeline.h"
+#include "io/convert_llama2c.h"
+#include "kernel_test_support.h"
+
+namespace symprune::kernel_test {
+namespace {
+namespace fs = std::filesystem;
+
+Backend& device() {
+  return cuda::cuda_backend();
+}
+
+Tensor host_tensor(std::vector<int64_t> shape, uint32_t seed) {
+  const int64_t count = shape_numel(shape);
+  return Tensor(std::move(shape), uniform_values(count, seed));
+}
+
+void expect_same_stats(const ActivationStats& a, const ActivationStats& e) {
+  EXPECT_EQ(a.in_sumsq, e.in_sumsq);
+  EXPECT_EQ(a.in_sum, e.in_sum);
+  EXPECT_EQ(a.in_seqsq, e.in_seqsq);
+  EXPECT_EQ(a.out_sumsq, e.out_sumsq);
+  EXPECT_EQ(a.n_seqs, e.n_seqs);
+  EXPECT_EQ(a.seq_len, e.seq_len);
+}
+
+void expect_same_values(const Tensor& a, const Tensor& e) {
+  ASSERT_EQ(a.shape(), e.shape());
+  for (int64_t i = 0; i < e.numel(); ++i) ASSERT_EQ(a[i], e[i]) << "element " << i;
+}
+
+class DevicePruningOpsTest : public KernelTest {};
+
+TEST_F(DevicePruningOpsTest, StatisticsEqualTheCpuBitForBit) {
+  const Tensor input = host_tensor({3 * 5, 24}, 1), output = host_tensor({3 * 5, 40}, 2);
+  const Tensor di = device().to_backend(input), dout = device().to_backend(output);
+  expect_same_stats(device().activation_stats(di, &dout, 3, 5),
+                    cpu_backend().activation_stats(input, &output, 3, 5));
+  expect_same_stats(device().activation_stats(di, nullptr, 3, 5),
+                    cpu_backend().activation_stats(input, nullptr, 3, 5));
+  EXPECT_EQ(error_of([&] { device().activation_stats(di, nullptr, 4, 5); }),
+            error_of([&] { cpu_backend().activation_stats(input, nullptr, 4, 5); }));
+}
+
+TEST_F(DevicePruningOpsTest, ScoresAndSelectionEqualTheCpu) {
+  const int64_t m = 12, n = 32;
+  const Tensor w = host_tensor({m, n}, 3);
+  const Tensor dw = device().to_backend(w);
+  const Tensor input = host_tensor({2 * 4, n}, 4), output = host_tensor({2 * 4, m}, 5);
+  const ActivationStats stats = cpu_backend().activation_stats(input, nullptr, 2, 4);
+  const ActivationStats with_output = cpu_backend().activation_stats(input, &output, 2, 4);
+  struct Case {
+    ScoreMethod method;
+    MaskSpec spec;
+    const ActivationStats* stats;
+    int64_t row_begin, row_end;
+  };
+  const std::vector<Case> cases = {
+      {ScoreMethod::kWanda, MaskSpec::row(0.5), &stats, 0, -1},
+      {ScoreMethod::kRIA, MaskSpec::layer(0.4), &stats, 0, -1},
+      {ScoreMethod::kRIA, MaskSpec::nm(2, 4), &stats, 3, 9},
+      {ScoreMethod::kMagnitude, MaskSpec::layer(0.3), nullptr, 0, -1},
+      {ScoreMethod::kStochRIA, MaskSpec::row(0.5), &stats, 0, -1},
+      {ScoreMethod::kSymWanda, MaskSpec::row(0.25), &with_output, 0, -1},
+  };
+  for (const Case& c : cases) {
+    ScoreOptions options;
+    options.matrix_name = "m";
+    options.row_begin = c.row_begin;
+    options.row_end = c.row_end;
+    const Mask expected = cpu_backend().score_and_select(c.method, w, c.stats, options, c.spec, nullptr);
+    const Mask actual = device().score_and_select(c.method, dw, c.stats, options, c.spec, nullptr);
+    EXPECT_EQ(std::vector<uint8_t>(actual.flat().begin(), actual.flat().end()),
+              std::vector<uint8_t>(expected.flat().begin(), expected.flat().end()))
+        << score_method_name(c.method) << " " << describe(c.spec);
+  }
+}
+
+TEST_F(DevicePruningOpsTest, MaskedWeightsRowNllAndCopiesEqualTheCpu) {
+  const Tensor w = host_tensor({7, 13}, 6);
+  const Mask mask = cpu_backend().score_and_select(ScoreMethod::kMagnitude, w, nullptr, ScoreOptions{},
+                                                   MaskSpec::row(0.5), nullptr);
+  const Tensor dw = device().to_backend(w);
+  for (MaskedPart part : {MaskedPart::kKept, MaskedPart::kPruned})
+    expect_same_values(device().to_host(device().mask_weight(dw, mask, part)),
+                       cpu_backend().mask_weight(w, mask, part));
+  Tensor applied = w;
+  mask.apply(applied);
+  expect_same_values(cpu_backend().mask_weight(w, mask, MaskedPart::kKept), applied);
+
+  const Tensor logits = host_tensor({5, 300}, 7);
+  const std::vector<int32_t> targets = {0, 299, 17, 150, 3};
+  const std::vector<double> expected = cpu_backend().row_nll(logits, targets);
+  const std::vector<double> actual = device().row_nll(device().to_backend(logits), targets);
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t r = 0; r < expected.size(); ++r) EXPECT_NEAR(actual[r], expected[r], 1e-12 * expected[r]);
+
+  // A duplicate owns its memory: changing it leaves the original.
+  Tensor copy = device().duplicate(dw);
+  device().relu(copy);
+  expect_same_values(device().to_host(dw), w);
+  EXPECT_TRUE(device().allocate({3, 4}).on_device());
+  ASSERT_TRUE(device().device_memory().has_value());
+  EXPECT_GT(device().device_memory()->free, 0);
+}
+
+// stories260K as a Hugging Face directory, converted once per test binary.
+fs::path stories_dir() {
+  static const fs::path dir = [] {
+    const char* data = std::getenv("SYMPRUNE_DATA");
+    if (data == nullptr) return fs::path();
+    const fs::path out =
+        fs::temp_directory_path() / ("symprune_device_pipeline_" + std::to_string(::getpid()));
+    fs::remove_all(out);
+    fs::create_directories(out);
+    io::convert_llama2c(fs::path(data) / "stories260K" / "stories260K.bin",
+                        fs::path(data) / "stories260K" / "tok512.bin", out / "model", false);
+    return out;
+  }();
+  return dir;
+}
+
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class DevicePipelineTest : public KernelTest {
+ protected:
+  void SetUp() override {
+    KernelTest::SetUp();
+    if (IsSkipped()) return;
+    if (stories_dir().empty()) GTEST_SKIP() << "SYMPRUNE_DATA is not set";
+  }
+  engine::PruneConfig config(const std::string& name, Backend& backend) const {
+    engine::PruneConfig c;
+    c.model = (stories_dir() / "model").string();
+    c.calib = (fs::path(std::getenv("SYMPRUNE_DATA")) / "tinystories" / "tinystories_val.txt").string();
+    // In the emulation (an OS thread per CUDA thread) a few tokens; on a GPU, more windows and tokens.
+    const bool small = emulated_device();
+    c.nsamples = small ? 3 : 16;
+    c.seqlen = small ? 8 : 128;
+    c.micro_batch = small ? 2 : 6;  // passes of several windows, the last a partial one
+    c.eval = c.calib;
+    c.eval_seqlen = small ? 8 : 128;
+    c.eval_max_chunks = small ? 2 : 16;
+    c.recon_tokens = small ? 6 : 256;
+    c.out = stories_dir() / name;
+    c.force = true;
+    c.backend = &backend;
+    return c;
+  }
+};
+
+TEST_F(DevicePipelineTest, Stories260KPrunesAsOnTheCpu) {
+  struct Case {
+    const char* name;
+    const char* method;
+    std::optional<double> sparsity;
+    const char* nm;
+    const char* group;
+    const char* refine;
+  };
+  std::vector<Case> cases = {Case{"ria_nm_dsnot", "ria", std::nullopt, "2:4", "", "dsnot"},
+                             Case{"wanda_row", "wanda", 0.5, "", "row", "none"},
+                             Case{"symwanda_layer", "symwanda", 0.6, "", "layer", "none"}};
+  if (emulated_device()) cases.resize(1);  // about 25 s there (the others about 60 s each)
+  for (const Case& k : cases) {
+    engine::PruneConfig on_cpu = config(std::string(k.name) + "_cpu", cpu_backend());
+    engine::PruneConfig on_device = config(std::string(k.name) + "_device", device());
+    for (engine::PruneConfig* c : {&on_cpu, &on_device}) {
+      c->method = k.method;
+      c->sparsity = k.sparsity;
+      c->nm = k.nm;
+      c->group = k.group;
+      c->refine = k.refine;
+      c->refine_skip = "none";
+    }
+    const engine::PruneResult expected = engine::prune_model(on_cpu);
+    const engine::PruneResult actual = engine::prune_model(on_device);
+    EXPECT_EQ(actual.config.at("device"), "cuda");
+    EXPECT_EQ(expected.config.at("device"), "cpu");
+    // The same masks: the pruned weights are byte-identical.
+    EXPECT_EQ(file_bytes(on_device.out / "model.safetensors"), file_bytes(on_cpu.out / "model.safetensors"))
+        << k.name;
+    ASSERT_EQ(actual.layers.size(), expected.layers.size());
+    for (size_t i = 0; i < expected.layers.size(); ++i) {
+      EXPECT_EQ(actual.layers[i].pruned, expected.layers[i].pruned) << expected.layers[i].name;
+      ASSERT_TRUE(actual.layers[i].recon_error && expected.layers[i].recon_error);
+      EXPECT_NEAR(*actual.layers[i].recon_error, *expected.layers[i].recon_error, 1e-4)
+          << expected.layers[i].name;
+    }
+    ASSERT_TRUE(actual.perplexity && expected.perplexity);
+    EXPECT_NEAR(actual.perplexity->dense / expected.perplexity->dense, 1.0, 1e-4) << k.name;
+    EXPECT_NEAR(actual.perplexity->pruned / expected.perplexity->pruned, 1.0, 1e-4) << k.name;
+    EXPECT_GT(expected.perplexity->pruned, expected.perplexity->dense) << k.name;
+  }
+}
+
+TEST_F(DevicePipelineTest, MemoryPlanRefusesARunThatDoesNotFit) {
+  engine::PruneConfig c = config("too_big", device());
+  c.method = "wanda";
+  c.sparsity = 0.5;
+  c.seqlen = 512;
+  c.micro_batch = 64;
+  // Calibration states alone (two copies of nsamples x 512 tokens x 64 values x 4 bytes) beyond the free
+  // memory; the check comes before any calibration text is read.
+  const int64_t per_window = 2 * 512 * 64 * 4;
+  c.nsamples = device().device_memory()->free / per_window + 1;
+  const std::string message = error_of([&] { engine::prune_model(c); });
+  EXPECT_NE(message.find("of cuda memory"), std::string::npos) << message;
+  EXPECT_NE(message.find("--nsamples " + std::to_string(c.nsamples) + " or --seqlen 512"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("--micro-batch 64"), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(c.out));
+}
+
+}  // namespace
+}  // namespace symprune::kernel_test
