@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Packs what a lent GPU machine needs to run the GPU checks: the CUDA build's gpu test binary, the kernel
-# benchmark and symprune, plus the shared libraries they load that such a machine lacks. It has CUDA 13
+# benchmark and symprune, plus the shared libraries they load that such a machine lacks and the test data
+# of the end-to-end device test. It has CUDA 13
 # (cuBLAS in the toolkit, NCCL from PyTorch's pip packages) but none of this machine's Debian libraries
 # (OpenBLAS, HDF5, MPI, ...), and no package registry. The directory is about 72 MiB, over the device
 # tool's 64 MiB carry, so it is also packed as BUNDLE_DIR.tar.xz (about 16 MiB), which is what to carry.
@@ -31,6 +32,13 @@ ldd "${binaries[@]}" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
       ;;
     *) cp -L "$lib" "$bundle/lib/" ;;
   esac
+done
+# The data of the gpu tests' end-to-end prune (stories260K and its calibration/evaluation text, 1.8 MiB):
+# the GPU machine gets the working tree but not ../shared.
+data="${SYMPRUNE_DATA:-$root/../shared/data}"
+for file in stories260K/stories260K.bin stories260K/tok512.bin tinystories/tinystories_val.txt; do
+  mkdir -p "$bundle/data/$(dirname "$file")"
+  cp "$data/$file" "$bundle/data/$file"
 done
 git -C "$root" rev-parse HEAD >"$bundle/commit"
 tar -C "$bundle" -cf - . | xz -T0 -6 >"$bundle.tar.xz"

@@ -2,7 +2,9 @@
 # Runs on a lent GPU machine (through the device tool) from a bundle made by scripts/gpu_bundle.sh:
 #  1. the gpu tests (kernel parity with the CPU, accelerator probe, NCCL), as gtest runs;
 #  2. compute-sanitizer memcheck and racecheck of the kernel parity tests;
-#  3. the kernel benchmark (bench/cuda/cuda_kernels_bench.cc).
+#  3. the kernel benchmark (bench/cuda/cuda_kernels_bench.cc);
+#  4. the end-to-end prune benchmark (bench/cuda_prune_bench.py: symprune --device cuda and the PyTorch
+#     loop on the first PRUNE_BENCH_BLOCKS blocks of synthetic:llama2-7b at 128 x 2048, scaled).
 # Logs and results go to $OUT (or ./gpu-results); a table of outcomes is printed last.
 #
 #   bash scripts/gpu_checks.sh BUNDLE (a directory or its .tar.xz) [--skip-sanitizer] [--skip-bench]
@@ -35,6 +37,7 @@ while read -r lib; do cuda_dirs="$cuda_dirs:$(dirname "$lib")"; done < <(
   find / -xdev \( -name 'libnccl.so.2' -o -name 'libcublas.so.13' -o -name 'libcublasLt.so.13' \) 2>/dev/null | sort -u)
 export LD_LIBRARY_PATH="$bundle/lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="/usr/local/cuda/bin:$PATH"
+export SYMPRUNE_DATA="$bundle/data"  # the end-to-end device test's stories260K and text
 
 summary=()
 step() {  # step NAME COMMAND...: runs it with output to $out/NAME.log, records the outcome
@@ -53,13 +56,16 @@ step() {  # step NAME COMMAND...: runs it with output to $out/NAME.log, records 
 step gpu_tests "$bundle/bin/symprune_gpu_tests" --gtest_output="xml:$out/gpu_tests.xml"
 if ((!skip_sanitizer)); then
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$bundle/bin/symprune_gpu_tests" \
-    --gtest_filter='KernelTest.*:CudaDeviceTest.*'
+    --gtest_filter='KernelTest.*:CudaDeviceTest.*:DevicePruningOpsTest.*'
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$bundle/bin/symprune_gpu_tests" \
     --gtest_filter='KernelTest.*'
 fi
 if ((!skip_bench)); then
   step kernels_bench "$bundle/bin/cuda_kernels_bench" --json "$out/cuda_kernels_bench.json" \
     --markdown "$out/cuda_kernels_bench.md"
+  step prune_bench python3 "$(dirname "${BASH_SOURCE[0]}")/../bench/cuda_prune_bench.py" \
+    --symprune "$bundle/bin/symprune" --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda" \
+    --torch-args "--dtype fp16" --out "$out/cuda_prune_bench"
 fi
 grep -h -E '^\[  (PASSED|FAILED)|FAILED  \]' "$out"/gpu_tests.log | tail -n 20
 printf '%s\n' "${summary[@]}"
