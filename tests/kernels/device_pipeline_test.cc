@@ -5,6 +5,7 @@
 //  * an end-to-end prune of stories260K (a real trained LLaMA, converted from llama2.c) through
 //    engine::prune_model on either backend: the same masks, hence byte-identical pruned weights, and the
 //    same perplexities within 1e-4 relative (the forward passes differ only by fp32 rounding order);
+//  * a device run stopped by SIGTERM after block 3 and resumed from its checkpoint gives the same output;
 //  * the device memory plan refuses a run that does not fit, naming what to lower.
 // Built into the emulated tests (label unit) and into symprune_gpu_tests (label gpu, a real device).
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +24,8 @@
 
 #include "core/backend.h"
 #include "core/cuda/kernels/cuda_backend.h"
+#include "core/interrupt.h"
+#include "engine/checkpoint.h"
 #include "engine/prune_pipeline.h"
 #include "io/convert_llama2c.h"
 #include "kernel_test_support.h"
@@ -165,11 +169,11 @@ class DevicePipelineTest : public KernelTest {
     // In the emulation (an OS thread per CUDA thread) a few tokens; on a GPU, more windows and tokens.
     const bool small = emulated_device();
     c.nsamples = small ? 3 : 16;
-    c.seqlen = small ? 8 : 128;
+    c.seqlen = small ? 6 : 128;
     c.micro_batch = small ? 2 : 6;  // passes of several windows, the last a partial one
     c.eval = c.calib;
-    c.eval_seqlen = small ? 8 : 128;
-    c.eval_max_chunks = small ? 2 : 16;
+    c.eval_seqlen = small ? 6 : 128;
+    c.eval_max_chunks = small ? 1 : 16;
     c.recon_tokens = small ? 6 : 256;
     c.out = stories_dir() / name;
     c.force = true;
@@ -220,6 +224,32 @@ TEST_F(DevicePipelineTest, Stories260KPrunesAsOnTheCpu) {
     EXPECT_NEAR(actual.perplexity->dense / expected.perplexity->dense, 1.0, 1e-4) << k.name;
     EXPECT_NEAR(actual.perplexity->pruned / expected.perplexity->pruned, 1.0, 1e-4) << k.name;
     EXPECT_GT(expected.perplexity->pruned, expected.perplexity->dense) << k.name;
+
+    // Stopped by a SIGTERM after block 3 (the state entering block 4 is saved from host copies of the
+    // device hidden states), then resumed on the device (restored into device memory): the same output.
+    engine::PruneConfig stopped = on_device;
+    stopped.out = stories_dir() / (std::string(k.name) + "_resumed");
+    stopped.checkpoint = stories_dir() / (std::string(k.name) + "_checkpoint.h5");
+    for (const auto& f : {stopped.checkpoint, engine::previous_checkpoint(stopped.checkpoint),
+                          engine::checkpoint_marker(stopped.checkpoint)})
+      fs::remove(f);
+    try {
+      engine::prune_model(stopped, [](const engine::BlockProgress& p) {
+        if (p.block == 2) interrupt::simulate(SIGTERM);
+      });
+      ADD_FAILURE() << "the run was not stopped";
+    } catch (const interrupt::Interrupted& e) {
+      EXPECT_EQ(e.exit_code(), engine::kCheckpointedExitCode) << e.what();
+    }
+    interrupt::simulate(0);
+    stopped.resume = "auto";
+    const engine::PruneResult again = engine::prune_model(stopped);
+    ASSERT_TRUE(again.resumed_from.has_value());
+    EXPECT_EQ(again.resumed_block, 3);
+    EXPECT_EQ(file_bytes(stopped.out / "model.safetensors"), file_bytes(on_cpu.out / "model.safetensors"));
+    ASSERT_TRUE(again.perplexity);
+    EXPECT_EQ(again.perplexity->dense, actual.perplexity->dense);
+    EXPECT_EQ(again.perplexity->pruned, actual.perplexity->pruned);
   }
 }
 

@@ -135,6 +135,8 @@ void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::funct
   blockDim = block;
   gridDim = grid;
 
+  // Uninitialized shared memory reads as 0xFF bytes (NaN floats, all-ones integers).
+  if (dynamic_shared_bytes > 0) std::memset(state.shared, 0xFF, dynamic_shared_bytes);
   pool.run(state.threads, [&](int linear) {
     thread_linear = linear;
     thread_index_of_this_thread =
@@ -143,12 +145,15 @@ void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::funct
     for (unsigned z = 0; z < grid.z; ++z)
       for (unsigned y = 0; y < grid.y; ++y)
         for (unsigned x = 0; x < grid.x; ++x) {
-          // Uninitialized shared memory reads as 0xFF bytes (NaN floats, all-ones integers).
-          if (linear == 0 && dynamic_shared_bytes > 0) std::memset(state.shared, 0xFF, dynamic_shared_bytes);
-          state.block_edge->arrive_and_wait();
           block_index_of_this_thread = uint3{x, y, z};
           body();
+          // Every thread leaves the block before any starts the next (__shared__ statics are reused); the
+          // dynamic shared memory is refilled in between (a barrier per block, two with shared memory).
           state.block_edge->arrive_and_wait();
+          if (dynamic_shared_bytes > 0) {
+            if (linear == 0) std::memset(state.shared, 0xFF, dynamic_shared_bytes);
+            state.block_edge->arrive_and_wait();
+          }
         }
   });
   current = nullptr;

@@ -117,10 +117,17 @@ class CudaBackend final : public Backend {
     const int64_t half = static_cast<int64_t>(inv_freq.size());
     SYMPRUNE_ASSERT(cols_of(x) == n_heads * 2 * half && rows_of(x) == batch.rows(), "rope on {} for {} heads",
                     x.shape_string(), n_heads);
-    const RopeTables tables = rope_tables(inv_freq, batch.seq_len);
-    const DeviceArray<float> cos_table(tables.cos), sin_table(tables.sin);
-    launch_rope(x.device_data(), batch.rows(), batch.seq_len, n_heads, half, cos_table.data(),
-                sin_table.data(), {});
+    // The tables of the last (inv_freq, seq_len): every block of a pass asks for the same ones.
+    if (batch.seq_len != rope_seq_len_ ||
+        !std::equal(inv_freq.begin(), inv_freq.end(), rope_inv_freq_.begin(), rope_inv_freq_.end())) {
+      const RopeTables tables = rope_tables(inv_freq, batch.seq_len);
+      rope_cos_ = DeviceArray<float>(tables.cos);
+      rope_sin_ = DeviceArray<float>(tables.sin);
+      rope_inv_freq_.assign(inv_freq.begin(), inv_freq.end());
+      rope_seq_len_ = batch.seq_len;
+    }
+    launch_rope(x.device_data(), batch.rows(), batch.seq_len, n_heads, half, rope_cos_.data(),
+                rope_sin_.data(), {});
   }
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const SequenceBatch& batch,
@@ -224,6 +231,11 @@ class CudaBackend final : public Backend {
     device_memory_info(&memory.free, &memory.total);
     return memory;
   }
+
+ private:
+  std::vector<float> rope_inv_freq_;
+  int64_t rope_seq_len_ = -1;
+  DeviceArray<float> rope_cos_, rope_sin_;
 };
 
 }  // namespace
