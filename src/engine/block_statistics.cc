@@ -48,7 +48,7 @@ void BlockStatistics::on_linear(const model::LinearId& id, const Tensor& input, 
     if (!sample_positions_.empty()) {
       // The sampled rows, copied in the backend's memory and brought to the host at once.
       const auto count = static_cast<int64_t>(sample_positions_.size());
-      Tensor sampled = backend_.to_backend(Tensor({windows * count, n}));
+      Tensor sampled = backend_.allocate({windows * count, n});
       for (int64_t w = 0; w < windows; ++w)
         for (int64_t j = 0; j < count; ++j)
           backend_.copy_rows(input, w * seq_len_ + sample_positions_[static_cast<size_t>(j)], sampled,

@@ -18,7 +18,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 // This rank's rows of a weight held by `backend`: the weight itself when they are all of them.
 Tensor own_rows(Backend& backend, const Tensor& w, dist::Range rows) {
   if (rows.begin == 0 && rows.size() == w.dim(0)) return w;
-  Tensor out = backend.to_backend(Tensor({rows.size(), w.dim(1)}));
+  Tensor out = backend.allocate({rows.size(), w.dim(1)});
   backend.copy_rows(w, rows.begin, out, 0, rows.size());
   return out;
 }
