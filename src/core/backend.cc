@@ -30,6 +30,12 @@ Tensor Backend::duplicate(const Tensor& tensor) {
   return copy;
 }
 
+const Tensor& Backend::host_view(const Tensor& tensor, Tensor& copy) {
+  if (!tensor.on_device()) return tensor;
+  copy = to_host(tensor);
+  return copy;
+}
+
 ActivationStats Backend::activation_stats(const Tensor& input, const Tensor* output, int64_t seqs,
                                           int64_t seq_len) {
   static const Tensor kNoOutput;

@@ -74,6 +74,9 @@ class Backend {
   // A copy of `tensor` (this backend's memory) that shares no storage with it (copies of a device tensor
   // share its memory).
   Tensor duplicate(const Tensor& tensor);
+  // `tensor` itself when it is in host memory, else a host copy of it kept in `copy` (host code reads a
+  // tensor of either kind without copying a host one).
+  const Tensor& host_view(const Tensor& tensor, Tensor& copy);
   // dst rows [dst_row, dst_row + rows) = src rows [src_row, src_row + rows); both viewed as
   // [*, width] with the same width, dst already sized.
   virtual void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) = 0;

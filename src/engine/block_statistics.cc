@@ -53,13 +53,14 @@ void BlockStatistics::on_linear(const model::LinearId& id, const Tensor& input, 
         for (int64_t j = 0; j < count; ++j)
           backend_.copy_rows(input, w * seq_len_ + sample_positions_[static_cast<size_t>(j)], sampled,
                              w * count + j, 1);
-      const Tensor host = backend_.to_host(sampled);
+      Tensor copy;
+      const Tensor& host = backend_.host_view(sampled, copy);
       group.local_samples.insert(group.local_samples.end(), host.data(), host.data() + host.numel());
     }
     if (!collect_gram_) continue;
     // G_chunk = XᵀX as one sgemm: linear(x = Xᵀ [n, rows], W = Xᵀ) = Xᵀ X (transposed on the host).
-    const Tensor host_input = backend_.device_resident() ? backend_.to_host(input) : Tensor();
-    const float* x = backend_.device_resident() ? host_input.data() : input.data();
+    Tensor input_copy;
+    const float* x = backend_.host_view(input, input_copy).data();
     transposed_.resize({n, rows});
     float* xt = transposed_.data();
     for (int64_t r = 0; r < rows; ++r)

@@ -15,12 +15,13 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// This rank's rows of a weight held by `backend`: the weight itself when they are all of them.
-Tensor own_rows(Backend& backend, const Tensor& w, dist::Range rows) {
+// This rank's rows of a weight held by `backend`: the weight itself when they are all of them, else a
+// copy of them kept in `copy`.
+const Tensor& own_rows(Backend& backend, const Tensor& w, dist::Range rows, Tensor& copy) {
   if (rows.begin == 0 && rows.size() == w.dim(0)) return w;
-  Tensor out = backend.allocate({rows.size(), w.dim(1)});
-  backend.copy_rows(w, rows.begin, out, 0, rows.size());
-  return out;
+  copy = backend.allocate({rows.size(), w.dim(1)});
+  backend.copy_rows(w, rows.begin, copy, 0, rows.size());
+  return copy;
 }
 
 // Every rank's rows' mask, gathered into the whole matrix's mask (each rank's rows packed on their own).
@@ -56,7 +57,8 @@ std::vector<double> row_sample_energy(Backend& backend, const Tensor& a, const T
   if (rows == 0 || k == 0) return out;
   Tensor product;
   backend.linear(a, x, nullptr, product);
-  const Tensor host = backend.to_host(product);
+  Tensor copy;
+  const Tensor& host = backend.host_view(product, copy);
   for (int64_t r = 0; r < rows; ++r) {
     double sum = 0.0;
     for (int64_t t = 0; t < k; ++t) {
@@ -120,7 +122,8 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
                                       options, settings.spec, &part);
 
   LinearMask out;
-  const Tensor own_weight = own_rows(backend, weight, rows);
+  Tensor own_copy;
+  const Tensor& own_weight = own_rows(backend, weight, rows, own_copy);
   const bool report = samples != nullptr && settings.report_recon_error;
   const Tensor backend_samples = report ? backend.to_backend(*samples) : Tensor();
   const double dense_energy = report ? sample_energy(comm, backend, own_weight, m, backend_samples) : 0.0;
@@ -137,12 +140,14 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
     std::vector<double> column_l1;
     if (refine.method == "r2dsnot") {
       int64_t unused = 0;
-      column_l1 = initial_column_l1(backend.to_host(weight), gather_mask(comm, own, m, &unused));
+      Tensor host_copy;
+      column_l1 = initial_column_l1(backend.host_view(weight, host_copy), gather_mask(comm, own, m, &unused));
     }
     // The refinement runs on the host (core/refine_dsnot.h, core/refine_recon.h).
-    const RefineStats local =
-        refine_linear(refine, backend.to_host(own_weight), *stats, gram ? gram->g.data() : nullptr,
-                      gram ? gram->n : 0, own, nm, column_l1.empty() ? nullptr : &column_l1);
+    Tensor host_copy;
+    const RefineStats local = refine_linear(refine, backend.host_view(own_weight, host_copy), *stats,
+                                            gram ? gram->g.data() : nullptr, gram ? gram->n : 0, own, nm,
+                                            column_l1.empty() ? nullptr : &column_l1);
     // Totals over all rows: the ranks' row sums added up (report figures).
     std::vector<double> sums = {
         static_cast<double>(local.swaps), local.mean_abs_error_before * static_cast<double>(rows.size()),

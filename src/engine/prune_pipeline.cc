@@ -483,7 +483,8 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     if (plan.needs_stats) {
       CheckpointSlab slab{"calib_hidden", calib_shape, calib.first_window, {}};
       if (calib.windows > 0) {
-        const Tensor host = model.backend().to_host(calib.hidden);
+        Tensor copy;
+        const Tensor& host = model.backend().host_view(calib.hidden, copy);
         slab.data.assign(host.data(), host.data() + host.numel());
       }
       slabs.push_back(std::move(slab));

@@ -61,7 +61,8 @@ std::vector<float> PerplexityStream::local_hidden() const {
   std::vector<float> out;
   out.reserve(static_cast<size_t>(local_chunks_ * seqlen_ * model_.hidden_size()));
   for (const Tensor& h : hidden_) {
-    const Tensor host = model_.backend().to_host(h);
+    Tensor copy;
+    const Tensor& host = model_.backend().host_view(h, copy);
     out.insert(out.end(), host.data(), host.data() + host.numel());
   }
   return out;
