@@ -85,8 +85,11 @@ def main():
             run([args.symprune, "prune", "--model", model, "--calib", "synthetic", "--nsamples",
                  str(args.nsamples), "--seqlen", str(args.seqlen), "--no-recon-error", *ours,
                  *shlex.split(args.symprune_args), "--report", str(report)])
-            timings = json.loads(report.read_text())["timings"]
+            ours_report = json.loads(report.read_text())
+            timings = ours_report["timings"]
             case = {"case": name, "seconds": timings["total"] * scale, "floor_seconds": floor,
+                    "symprune_device": ours_report["config"]["device"],
+                    "symprune_dtype": ours_report["config"]["dtype"],
                     "stages": {k: v * scale for k, v in timings.items() if k != "total"}}
             if not args.no_torch:
                 torch_json = Path(tmp) / f"{name}.torch.json"

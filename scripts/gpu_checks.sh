@@ -64,7 +64,7 @@ if ((!skip_bench)); then
   step kernels_bench "$bundle/bin/cuda_kernels_bench" --json "$out/cuda_kernels_bench.json" \
     --markdown "$out/cuda_kernels_bench.md"
   step prune_bench python3 "$(dirname "${BASH_SOURCE[0]}")/../bench/cuda_prune_bench.py" \
-    --symprune "$bundle/bin/symprune" --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda" \
+    --symprune "$bundle/bin/symprune" --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda --dtype bf16" \
     --torch-args "--dtype fp16" --out "$out/cuda_prune_bench"
 fi
 grep -h -E '^\[  (PASSED|FAILED)|FAILED  \]' "$out"/gpu_tests.log | tail -n 20

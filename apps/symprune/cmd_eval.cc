@@ -37,6 +37,7 @@ struct EvalOptions {
   int64_t batch = 0;
   int threads = 0;
   std::string device = "auto";
+  std::string dtype = "auto";
 };
 
 void run_eval(const EvalOptions& o) {
@@ -57,6 +58,7 @@ void run_eval(const EvalOptions& o) {
       io::load_tokenizer(o.tokenizer.empty() ? resolved.dir : std::filesystem::path(o.tokenizer));
   Backend& backend = accel::backend_for_device(o.device);
   model::DecoderModel model = model::DecoderModel::open(resolved.dir, backend);
+  model.set_storage_dtype(model::resolve_storage_dtype(o.dtype, backend, model.stored_weight_dtype()));
   SYMPRUNE_CHECK(o.seqlen <= model.max_seq_len(), "--seqlen {} exceeds max_position_embeddings {} of {}",
                  o.seqlen, model.max_seq_len(), (resolved.dir / "config.json").string());
   const std::string text = io::read_text_file(o.text, "text file (--text)");
@@ -121,6 +123,7 @@ void run_eval(const EvalOptions& o) {
          "one BOS at text start; non-overlapping chunks of seqlen; tail dropped; ppl = exp(mean chunk loss)"},
         {"threads", cpu_threads()},
         {"device", std::string(backend.name())},
+        {"dtype", std::string(model::dtype_option_name(model.storage_dtype()))},
         {"eval_seconds", result.wall_seconds},
         {"wall_seconds", wall},
     };
@@ -143,6 +146,9 @@ void add_eval(CLI::App& app) {
   sub->add_option("--threads", options->threads, "CPU threads (0 = default)");
   sub->add_option("--device", options->device,
                   "auto (a CUDA GPU when one is present, else the CPU; the default), cuda or cpu");
+  sub->add_option("--dtype", options->dtype,
+                  "what the linear weights and hidden states are kept in: auto (the model's dtype on a GPU, "
+                  "fp32 on the CPU; the default), bf16, fp16 (GPU only) or fp32");
   sub->add_option("--tokenizer", options->tokenizer,
                   "tokenizer file or directory (default: the model directory)");
   sub->callback([options] { run_eval(*options); });

@@ -221,8 +221,13 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
   sub->add_option("--threads", c.threads, "CPU threads (0 = default)");
   sub->add_option("--device", o->device,
                   "where the model, statistics, scores and masks run: auto (a CUDA GPU when one is present, "
-                  "else the CPU; the default), cuda or cpu. fp32 on either; results agree with the CPU's "
+                  "else the CPU; the default), cuda or cpu. In fp32 the results agree with the CPU's "
                   "(statistics and scores bit for bit, forward passes within rounding)");
+  sub->add_option("--dtype", c.dtype,
+                  "what the linear weights and the hidden states between blocks are kept in: auto (the "
+                  "model's dtype on a GPU, fp32 on the CPU; the default), bf16 or fp16 (GPU only: products "
+                  "in 16 bits on tensor cores, accumulated in fp32; norms, attention, statistics and scores "
+                  "in fp32) or fp32. The output keeps the input's weights and dtype either way");
   o->recipe_option = add_recipe_option(sub);
   sub->footer(kMethodsHelp);
 }

@@ -22,9 +22,19 @@ double host_row_nll(const float* row, int64_t vocab, int32_t target) {
 
 }  // namespace
 
+Tensor Backend::to_backend(Tensor host, DType dtype) {
+  SYMPRUNE_ASSERT(supports_dtype(dtype), "{} backend: tensors of dtype {}", name(), dtype_name(dtype));
+  return host;
+}
+
+Tensor Backend::allocate(std::vector<int64_t> shape, DType dtype) {
+  SYMPRUNE_ASSERT(supports_dtype(dtype), "{} backend: tensors of dtype {}", name(), dtype_name(dtype));
+  return Tensor(std::move(shape));
+}
+
 Tensor Backend::duplicate(const Tensor& tensor) {
   if (!tensor.on_device()) return tensor;
-  Tensor copy = allocate(tensor.shape());
+  Tensor copy = allocate(tensor.shape(), tensor.dtype());
   const int64_t width = tensor.rank() == 0 ? 1 : tensor.dim(-1);
   if (tensor.numel() > 0) copy_rows(tensor, 0, copy, 0, tensor.numel() / width);
   return copy;

@@ -64,24 +64,33 @@ class Backend {
 
   // Whether the ops take and give tensors in device memory (Tensor::on_device) instead of host tensors.
   virtual bool device_resident() const { return false; }
-  // `host` in this backend's memory (a host backend returns it as is).
-  virtual Tensor to_backend(Tensor host) { return host; }
-  // A host copy of a tensor of this backend (a host backend returns a copy).
+  // The element dtypes this backend's tensors may have: fp32 everywhere; a device backend also stores
+  // bf16/fp16 (a run in lower precision, DESIGN.md §6.1). Only linear's weight, copy_rows, duplicate,
+  // to_host, score_and_select and mask_weight accept a tensor of another dtype than fp32.
+  virtual bool supports_dtype(DType dtype) const { return dtype == DType::kF32; }
+  // `host` (fp32) in this backend's memory with elements of `dtype` (rounded to nearest even); a host
+  // backend returns it as is.
+  virtual Tensor to_backend(Tensor host, DType dtype);
+  Tensor to_backend(Tensor host) { return to_backend(std::move(host), DType::kF32); }
+  // An fp32 host copy of a tensor of this backend (a host backend returns a copy).
   virtual Tensor to_host(const Tensor& tensor) { return tensor; }
-  // A tensor of `shape` in this backend's memory: zero-filled on a host backend, unspecified values on a
-  // device backend (nothing is uploaded).
-  virtual Tensor allocate(std::vector<int64_t> shape) { return Tensor(std::move(shape)); }
-  // A copy of `tensor` (this backend's memory) that shares no storage with it (copies of a device tensor
-  // share its memory).
+  // A tensor of `shape` and `dtype` in this backend's memory: zero-filled on a host backend, unspecified
+  // values on a device backend (nothing is uploaded).
+  virtual Tensor allocate(std::vector<int64_t> shape, DType dtype);
+  Tensor allocate(std::vector<int64_t> shape) { return allocate(std::move(shape), DType::kF32); }
+  // A copy of `tensor` (this backend's memory, the same dtype) that shares no storage with it (copies of a
+  // device tensor share its memory).
   Tensor duplicate(const Tensor& tensor);
   // `tensor` itself when it is in host memory, else a host copy of it kept in `copy` (host code reads a
   // tensor of either kind without copying a host one).
   const Tensor& host_view(const Tensor& tensor, Tensor& copy);
   // dst rows [dst_row, dst_row + rows) = src rows [src_row, src_row + rows); both viewed as
-  // [*, width] with the same width, dst already sized.
+  // [*, width] with the same width, dst already sized; converted when their dtypes differ (to fp32 exactly,
+  // from fp32 rounded to nearest even).
   virtual void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) = 0;
 
-  // y[M, m] = x[M, n] · W[m, n]ᵀ (+ bias[m] when bias is non-null and non-empty).
+  // y[M, m] = x[M, n] · W[m, n]ᵀ (+ bias[m] when bias is non-null and non-empty). A bf16/fp16 weight
+  // (device backends) multiplies x rounded to its dtype, accumulating in fp32; y is fp32.
   virtual void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y) = 0;
   // y = x / sqrt(mean(x²) + eps) · weight, per row (LLaMA RMSNorm; variance in fp32 as HF does).
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) = 0;
@@ -118,11 +127,12 @@ class Backend {
   virtual ActivationStats activation_stats(const Tensor& input, const Tensor* output, int64_t seqs,
                                            int64_t seq_len);
   // The mask of rows [options.row_begin, options.row_end) of `weight` [m, n] (this backend's memory):
-  // select_mask(compute_scores(...)) with the same rules, errors and results.
+  // select_mask(compute_scores(...)) with the same rules, errors and results (for a bf16/fp16 weight, those
+  // of its fp32 values).
   virtual Mask score_and_select(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
                                 const ScoreOptions& options, const MaskSpec& spec, const MatrixPart* part);
-  // A new tensor in this backend's memory: `weight` [rows, n] with the entries of one part of `mask`
-  // (the same shape) set to zero (MaskedPart).
+  // A new tensor in this backend's memory, of weight's dtype: `weight` [rows, n] with the entries of one
+  // part of `mask` (the same shape) set to zero (MaskedPart).
   virtual Tensor mask_weight(const Tensor& weight, const Mask& mask, MaskedPart keep);
   // −log softmax(logits[r])[targets[r]] in fp64 for every row of logits [rows, vocab] (this backend's
   // memory); targets are in [0, vocab) (checked by the caller).

@@ -66,6 +66,7 @@ void Tensor::resize(std::vector<int64_t> shape) {
   const int64_t count = shape_numel(shape);
   shape_ = std::move(shape);
   storage_.reset();
+  dtype_ = DType::kF32;
   data_.assign(static_cast<size_t>(count), 0.0f);
 }
 
@@ -74,13 +75,29 @@ void Tensor::fill(float value) {
   std::fill(data_.begin(), data_.end(), value);
 }
 
-Tensor Tensor::in_device_memory(std::vector<int64_t> shape, std::shared_ptr<TensorStorage> storage) {
+Tensor Tensor::in_device_memory(std::vector<int64_t> shape, std::shared_ptr<TensorStorage> storage,
+                                DType dtype) {
   SYMPRUNE_ASSERT(storage != nullptr, "device tensor {} without storage", shape_to_string(shape));
+  SYMPRUNE_ASSERT(is_weight_dtype(dtype), "device tensor {} of dtype {}", shape_to_string(shape),
+                  dtype_name(dtype));
   (void)shape_numel(shape);  // validates the shape
   Tensor t;
   t.shape_ = std::move(shape);
   t.storage_ = std::move(storage);
+  t.dtype_ = dtype;
   return t;
+}
+
+float* Tensor::device_data() {
+  SYMPRUNE_ASSERT(dtype_ == DType::kF32, "fp32 access to a {} device tensor {}", dtype_name(dtype_),
+                  shape_string());
+  return static_cast<float*>(device_bytes());
+}
+
+const float* Tensor::device_data() const {
+  SYMPRUNE_ASSERT(dtype_ == DType::kF32, "fp32 access to a {} device tensor {}", dtype_name(dtype_),
+                  shape_string());
+  return static_cast<const float*>(device_bytes());
 }
 
 std::string Tensor::shape_string() const {

@@ -1,15 +1,18 @@
 #pragma once
-// A dense row-major fp32 tensor, in host memory or in a device backend's memory (TensorStorage). The model
-// works in fp32; storage dtypes (bf16/fp16) live only in files and are converted on load (core/dtype.h).
+// A dense row-major tensor, in host memory or in a device backend's memory (TensorStorage). Host tensors
+// are fp32 (storage dtypes of files are converted on load, core/dtype.h); a device tensor is fp32 or, for
+// a run in lower precision (--dtype), bf16/fp16 (dtype()), which only the device backend's ops read.
 // A device tensor has a shape and a device pointer only: its host accessors (data(), values(), row(),
 // operator[]) see no elements (data() is null), so host code given one fails at once instead of reading
-// device memory; backends reach its memory through device_data().
+// device memory; backends reach its memory through device_data() (fp32) or device_bytes().
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "core/dtype.h"
 
 namespace symprune {
 
@@ -19,7 +22,7 @@ int64_t shape_numel(const std::vector<int64_t>& shape);  // overflow-checked
 class TensorStorage {
  public:
   virtual ~TensorStorage() = default;
-  virtual float* data() = 0;  // a device pointer
+  virtual void* bytes() = 0;  // a device pointer
 };
 
 class Tensor {
@@ -34,11 +37,17 @@ class Tensor {
   int64_t numel() const { return storage_ ? shape_numel(shape_) : static_cast<int64_t>(data_.size()); }
   bool empty() const { return numel() == 0; }
 
-  // A tensor of `shape` in a device backend's memory.
-  static Tensor in_device_memory(std::vector<int64_t> shape, std::shared_ptr<TensorStorage> storage);
+  // A tensor of `shape` with elements of `dtype` (a weight dtype) in a device backend's memory.
+  static Tensor in_device_memory(std::vector<int64_t> shape, std::shared_ptr<TensorStorage> storage,
+                                 DType dtype = DType::kF32);
   bool on_device() const { return storage_ != nullptr; }
-  float* device_data() { return storage_ ? storage_->data() : nullptr; }
-  const float* device_data() const { return storage_ ? storage_->data() : nullptr; }
+  // The element dtype: kF32 for every host tensor.
+  DType dtype() const { return dtype_; }
+  void* device_bytes() { return storage_ ? storage_->bytes() : nullptr; }
+  const void* device_bytes() const { return storage_ ? storage_->bytes() : nullptr; }
+  // The memory of an fp32 device tensor (null for a host one); asserts the dtype.
+  float* device_data();
+  const float* device_data() const;
 
   float* data() { return data_.data(); }
   const float* data() const { return data_.data(); }
@@ -63,6 +72,7 @@ class Tensor {
   std::vector<int64_t> shape_;
   std::vector<float> data_;
   std::shared_ptr<TensorStorage> storage_;  // set for a device tensor (data_ is then empty)
+  DType dtype_ = DType::kF32;
 };
 
 std::string shape_to_string(const std::vector<int64_t>& shape);

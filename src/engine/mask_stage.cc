@@ -19,7 +19,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 // copy of them kept in `copy`.
 const Tensor& own_rows(Backend& backend, const Tensor& w, dist::Range rows, Tensor& copy) {
   if (rows.begin == 0 && rows.size() == w.dim(0)) return w;
-  copy = backend.allocate({rows.size(), w.dim(1)});
+  copy = backend.allocate({rows.size(), w.dim(1)}, w.dtype());
   backend.copy_rows(w, rows.begin, copy, 0, rows.size());
   return copy;
 }
@@ -55,8 +55,10 @@ std::vector<double> row_sample_energy(Backend& backend, const Tensor& a, const T
   const int64_t rows = a.dim(0), k = x.dim(0);
   std::vector<double> out(static_cast<size_t>(rows), 0.0);
   if (rows == 0 || k == 0) return out;
-  Tensor product;
-  backend.linear(a, x, nullptr, product);
+  // linear's input is fp32: a weight kept in 16 bits is widened (a temporary copy of these rows).
+  Tensor product, widened;
+  if (a.dtype() != DType::kF32) widened = backend.to_backend(a, DType::kF32);
+  backend.linear(a.dtype() == DType::kF32 ? a : widened, x, nullptr, product);
   Tensor copy;
   const Tensor& host = backend.host_view(product, copy);
   for (int64_t r = 0; r < rows; ++r) {

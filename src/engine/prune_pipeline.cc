@@ -438,10 +438,10 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
       if (plan.needs_stats) {
         auto rows =
             read_checkpoint_rows(reader, "calib_hidden", calib_shape, calib.first_window, calib.windows);
-        calib.hidden =
-            calib.windows > 0
-                ? model.backend().to_backend(Tensor({calib.windows * plan.seqlen, d}, std::move(rows)))
-                : Tensor();
+        calib.hidden = calib.windows > 0 ? model.backend().to_backend(
+                                               Tensor({calib.windows * plan.seqlen, d}, std::move(rows)),
+                                               model.storage_dtype())
+                                         : Tensor();
       }
       if (plan.evaluate) {
         dense_eval->restore_hidden(read_checkpoint_rows(

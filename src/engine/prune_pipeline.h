@@ -103,6 +103,9 @@ struct PruneConfig {
   // resolve --device (cpu, cuda, auto) to it with accel::backend_for_device. The report's "device" is its
   // name; a checkpoint resumes only on the same kind of backend.
   Backend* backend = nullptr;
+  // --dtype: what the linear weights and the hidden states between blocks are kept in on the backend
+  // ("auto", "bf16", "fp16", "fp32"; model::resolve_storage_dtype). Lower precision needs a GPU.
+  std::string dtype = "auto";
 };
 
 struct LayerResult {

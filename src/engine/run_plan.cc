@@ -109,44 +109,6 @@ void check_memory(int64_t nsamples, int64_t seqlen, int64_t calib_tokens, int64_
       format_bytes(needed), eval_tokens, hidden_size, format_bytes(static_cast<double>(*available)));
 }
 
-// What a device-resident backend holds at the peak of a block, in bytes (the memory plan of
-// check_device_memory). Every term is fp32.
-struct DeviceMemoryPlan {
-  double globals = 0, block_weights = 0, calibration = 0, activations = 0, evaluation = 0, selection = 0;
-  double total() const {
-    return globals + block_weights + calibration + activations + evaluation + selection;
-  }
-};
-
-DeviceMemoryPlan plan_device_memory(const model::DecoderModel& model, int64_t calib_tokens,
-                                    int64_t tokens_per_pass, int64_t eval_tokens) {
-  const io::ModelConfig& mc = model.config();
-  const double f = sizeof(float);
-  const double d = static_cast<double>(mc.hidden_size), vocab = static_cast<double>(mc.vocab_size);
-  const double kv = static_cast<double>(mc.num_kv_heads * mc.head_dim);
-  const double inner = static_cast<double>(mc.intermediate_size);
-  DeviceMemoryPlan p;
-  // Embeddings and the head (OPT: learned positions too).
-  p.globals = f * (2.0 * vocab * d + static_cast<double>(mc.max_position_embeddings + 2) * d);
-  // The dense block and the pruned copies of its linears, which replace them after the masks.
-  double linears = 0, largest = 0;
-  for (const auto& shape : model.linear_shapes()) {
-    const double size = static_cast<double>(shape.out) * static_cast<double>(shape.in);
-    linears += size;
-    largest = std::max(largest, size);
-  }
-  p.block_weights = f * 2.0 * linears;
-  // H of this rank's windows and the dense pass's copy of it.
-  p.calibration = f * 2.0 * static_cast<double>(calib_tokens) * d;
-  // One micro-batch through a block: its rows, q/k/v, attention, the norms and the MLP's three widths.
-  p.activations = f * static_cast<double>(tokens_per_pass) * (8.0 * d + 2.0 * kv + 4.0 * inner);
-  // The dense and the pruned evaluation streams, and one slab of logits.
-  p.evaluation = eval_tokens > 0 ? f * (2.0 * static_cast<double>(eval_tokens) * d + 512.0 * vocab) : 0.0;
-  // The scores of the largest matrix and its byte mask.
-  p.selection = (f + 1.0) * largest;
-  return p;
-}
-
 // Before any work on a device: the plan against the device's free memory, with the option that lowers
 // each large term.
 void check_device_memory(Backend& backend, const DeviceMemoryPlan& p, int64_t nsamples, int64_t seqlen,
@@ -329,6 +291,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   r.model = std::make_unique<model::DecoderModel>(model::DecoderModel::open(r.resolved, backend));
   model::DecoderModel& model = *r.model;
   const std::string config_json = model.config_file();
+  model.set_storage_dtype(model::resolve_storage_dtype(c.dtype, backend, model.stored_weight_dtype()));
   // T: --seqlen, else 2048; under --compat wanda the Wanda repo's rule, T = max_position_embeddings.
   r.seqlen = c.seqlen > 0 ? c.seqlen : c.compat == "wanda" ? model.max_seq_len() : kDefaultSeqlen;
   if (r.needs_stats && c.recon_error)
@@ -399,7 +362,8 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   const int64_t calib_tokens = r.needs_stats ? local_windows * r.seqlen : 0;
   if (backend.device_resident())
     check_device_memory(backend,
-                        plan_device_memory(model, calib_tokens, r.micro_batch * r.seqlen, eval_tokens),
+                        plan_device_memory(model.config(), model.storage_dtype(), calib_tokens,
+                                           r.micro_batch * r.seqlen, eval_tokens),
                         c.nsamples, r.seqlen, r.micro_batch);
   else
     check_memory(c.nsamples, r.seqlen, calib_tokens, eval_tokens, model.hidden_size());
@@ -449,6 +413,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       {"eval_max_chunks", c.eval_max_chunks},
       {"threads", cpu_threads()},
       {"device", std::string(backend.name())},
+      {"dtype", std::string(model::dtype_option_name(model.storage_dtype()))},
       {"ranks", comm.size()},
       {"communicator", comm.name()},
       {"checkpoint", c.checkpoint.empty() ? nlohmann::json() : nlohmann::json(c.checkpoint.string())},
@@ -489,6 +454,40 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
 }
 
 }  // namespace
+
+DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, int64_t calib_tokens,
+                                    int64_t tokens_per_pass, int64_t eval_tokens) {
+  const double f = sizeof(float), s = static_cast<double>(dtype_size(storage));
+  const bool low_precision = storage != DType::kF32;
+  const double d = static_cast<double>(mc.hidden_size), vocab = static_cast<double>(mc.vocab_size);
+  const double kv = static_cast<double>(mc.num_kv_heads * mc.head_dim);
+  const double inner = static_cast<double>(mc.intermediate_size);
+  DeviceMemoryPlan p;
+  // Embeddings and the head (OPT: learned positions too).
+  p.globals = f * (vocab * d + static_cast<double>(mc.max_position_embeddings + 2) * d) + s * vocab * d;
+  // The dense block and the pruned copies of its linears, which replace them after the masks.
+  double linears = 0, largest = 0, widest_input = 0;
+  for (const auto& e : io::expected_block_tensors(mc, 0)) {
+    if (e.shape.size() != 2) continue;  // the linears are a block's matrices (norms are vectors)
+    const double size = static_cast<double>(e.shape[0]) * static_cast<double>(e.shape[1]);
+    linears += size;
+    largest = std::max(largest, size);
+    widest_input = std::max(widest_input, static_cast<double>(e.shape[1]));
+  }
+  p.block_weights = s * 2.0 * linears;
+  // H of this rank's windows and the dense pass's copy of it.
+  p.calibration = s * 2.0 * static_cast<double>(calib_tokens) * d;
+  // One micro-batch through a block: its rows, q/k/v, attention, the norms and the MLP's three widths; in
+  // lower precision also the fp32 buffer of the states and a linear's input rounded to 16 bits.
+  const double tokens = static_cast<double>(tokens_per_pass);
+  p.activations = f * tokens * (8.0 * d + 2.0 * kv + 4.0 * inner);
+  if (low_precision) p.activations += f * tokens * d + s * tokens * widest_input;
+  // The dense and the pruned evaluation streams, and one slab of logits.
+  p.evaluation = eval_tokens > 0 ? s * 2.0 * static_cast<double>(eval_tokens) * d + f * 512.0 * vocab : 0.0;
+  // The scores of the largest matrix and its byte mask (and its fp32 copy in lower precision).
+  p.selection = (f + 1.0 + (low_precision ? f : 0.0)) * largest;
+  return p;
+}
 
 RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm) {
   RunPlan r;

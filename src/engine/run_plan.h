@@ -58,6 +58,20 @@ struct RunPlan {
 // Collective (agree_on_errors): every rank returns the same plan or throws the same error.
 RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm);
 
+// What a device-resident backend holds at the peak of a block, in bytes (the memory plan checked against
+// the device's free memory before any work). Activations, scores and the embeddings are fp32; the linear
+// weights (blocks and head) and the hidden states between blocks are in the storage dtype (--dtype).
+struct DeviceMemoryPlan {
+  double globals = 0, block_weights = 0, calibration = 0, activations = 0, evaluation = 0, selection = 0;
+  double total() const {
+    return globals + block_weights + calibration + activations + evaluation + selection;
+  }
+};
+// For a model of `config` kept in `storage`, calib_tokens calibration tokens on this rank, micro-batches
+// of tokens_per_pass and eval_tokens evaluation tokens on this rank.
+DeviceMemoryPlan plan_device_memory(const io::ModelConfig& config, DType storage, int64_t calib_tokens,
+                                    int64_t tokens_per_pass, int64_t eval_tokens);
+
 // The positions within each calibration window whose inputs the report's reconstruction error reads:
 // ceil(tokens / windows) of the seqlen positions (at least 1, at most all; tokens 0 = all), evenly spaced,
 // position j = ((2j + 1)·seqlen) / (2·count). The same for every window, rank and block.

@@ -187,6 +187,50 @@ BlockWeights DecoderModel::load_block(int64_t block) const {
   return w;
 }
 
+DType resolve_storage_dtype(std::string_view name, const Backend& backend, DType stored) {
+  if (name == "auto") return backend.supports_dtype(stored) ? stored : DType::kF32;
+  DType dtype = DType::kF32;
+  if (name == "bf16")
+    dtype = DType::kBF16;
+  else if (name == "fp16")
+    dtype = DType::kF16;
+  else
+    SYMPRUNE_CHECK(name == "fp32", "--dtype: unknown dtype '{}' (auto, bf16, fp16 or fp32)", name);
+  SYMPRUNE_CHECK(backend.supports_dtype(dtype),
+                 "--dtype {}: the {} backend computes in fp32 only; lower precision runs on a GPU (--device "
+                 "cuda)",
+                 name, backend.name());
+  return dtype;
+}
+
+std::string_view dtype_option_name(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "fp16";
+    default:
+      SYMPRUNE_ASSERT(dtype == DType::kF32, "dtype_option_name({})", dtype_name(dtype));
+      return "fp32";
+  }
+}
+
+DType DecoderModel::stored_weight_dtype() const {
+  const std::string prefix =
+      config_.family == io::ModelFamily::kLlama ? "model.layers.0." : "model.decoder.layers.0.";
+  return weights_->info(prefix + linear_names_.front() + ".weight").dtype;
+}
+
+void DecoderModel::set_storage_dtype(DType dtype) {
+  SYMPRUNE_ASSERT(std::none_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b != nullptr; }),
+                  "set_storage_dtype after a block was loaded");
+  SYMPRUNE_CHECK(backend_->supports_dtype(dtype), "the {} backend computes in fp32 only, not in {}",
+                 backend_->name(), torch_dtype_name(dtype));
+  storage_dtype_ = dtype;
+  // The head is a linear: kept in the storage dtype too (a tied head as a converted copy of the embeddings).
+  if (dtype != DType::kF32) lm_head_ = backend_->to_backend(lm_head_tied_ ? embed_tokens_ : lm_head_, dtype);
+}
+
 const BlockWeights& DecoderModel::block_weights(int64_t block) {
   SYMPRUNE_ASSERT(block >= 0 && block < num_blocks(), "block {} of {}", block, num_blocks());
   if (!blocks_[static_cast<size_t>(block)]) set_block_weights(block, load_block(block));
@@ -207,7 +251,7 @@ void DecoderModel::set_block_weights(int64_t block, BlockWeights weights) {
     for (Tensor* t : {&weights.norm1_weight, &weights.norm1_bias, &weights.norm2_weight, &weights.norm2_bias})
       if (!t->empty()) *t = backend_->to_backend(std::move(*t));
     for (auto& [name, lw] : weights.linears) {
-      lw.weight = backend_->to_backend(std::move(lw.weight));
+      lw.weight = backend_->to_backend(std::move(lw.weight), storage_dtype_);
       if (!lw.bias.empty()) lw.bias = backend_->to_backend(std::move(lw.bias));
     }
   }
@@ -224,7 +268,7 @@ void DecoderModel::set_linear_weight(const LinearId& id, Tensor weight) {
   SYMPRUNE_CHECK(it != linears.end(), "unknown linear '{}'", id.to_string());
   SYMPRUNE_CHECK(weight.shape() == it->second.weight.shape(), "new weight for '{}' has shape {}, expected {}",
                  id.to_string(), weight.shape_string(), it->second.weight.shape_string());
-  it->second.weight = backend_->to_backend(std::move(weight));
+  it->second.weight = backend_->to_backend(std::move(weight), storage_dtype_);
   std::erase(load_order_, id.block);  // pinned: eviction would silently restore the stored weight
 }
 
@@ -263,6 +307,7 @@ Tensor DecoderModel::embed(std::span<const int32_t> tokens, int64_t n_seqs, int6
     }
     be.add_position_rows(h, embed_positions_, SequenceBatch{n_seqs, seq_len}, kOptPositionOffset);
   }
+  if (storage_dtype_ != DType::kF32) h = be.to_backend(std::move(h), storage_dtype_);
   return h;
 }
 
@@ -295,7 +340,8 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
     else
       run_opt_block(block, w, x, seqs, seq_len, observer, overrides);
   };
-  if (per_pass >= n_seqs) {
+  // States stored in another dtype than fp32 are widened into the fp32 micro-batch buffer and back.
+  if (per_pass >= n_seqs && hidden.dtype() == DType::kF32) {
     run(hidden, n_seqs);
   } else {
     Tensor& x = workspace_->x;
@@ -303,7 +349,8 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
       interrupt::check();
       const int64_t seqs = std::min(per_pass, n_seqs - s0);
       const int64_t rows = seqs * seq_len;
-      if (x.shape() != std::vector<int64_t>{rows, d} || x.on_device() != hidden.on_device())
+      if (x.shape() != std::vector<int64_t>{rows, d} || x.on_device() != hidden.on_device() ||
+          x.dtype() != DType::kF32)
         x = backend_->allocate({rows, d});
       backend_->copy_rows(hidden, s0 * seq_len, x, 0, rows);
       run(x, seqs);
@@ -333,7 +380,7 @@ struct LinearRunner {
       if (it != overrides->end()) weight = &it->second;
       // Overrides are host tensors (the engine's refinement); a device backend takes a copy per use.
       if (be.device_resident() && !weight->on_device()) {
-        uploaded = be.to_backend(*weight);
+        uploaded = be.to_backend(*weight, lw.weight.dtype());
         weight = &uploaded;
       }
     }
@@ -425,8 +472,12 @@ void DecoderModel::run_opt_block(int64_t block, const BlockWeights& w, Tensor& x
   }
 }
 
-Tensor DecoderModel::final_hidden(const Tensor& hidden) {
+Tensor DecoderModel::final_hidden(const Tensor& stored_hidden) {
   Backend& be = *backend_;
+  // The final norm reads fp32: states stored in another dtype are widened (a copy).
+  Tensor widened;
+  if (stored_hidden.dtype() != DType::kF32) widened = be.to_backend(stored_hidden, DType::kF32);
+  const Tensor& hidden = stored_hidden.dtype() == DType::kF32 ? stored_hidden : widened;
   Tensor out;
   if (config_.family == io::ModelFamily::kLlama) {
     be.rms_norm(hidden, final_norm_weight_, static_cast<float>(config_.rms_norm_eps), out);
@@ -446,7 +497,8 @@ Tensor DecoderModel::final_hidden(const Tensor& hidden) {
 }
 
 void DecoderModel::lm_head(const Tensor& final_hidden_rows, Tensor& logits) {
-  backend_->linear(final_hidden_rows, lm_head_tied_ ? embed_tokens_ : lm_head_, nullptr, logits);
+  const bool own_head = !lm_head_tied_ || storage_dtype_ != DType::kF32;
+  backend_->linear(final_hidden_rows, own_head ? lm_head_ : embed_tokens_, nullptr, logits);
 }
 
 Tensor DecoderModel::final_logits(const Tensor& hidden) {

@@ -66,6 +66,13 @@ struct BlockWeights {
 BlockWeights assemble_block_weights(const io::ModelConfig& config, int64_t block,
                                     const std::function<Tensor(const io::ExpectedTensor&)>& tensor);
 
+// What --dtype NAME means for a model whose files store the linear weights in `stored`: "fp32", "bf16",
+// "fp16", or "auto" (the stored dtype where the backend keeps it, else fp32: fp32 on the CPU). Throws for
+// an unknown name and for a dtype the backend does not store (Backend::supports_dtype).
+DType resolve_storage_dtype(std::string_view name, const Backend& backend, DType stored);
+// The --dtype spelling of a weight dtype: "fp32", "bf16" or "fp16".
+std::string_view dtype_option_name(DType dtype);
+
 class DecoderModel {
  public:
   // Reads config.json, opens the safetensors weights of `dir`, validates every tensor the config
@@ -100,8 +107,8 @@ class DecoderModel {
   std::vector<std::vector<std::string>> linear_input_groups() const;
   Backend& backend() const { return *backend_; }
 
-  // tokens: n_seqs · seq_len ids, sequence-major. Returns H [n_seqs·seq_len, hidden_size]
-  // (OPT: embeddings, project_in, learned positions). Throws for ids outside the vocabulary and
+  // tokens: n_seqs · seq_len ids, sequence-major. Returns H [n_seqs·seq_len, hidden_size] in the storage
+  // dtype (OPT: embeddings, project_in, learned positions). Throws for ids outside the vocabulary and
   // for seq_len above max_seq_len().
   Tensor embed(std::span<const int32_t> tokens, int64_t n_seqs, int64_t seq_len);
 
@@ -139,6 +146,17 @@ class DecoderModel {
   // run_block processes at most this many tokens per micro-batch (whole sequences, at least one).
   void set_max_tokens_per_pass(int64_t tokens) { max_tokens_per_pass_ = tokens; }
 
+  // The dtype the files store the linear weights in (block 0's first linear): what --dtype auto means on
+  // a device backend.
+  DType stored_weight_dtype() const;
+  // The dtype the linear weights (blocks and head) and the hidden states between blocks are kept in (a
+  // run in lower precision, --dtype; fp32 by default). Set once, before any block is loaded; a value other
+  // than fp32 needs a backend that stores it (Backend::supports_dtype). Every op still computes in fp32:
+  // the linears multiply in this dtype and accumulate in fp32; run_block widens the states micro-batch by
+  // micro-batch and rounds them back.
+  void set_storage_dtype(DType dtype);
+  DType storage_dtype() const { return storage_dtype_; }
+
  private:
   DecoderModel() = default;
   static DecoderModel open_source(std::unique_ptr<io::TensorSource> tensors, io::ModelConfig config,
@@ -166,6 +184,7 @@ class DecoderModel {
   std::vector<int64_t> load_order_;  // evictable cached blocks, oldest first
   int64_t max_resident_blocks_ = 0;
   int64_t max_tokens_per_pass_ = 16384;
+  DType storage_dtype_ = DType::kF32;
   std::unique_ptr<Workspace> workspace_;
 };
 

@@ -76,7 +76,8 @@ void PerplexityStream::restore_hidden(std::span<const float> values) {
   for (Tensor& h : hidden_) {
     const auto count = static_cast<size_t>(h.numel());
     h = model_.backend().to_backend(
-        Tensor(h.shape(), std::vector<float>(values.data() + at, values.data() + at + count)));
+        Tensor(h.shape(), std::vector<float>(values.data() + at, values.data() + at + count)),
+        model_.storage_dtype());
     at += count;
   }
 }
@@ -109,9 +110,12 @@ std::vector<double> PerplexityStream::local_chunk_nll(const PerplexityProgress& 
       }
       // NaN/Inf logits would only show up as a NaN perplexity at the end: name the chunk instead.
       SYMPRUNE_CHECK(std::isfinite(total),
-                     "perplexity: chunk {} (tokens {}..{}) has a non-finite loss: the model's fp32 forward "
-                     "produces NaN or Inf (overflowing or corrupt weights)",
-                     c0 + s, (c0 + s) * T, (c0 + s + 1) * T - 1);
+                     "perplexity: chunk {} (tokens {}..{}) has a non-finite loss: the model's {} forward "
+                     "produces NaN or Inf ({})",
+                     c0 + s, (c0 + s) * T, (c0 + s + 1) * T - 1, dtype_option_name(model_.storage_dtype()),
+                     model_.storage_dtype() == DType::kF16
+                         ? "fp16 holds values up to 65504 only: use --dtype bf16 or fp32"
+                         : "overflowing or corrupt weights");
       nll.push_back(total / static_cast<double>(T - 1));
     }
     c0 += n;

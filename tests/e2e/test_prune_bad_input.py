@@ -66,6 +66,11 @@ CASES = [
      [("--refine-threshold",), ("-0.1",)]),
     ("device-unknown", ["--method", "magnitude", "--sparsity", "0.5", "--device", "tpu"],
      [("--device",), ("tpu",), ("cuda",)]),
+    ("dtype-unknown", ["--method", "magnitude", "--sparsity", "0.5", "--device", "cpu", "--dtype", "fp8"],
+     [("--dtype",), ("fp8",), ("bf16",)]),
+    # Lower precision runs on a GPU only: the CPU says so instead of computing in fp32 silently.
+    ("dtype-bf16-on-the-cpu", ["--method", "magnitude", "--sparsity", "0.5", "--device", "cpu", "--dtype", "bf16"],
+     [("--dtype bf16",), ("fp32 only",), ("--device cuda",)]),
 ]
 
 

@@ -2,7 +2,6 @@
 // safetensors here (with a 272-token llama2.c tokenizer.bin: specials, 256 bytes, a..m; and a uint16 token
 // file for calibration).
 #include "engine/prune_pipeline.h"
-#include "engine/run_plan.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -20,9 +19,11 @@
 #include "core/error.h"
 #include "core/masks.h"
 #include "engine/pruned_model_writer.h"
+#include "engine/run_plan.h"
 #include "io/calibration.h"
 #include "io/output_dir.h"
 #include "io/safetensors.h"
+#include "io/synthetic_model.h"
 #include "io/tokenizer.h"
 #include "model/decoder_model.h"
 #include "support/test_support.h"
@@ -601,6 +602,32 @@ TEST(ReconSamplePositions, EvenlySpacedAllWhenEnoughOrZero) {
   EXPECT_EQ(recon_sample_positions(32, 8, 16), (std::vector<int64_t>{2, 6, 10, 14}));
   EXPECT_EQ(recon_sample_positions(9, 8, 16), (std::vector<int64_t>{4, 12}));  // ceil(9 / 8) = 2
   EXPECT_EQ(recon_sample_positions(1, 8, 16), (std::vector<int64_t>{8}));
+}
+
+// The device memory plan of the 70B target: LLaMA-2-70B with 128 x 2048 calibration tokens in
+// micro-batches of 8 windows. In bf16 the linear weights and the hidden states cost two bytes per value,
+// half of fp32's, and the whole run fits an 80 GB GPU.
+TEST(DeviceMemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
+  const io::ModelConfig config =
+      io::SyntheticModel(io::parse_synthetic_spec("synthetic:llama2-70b")).config();
+  const double d = 8192, kv = 1024, ffn = 28672, vocab = 32000, tokens = 128 * 2048, pass = 8 * 2048;
+  ASSERT_EQ(config.hidden_size, d);
+  ASSERT_EQ(config.num_kv_heads * config.head_dim, kv);
+  ASSERT_EQ(config.intermediate_size, ffn);
+  const double linears = 2 * d * d + 2 * d * kv + 3 * d * ffn;  // q, o; k, v; gate, up, down
+  const DeviceMemoryPlan bf16 = plan_device_memory(config, DType::kBF16, 128 * 2048, 8 * 2048, 0);
+  const DeviceMemoryPlan fp32 = plan_device_memory(config, DType::kF32, 128 * 2048, 8 * 2048, 0);
+  EXPECT_DOUBLE_EQ(bf16.block_weights, 2 * 2 * linears);  // the dense block and the pruned copies
+  EXPECT_DOUBLE_EQ(fp32.block_weights, 2 * 4 * linears);
+  EXPECT_DOUBLE_EQ(bf16.calibration, 2 * 2 * tokens * d);  // H and the dense pass's copy
+  EXPECT_DOUBLE_EQ(fp32.calibration, 2 * 4 * tokens * d);
+  EXPECT_DOUBLE_EQ(bf16.globals, 4 * (vocab + config.max_position_embeddings + 2) * d + 2 * vocab * d);
+  // In bf16 a micro-batch also holds the fp32 states and a linear's input rounded to 16 bits.
+  EXPECT_DOUBLE_EQ(bf16.activations - fp32.activations, 4 * pass * d + 2 * pass * ffn);
+  EXPECT_DOUBLE_EQ(bf16.selection, 9 * d * ffn);  // fp32 scores and copy, byte mask
+  EXPECT_EQ(bf16.evaluation, 0);
+  EXPECT_LT(bf16.total(), 0.5 * 80e9);
+  EXPECT_GT(fp32.total(), bf16.total() + 2 * tokens * d);
 }
 
 }  // namespace

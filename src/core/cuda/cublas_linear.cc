@@ -1,22 +1,31 @@
-// launch_linear with cuBLAS (see kernels/linear.h): one handle per process, fp32 without TF32 (the CPU
-// backend is the spec), the bias added by the kernel that adds position rows (a table of one row).
+// launch_linear with cuBLAS (see kernels/linear.h): fp32 on a handle in pedantic math (no TF32: the CPU
+// backend is the spec), bf16/fp16 through GemmEx with fp32 accumulation on a handle in default math (tensor
+// cores); the bias added by the kernel that adds position rows (a table of one row).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/kernels/convert_kernels.h"
 #include "core/cuda/kernels/forward_kernels.h"
 #include "core/cuda/kernels/linear.h"
 
 namespace symprune::cuda {
 namespace {
 
+cublasHandle_t new_handle(cublasMath_t mode) {
+  cublasHandle_t h = nullptr;
+  SYMPRUNE_CUBLAS_CHECK(cublasCreate(&h));
+  SYMPRUNE_CUBLAS_CHECK(cublasSetMathMode(h, mode));
+  return h;
+}
+
 cublasHandle_t handle() {
-  static cublasHandle_t shared = [] {
-    cublasHandle_t h = nullptr;
-    SYMPRUNE_CUBLAS_CHECK(cublasCreate(&h));
-    SYMPRUNE_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
-    return h;
-  }();
+  static cublasHandle_t shared = new_handle(CUBLAS_PEDANTIC_MATH);
+  return shared;
+}
+
+cublasHandle_t handle_16bit() {
+  static cublasHandle_t shared = new_handle(CUBLAS_DEFAULT_MATH);
   return shared;
 }
 
@@ -34,6 +43,24 @@ void launch_linear(const float* x, const float* w, const float* bias, int64_t ro
     const float alpha = 1.0f, beta = 0.0f;
     SYMPRUNE_CUBLAS_CHECK(
         cublasSgemm_64(h, CUBLAS_OP_T, CUBLAS_OP_N, m, rows, n, &alpha, w, n, x, n, &beta, y, m));
+  }
+  if (bias != nullptr) launch_add_position_rows(y, bias, rows, 1, 0, m, stream);
+}
+
+void launch_linear_16bit(const float* x, const void* w, DType w_dtype, const float* bias, int64_t rows,
+                         int64_t n, int64_t m, void* x_scratch, float* y, DeviceStream stream) {
+  if (rows <= 0 || m <= 0) return;
+  if (n <= 0) {
+    zero_device(y, static_cast<size_t>(rows * m) * sizeof(float), stream);
+  } else {
+    launch_convert(x, DType::kF32, x_scratch, w_dtype, rows * n, stream);
+    cublasHandle_t h = handle_16bit();
+    SYMPRUNE_CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream.handle)));
+    const cudaDataType operands = w_dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const float alpha = 1.0f, beta = 0.0f;
+    SYMPRUNE_CUBLAS_CHECK(cublasGemmEx_64(h, CUBLAS_OP_T, CUBLAS_OP_N, m, rows, n, &alpha, w, operands, n,
+                                          x_scratch, operands, n, &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT));
   }
   if (bias != nullptr) launch_add_position_rows(y, bias, rows, 1, 0, m, stream);
 }

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "core/cuda/device_memory.h"
+#include "core/cuda/kernels/convert_kernels.h"
 #include "core/cuda/kernels/device_activation_stats.h"
 #include "core/cuda/kernels/device_mask_selector.h"
 #include "core/cuda/kernels/device_scores.h"
@@ -20,11 +22,11 @@ namespace {
 
 class DeviceStorage final : public TensorStorage {
  public:
-  explicit DeviceStorage(int64_t count) : array_(count) {}
-  float* data() override { return array_.data(); }
+  explicit DeviceStorage(int64_t bytes) : array_((bytes + 3) / 4) {}
+  void* bytes() override { return array_.data(); }
 
  private:
-  DeviceArray<float> array_;
+  DeviceArray<float> array_;  // 4-byte units: aligned for every element dtype
 };
 
 int64_t cols_of(const Tensor& t) {
@@ -35,19 +37,34 @@ int64_t rows_of(const Tensor& t) {
   return c == 0 ? 0 : t.numel() / c;
 }
 
-// The device memory of an input, which must be a device tensor (a host tensor here is a caller's bug).
-const float* in(const Tensor& t, const char* what) {
+// The device memory of an input, which must be a device tensor (a host tensor here is a caller's bug);
+// `in` for ops that read fp32 only (it asserts the dtype), `in_bytes` for those that read any.
+const void* in_bytes(const Tensor& t, const char* what) {
   SYMPRUNE_ASSERT(t.on_device() || t.empty(), "cuda backend: {} {} is a host tensor", what, t.shape_string());
+  return t.device_bytes();
+}
+const float* in(const Tensor& t, const char* what) {
+  in_bytes(t, what);
   return t.device_data();
 }
 
-// Makes `t` a device tensor of `shape` (keeps its memory when it already is one).
-float* out(Tensor& t, std::vector<int64_t> shape) {
-  if (!t.on_device() || t.shape() != shape) {
-    const int64_t count = shape_numel(shape);
-    t = Tensor::in_device_memory(std::move(shape), std::make_shared<DeviceStorage>(count));
+// Makes `t` a device tensor of `shape` and `dtype` (keeps its memory when it already is one).
+void* out_bytes(Tensor& t, std::vector<int64_t> shape, DType dtype) {
+  if (!t.on_device() || t.shape() != shape || t.dtype() != dtype) {
+    const int64_t bytes = shape_numel(shape) * dtype_size(dtype);
+    t = Tensor::in_device_memory(std::move(shape), std::make_shared<DeviceStorage>(bytes), dtype);
   }
-  return t.device_data();
+  return t.device_bytes();
+}
+float* out(Tensor& t, std::vector<int64_t> shape) {
+  return static_cast<float*>(out_bytes(t, std::move(shape), DType::kF32));
+}
+
+// The address of element `index` of a device tensor.
+template <typename Pointer>
+Pointer element_at(Pointer base, const Tensor& t, int64_t index) {
+  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Pointer>>, const char, char>;
+  return static_cast<Byte*>(base) + index * dtype_size(t.dtype());
 }
 
 class CudaBackend final : public Backend {
@@ -55,33 +72,53 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   bool device_resident() const override { return true; }
 
-  Tensor allocate(std::vector<int64_t> shape) override {
+  bool supports_dtype(DType dtype) const override { return is_weight_dtype(dtype); }
+
+  using Backend::allocate;
+  Tensor allocate(std::vector<int64_t> shape, DType dtype) override {
+    SYMPRUNE_ASSERT(supports_dtype(dtype), "cuda backend: tensors of dtype {}", dtype_name(dtype));
     Tensor t;
-    out(t, std::move(shape));
+    out_bytes(t, std::move(shape), dtype);
     return t;
   }
 
-  Tensor to_backend(Tensor host) override {
-    if (host.on_device()) return host;
-    Tensor device;
-    float* d = out(device, host.shape());
-    if (host.numel() > 0) copy_to_device(d, host.data(), static_cast<size_t>(host.numel()) * sizeof(float));
+  // Other dtypes than fp32 are converted on the device (fp32 crosses the bus, the device rounds).
+  using Backend::to_backend;
+  Tensor to_backend(Tensor host, DType dtype) override {
+    if (host.on_device() && host.dtype() == dtype) return host;
+    Tensor device = allocate(host.shape(), dtype);
+    if (host.on_device()) {
+      copy_rows(host, 0, device, 0, rows_of(host));
+    } else if (dtype == DType::kF32) {
+      if (host.numel() > 0)
+        copy_to_device(device.device_data(), host.data(), static_cast<size_t>(host.numel()) * sizeof(float));
+    } else {
+      const DeviceArray<float> wide(host.data(), host.numel());
+      launch_convert(wide.data(), DType::kF32, device.device_bytes(), dtype, host.numel(), {});
+    }
     return device;
   }
 
   Tensor to_host(const Tensor& tensor) override {
     if (!tensor.on_device()) return tensor;
     Tensor host(tensor.shape());
-    if (host.numel() > 0)
-      copy_to_host(host.data(), tensor.device_data(), static_cast<size_t>(host.numel()) * sizeof(float));
+    if (host.numel() == 0) return host;
+    const size_t bytes = static_cast<size_t>(host.numel()) * sizeof(float);
+    if (tensor.dtype() == DType::kF32) {
+      copy_to_host(host.data(), tensor.device_data(), bytes);
+    } else {
+      DeviceArray<float> wide(host.numel());
+      launch_convert(tensor.device_bytes(), tensor.dtype(), wide.data(), DType::kF32, host.numel(), {});
+      copy_to_host(host.data(), wide.data(), bytes);
+    }
     return host;
   }
 
   void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override {
     const int64_t width = copy_rows_width(src, src_row, dst, dst_row, rows);
     if (rows > 0)
-      copy_on_device(dst.device_data() + dst_row * width, in(src, "copy_rows source") + src_row * width,
-                     static_cast<size_t>(rows * width) * sizeof(float));
+      launch_convert(element_at(in_bytes(src, "copy_rows source"), src, src_row * width), src.dtype(),
+                     element_at(dst.device_bytes(), dst, dst_row * width), dst.dtype(), rows * width, {});
   }
 
   void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y) override {
@@ -92,8 +129,15 @@ class CudaBackend final : public Backend {
     shape.back() = m;
     float* yd = out(y, std::move(shape));
     const bool has_bias = bias != nullptr && !bias->empty();
-    launch_linear(in(x, "linear input"), in(weight, "linear weight"),
-                  has_bias ? in(*bias, "linear bias") : nullptr, rows, n, m, yd, {});
+    const float* bias_data = has_bias ? in(*bias, "linear bias") : nullptr;
+    if (weight.dtype() == DType::kF32) {
+      launch_linear(in(x, "linear input"), in(weight, "linear weight"), bias_data, rows, n, m, yd, {});
+      return;
+    }
+    // x rounded to the weight's dtype goes to a scratch buffer kept between calls (the largest input).
+    if (linear_scratch_.size() < rows * n) linear_scratch_ = DeviceArray<uint16_t>(rows * n);
+    launch_linear_16bit(in(x, "linear input"), in_bytes(weight, "linear weight"), weight.dtype(), bias_data,
+                        rows, n, m, linear_scratch_.data(), yd, {});
   }
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
@@ -196,8 +240,10 @@ class CudaBackend final : public Backend {
     // stochria's sampled sums and --compat ria's fp16 arithmetic read the weight on the host.
     const bool needs_host = method == ScoreMethod::kStochRIA || options.compat_ria_fp16;
     const Tensor host_weight = needs_host ? to_host(weight) : Tensor();
+    // A bf16/fp16 weight is scored on its fp32 values (exact widening), in a temporary copy.
+    const Tensor wide = to_backend(weight, DType::kF32);
     DeviceArray<float> scores(rows * n);
-    compute_scores_on_device(method, in(weight, "score weight"), m, n, needs_host ? &host_weight : nullptr,
+    compute_scores_on_device(method, in(wide, "score weight"), m, n, needs_host ? &host_weight : nullptr,
                              stats, options, scores.data());
     return select_mask_on_device(scores.data(), rows, n, spec, options.matrix_name, part);
   }
@@ -207,9 +253,9 @@ class CudaBackend final : public Backend {
                     "mask {}x{} for weight {}", mask.rows(), mask.cols(), weight.shape_string());
     const DeviceArray<uint8_t> bits(mask.pack_bits());
     Tensor result;
-    float* rd = out(result, weight.shape());
-    launch_mask_weight(in(weight, "masked weight"), bits.data(), weight.numel(), keep == MaskedPart::kPruned,
-                       rd, {});
+    void* rd = out_bytes(result, weight.shape(), weight.dtype());
+    launch_mask_weight(in_bytes(weight, "masked weight"), dtype_size(weight.dtype()), bits.data(),
+                       weight.numel(), keep == MaskedPart::kPruned, rd, {});
     return result;
   }
 
@@ -236,6 +282,7 @@ class CudaBackend final : public Backend {
   std::vector<float> rope_inv_freq_;
   int64_t rope_seq_len_ = -1;
   DeviceArray<float> rope_cos_, rope_sin_;
+  DeviceArray<uint16_t> linear_scratch_;
 };
 
 }  // namespace

@@ -5,10 +5,18 @@
 #include <cstdint>
 
 #include "core/cuda/device_memory.h"
+#include "core/dtype.h"
 
 namespace symprune::cuda {
 
 void launch_linear(const float* x, const float* w, const float* bias, int64_t rows, int64_t n, int64_t m,
                    float* y, DeviceStream stream);
+
+// The same product in lower precision: w [m, n] in bf16 or fp16 (w_dtype), x rounded to w_dtype first
+// (into x_scratch, rows · n 16-bit elements of device memory), the 16-bit products accumulated in fp32 and y
+// in fp32. Under CUDA it is cuBLAS GemmEx on tensor cores; in the emulation, the tiled kernel on the rounded
+// values.
+void launch_linear_16bit(const float* x, const void* w, DType w_dtype, const float* bias, int64_t rows,
+                         int64_t n, int64_t m, void* x_scratch, float* y, DeviceStream stream);
 
 }  // namespace symprune::cuda

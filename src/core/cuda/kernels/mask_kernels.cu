@@ -216,13 +216,24 @@ __global__ void pack_bits_kernel(const uint8_t* __restrict__ mask, int64_t count
   }
 }
 
-__global__ void mask_weight_kernel(const float* weight, const uint8_t* __restrict__ bits, int64_t count,
-                                   bool keep_pruned, float* out) {
+// Element: float, or the uint16_t bits of bf16/fp16 (whose zero is +0 in both).
+template <typename Element>
+__global__ void mask_weight_kernel(const Element* weight, const uint8_t* __restrict__ bits, int64_t count,
+                                   bool keep_pruned, Element* out) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const bool pruned = ((bits[i >> 3] >> (i & 7)) & 1u) != 0;
-    out[i] = pruned == keep_pruned ? weight[i] : 0.0f;
+    out[i] = pruned == keep_pruned ? weight[i] : Element{0};
   }
+}
+
+template <typename Element>
+void launch_mask_weight_of(const void* weight, const uint8_t* bits, int64_t count, bool keep_pruned,
+                           void* out, DeviceStream stream) {
+  auto* kernel = mask_weight_kernel<Element>;
+  SYMPRUNE_LAUNCH(kernel, grid_for(count), kThreads, 0, native(stream), static_cast<const Element*>(weight),
+                  bits, count, keep_pruned, static_cast<Element*>(out));
+  SYMPRUNE_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -296,12 +307,13 @@ void launch_pack_mask_bits(const uint8_t* mask, int64_t count, uint8_t* bits, De
   SYMPRUNE_CHECK_LAUNCH();
 }
 
-void launch_mask_weight(const float* weight, const uint8_t* bits, int64_t count, bool keep_pruned, float* out,
-                        DeviceStream stream) {
+void launch_mask_weight(const void* weight, int64_t element_bytes, const uint8_t* bits, int64_t count,
+                        bool keep_pruned, void* out, DeviceStream stream) {
   if (count <= 0) return;
-  SYMPRUNE_LAUNCH(mask_weight_kernel, grid_for(count), kThreads, 0, native(stream), weight, bits, count,
-                  keep_pruned, out);
-  SYMPRUNE_CHECK_LAUNCH();
+  if (element_bytes == 4)
+    launch_mask_weight_of<float>(weight, bits, count, keep_pruned, out, stream);
+  else
+    launch_mask_weight_of<uint16_t>(weight, bits, count, keep_pruned, out, stream);
 }
 
 }  // namespace symprune::cuda

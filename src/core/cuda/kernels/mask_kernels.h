@@ -34,8 +34,9 @@ void launch_prune_at_most(const float* scores, int64_t count, float theta, uint8
 // bits[i / 8] bit (i % 8) = mask[i] (core::Mask::pack_bits' layout), ceil(count / 8) bytes.
 void launch_pack_mask_bits(const uint8_t* mask, int64_t count, uint8_t* bits, DeviceStream stream);
 // out[i] = weight[i] where bit i of `bits` (pack_bits' layout, 1 = pruned) equals keep_pruned, else 0:
-// W̃ for keep_pruned = false, W − W̃ for true. out may be weight.
-void launch_mask_weight(const float* weight, const uint8_t* bits, int64_t count, bool keep_pruned, float* out,
-                        DeviceStream stream);
+// W̃ for keep_pruned = false, W − W̃ for true. out may be weight. Elements of element_bytes 4 (fp32) or 2
+// (bf16/fp16).
+void launch_mask_weight(const void* weight, int64_t element_bytes, const uint8_t* bits, int64_t count,
+                        bool keep_pruned, void* out, DeviceStream stream);
 
 }  // namespace symprune::cuda

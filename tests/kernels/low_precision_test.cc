@@ -1,0 +1,170 @@
+// A run in lower precision (--dtype bf16/fp16) on the CUDA backend against the CPU (the specification):
+//  * storing a tensor in bf16/fp16 rounds as core/dtype.h's convert_from_f32 does, bit for bit, on upload,
+//    on copy_rows between dtypes and back to fp32 (exact);
+//  * the 16-bit linear equals the CPU's fp32 product of the rounded operands within fp32 reordering
+//    (relative 1e-5 of the row's magnitude), and the unrounded fp32 product within the stated NMSE
+//    (bf16 1e-4, fp16 2e-6);
+//  * scores, masks and masked weights of a bf16 weight are the CPU's on its fp32 values, bit for bit.
+// The end-to-end prune in bf16 is in device_pipeline_test.cc.
+// Built into the emulated tests (label unit) and into symprune_gpu_tests (label gpu, a real device).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/cuda/kernels/cuda_backend.h"
+#include "core/dtype.h"
+#include "kernel_test_support.h"
+
+namespace symprune::kernel_test {
+namespace {
+
+Backend& device() {
+  return cuda::cuda_backend();
+}
+
+// `host` rounded to `dtype` and back on the host (core/dtype.h).
+Tensor rounded(const Tensor& host, DType dtype) {
+  std::vector<uint16_t> bits(static_cast<size_t>(host.numel()));
+  convert_from_f32(dtype, host.data(), bits.data(), host.numel());
+  Tensor out(host.shape());
+  convert_to_f32(dtype, bits.data(), out.data(), host.numel());
+  return out;
+}
+
+void expect_bits_equal(const Tensor& actual, const Tensor& expected, const char* what) {
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  for (int64_t i = 0; i < expected.numel(); ++i)
+    ASSERT_EQ(float_to_bits(actual[i]), float_to_bits(expected[i])) << what << " element " << i;
+}
+
+double nmse(const Tensor& actual, const Tensor& expected) {
+  double error = 0.0, energy = 0.0;
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    const double e = static_cast<double>(actual[i]) - expected[i];
+    error += e * e;
+    energy += static_cast<double>(expected[i]) * expected[i];
+  }
+  return error / energy;
+}
+
+class LowPrecisionTest : public KernelTest {};
+
+TEST_F(LowPrecisionTest, StoringRoundsAsTheHostConversion) {
+  // Every kind of value: ordinary, halfway cases, tiny (fp16 subnormals and underflow), huge (fp16
+  // overflow to infinity), signed zeros and infinities.
+  std::vector<float> values = uniform_values(500, 11, -3.0f, 3.0f);
+  for (float v : {0.0f, -0.0f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 512, 1e-5f, -3e-7f, 6e-8f, 1e-9f, 65504.0f,
+                  65520.0f, -1e6f, 3e38f, INFINITY, -INFINITY})
+    values.push_back(v);
+  const Tensor host({static_cast<int64_t>(values.size()) / 2, 2}, values);
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor stored = device().to_backend(host, dtype);
+    EXPECT_EQ(stored.dtype(), dtype);
+    EXPECT_TRUE(stored.on_device());
+    expect_bits_equal(device().to_host(stored), rounded(host, dtype), "upload");
+
+    // copy_rows converts either way at row offsets: fp32 rows into a 16-bit tensor round, 16-bit rows into
+    // an fp32 tensor widen exactly.
+    const Tensor wide = device().to_backend(host);
+    Tensor narrow = device().allocate(host.shape(), dtype);
+    device().copy_rows(wide, 0, narrow, 0, host.dim(0));
+    expect_bits_equal(device().to_host(narrow), rounded(host, dtype), "copy_rows to 16 bits");
+    Tensor back = device().allocate({10, 2});
+    device().copy_rows(narrow, 100, back, 3, 7);
+    const Tensor back_host = device().to_host(back);
+    const Tensor expected = rounded(host, dtype);
+    for (int64_t r = 0; r < 7; ++r)
+      for (int64_t j = 0; j < 2; ++j)
+        ASSERT_EQ(float_to_bits(back_host.row(3 + r)[static_cast<size_t>(j)]),
+                  float_to_bits(expected.row(100 + r)[static_cast<size_t>(j)]))
+            << "row " << r;
+
+    // duplicate keeps the dtype; to_backend of a 16-bit device tensor widens it on the device.
+    EXPECT_EQ(device().duplicate(stored).dtype(), dtype);
+    const Tensor widened = device().to_backend(stored, DType::kF32);
+    EXPECT_EQ(widened.dtype(), DType::kF32);
+    expect_bits_equal(device().to_host(widened), rounded(host, dtype), "widened");
+  }
+  // The CPU stores fp32 only.
+  EXPECT_FALSE(cpu_backend().supports_dtype(DType::kBF16));
+  EXPECT_TRUE(device().supports_dtype(DType::kF16));
+}
+
+TEST_F(LowPrecisionTest, LinearMultipliesTheRoundedOperandsAccumulatingInFp32) {
+  const int64_t rows = 37, n = 96, m = 40;
+  const Tensor x({rows, n}, uniform_values(rows * n, 21));
+  const Tensor w({m, n}, uniform_values(m * n, 22, -0.2f, 0.2f));
+  const Tensor bias({m}, uniform_values(m, 23));
+  Tensor exact;
+  cpu_backend().linear(x, w, &bias, exact);
+  struct Bound {
+    DType dtype;
+    double nmse;
+  };
+  for (const Bound& b : {Bound{DType::kBF16, 1e-4}, Bound{DType::kF16, 2e-6}}) {
+    SCOPED_TRACE(dtype_name(b.dtype));
+    const Tensor dx = device().to_backend(x), dw = device().to_backend(w, b.dtype),
+                 dbias = device().to_backend(bias);
+    Tensor dy;
+    device().linear(dx, dw, &dbias, dy);
+    EXPECT_EQ(dy.dtype(), DType::kF32);
+    const Tensor y = device().to_host(dy);
+    // The same products as the CPU's fp32 product of the rounded operands (exact in fp32), summed in
+    // another order.
+    Tensor of_rounded;
+    cpu_backend().linear(rounded(x, b.dtype), rounded(w, b.dtype), &bias, of_rounded);
+    for (int64_t r = 0; r < rows; ++r) {
+      double magnitude = 0.0;
+      for (int64_t k = 0; k < n; ++k) magnitude += std::fabs(x.row(r)[static_cast<size_t>(k)]) * 0.2;
+      for (int64_t j = 0; j < m; ++j)
+        ASSERT_NEAR(y.row(r)[static_cast<size_t>(j)], of_rounded.row(r)[static_cast<size_t>(j)],
+                    1e-5 * (magnitude + 1.0))
+            << "row " << r << " column " << j;
+    }
+    const double error = nmse(y, exact);
+    EXPECT_LT(error, b.nmse);
+    EXPECT_GT(error, 0.0);  // it did round
+  }
+}
+
+TEST_F(LowPrecisionTest, ScoresMasksAndMaskedWeightsOfA16BitWeightAreThoseOfItsValues) {
+  const int64_t m = 16, n = 64;
+  const Tensor w({m, n}, uniform_values(m * n, 31));
+  const Tensor input({3 * 4, n}, uniform_values(3 * 4 * n, 32));
+  const ActivationStats stats = cpu_backend().activation_stats(input, nullptr, 3, 4);
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor dw = device().to_backend(w, dtype);
+    const Tensor values = rounded(w, dtype);
+    struct Case {
+      ScoreMethod method;
+      MaskSpec spec;
+    };
+    for (const Case& c :
+         {Case{ScoreMethod::kWanda, MaskSpec::row(0.5)}, Case{ScoreMethod::kRIA, MaskSpec::nm(2, 4)},
+          Case{ScoreMethod::kMagnitude, MaskSpec::layer(0.3)}}) {
+      ScoreOptions options;
+      options.row_begin = 2;
+      options.row_end = 13;
+      const Mask expected =
+          cpu_backend().score_and_select(c.method, values, &stats, options, c.spec, nullptr);
+      const Mask actual = device().score_and_select(c.method, dw, &stats, options, c.spec, nullptr);
+      ASSERT_EQ(std::vector<uint8_t>(actual.flat().begin(), actual.flat().end()),
+                std::vector<uint8_t>(expected.flat().begin(), expected.flat().end()))
+          << score_method_name(c.method);
+    }
+    const Mask mask = cpu_backend().score_and_select(ScoreMethod::kWanda, values, &stats, ScoreOptions{},
+                                                     MaskSpec::row(0.5), nullptr);
+    for (MaskedPart part : {MaskedPart::kKept, MaskedPart::kPruned}) {
+      const Tensor masked = device().mask_weight(dw, mask, part);
+      EXPECT_EQ(masked.dtype(), dtype);
+      expect_bits_equal(device().to_host(masked), cpu_backend().mask_weight(values, mask, part), "masked");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace symprune::kernel_test
