@@ -42,10 +42,27 @@ std::vector<BlockWeightExchange::Planned> BlockWeightExchange::plan(int64_t bloc
   return tensors;
 }
 
+// fp32 values of a stored tensor's bytes (the bytes are released).
+Tensor converted(const io::TensorSource& source, const std::string& stored,
+                 const io::ExpectedTensor& expected, std::vector<std::byte>& bytes) {
+  Tensor value(expected.shape);
+  convert_to_f32(source.info(stored).dtype, bytes.data(), value.data(), value.numel());
+  std::vector<std::byte>().swap(bytes);
+  return value;
+}
+
 BlockWeightExchange::Share BlockWeightExchange::read_share(int64_t block) const {
   Share share;
-  for (const Planned& t : plan(block))
-    if (t.owner == comm_.rank()) model_.tensors().read_bytes(t.stored, share[t.stored]);
+  for (const Planned& t : plan(block)) {
+    if (t.owner != comm_.rank()) continue;
+    std::vector<std::byte>& bytes = share.bytes[t.stored];
+    model_.tensors().read_bytes(t.stored, bytes);
+    SYMPRUNE_ASSERT(bytes.size() == t.bytes, "{}: {} bytes, expected {}", t.stored, bytes.size(), t.bytes);
+    if (comm_.size() == 1) {
+      share.values.emplace(t.expected.name, converted(model_.tensors(), t.stored, t.expected, bytes));
+      share.bytes.erase(t.stored);
+    }
+  }
   return share;
 }
 
@@ -59,23 +76,15 @@ void BlockWeightExchange::load(int64_t block, int64_t next) {
   }
   prefetch_ = {};
   const std::vector<Planned> tensors = plan(block);
-  std::map<std::string, Tensor> values;
+  std::map<std::string, Tensor>& values = share.values;
   for (const Planned& t : tensors) {
-    std::vector<std::byte>& bytes = share[t.stored];
-    if (t.owner == comm_.rank()) {
-      bytes_read_ += static_cast<int64_t>(bytes.size());
-    } else {
-      bytes.resize(t.bytes);
-    }
-    SYMPRUNE_ASSERT(bytes.size() == t.bytes, "{}: {} bytes, expected {}", t.stored, bytes.size(), t.bytes);
-    if (comm_.size() > 1) {
-      comm_.broadcast(bytes, t.owner);
-      bytes_exchanged_ += static_cast<int64_t>(t.bytes);
-    }
-    Tensor value(t.expected.shape);
-    convert_to_f32(model_.tensors().info(t.stored).dtype, bytes.data(), value.data(), value.numel());
-    std::vector<std::byte>().swap(bytes);
-    values.emplace(t.expected.name, std::move(value));
+    if (t.owner == comm_.rank()) bytes_read_ += static_cast<int64_t>(t.bytes);
+    if (values.contains(t.expected.name)) continue;  // read and converted with the share (one rank)
+    std::vector<std::byte>& bytes = share.bytes[t.stored];
+    if (t.owner != comm_.rank()) bytes.resize(t.bytes);
+    comm_.broadcast(bytes, t.owner);
+    bytes_exchanged_ += static_cast<int64_t>(t.bytes);
+    values.emplace(t.expected.name, converted(model_.tensors(), t.stored, t.expected, bytes));
   }
   model_.set_block_weights(
       block, model::assemble_block_weights(model_.config(), block, [&](const io::ExpectedTensor& e) {

@@ -3,8 +3,9 @@
 // rank reads a share of the block's tensors (balanced by bytes, largest first) from the model's
 // TensorSource, the ranks exchange them (one broadcast per tensor from its reader, in the stored dtype),
 // and every rank converts them to fp32 and installs the block in its model. The next block's share is read
-// on a background thread while the current block computes; the exchange itself happens on the calling
-// thread, so only it talks to the communicator.
+// on a background thread while the current block computes (with one rank, converted to fp32 there too, so
+// that installing it is all that is left on the critical path); the exchange itself happens on the
+// calling thread, so only it talks to the communicator.
 #include <cstddef>
 #include <cstdint>
 #include <future>
@@ -38,7 +39,12 @@ class BlockWeightExchange {
     int owner = 0;
     size_t bytes = 0;
   };
-  using Share = std::map<std::string, std::vector<std::byte>>;  // stored name -> bytes, this rank's share
+  // This rank's share of a block: the stored bytes by stored name, and with one rank (nothing to
+  // exchange) their fp32 values by expected name instead.
+  struct Share {
+    std::map<std::string, std::vector<std::byte>> bytes;
+    std::map<std::string, Tensor> values;
+  };
   std::vector<Planned> plan(int64_t block) const;
   Share read_share(int64_t block) const;
 
