@@ -32,6 +32,15 @@ Tensor Backend::allocate(std::vector<int64_t> shape, DType dtype) {
   return Tensor(std::move(shape));
 }
 
+Tensor Backend::from_stored(std::vector<int64_t> shape, DType dtype, std::span<const std::byte> bytes) {
+  Tensor values(std::move(shape));
+  SYMPRUNE_ASSERT(
+      is_weight_dtype(dtype) && static_cast<int64_t>(bytes.size()) == values.numel() * dtype_size(dtype),
+      "from_stored: {} bytes of {} for {}", bytes.size(), dtype_name(dtype), values.shape_string());
+  convert_to_f32(dtype, bytes.data(), values.data(), values.numel());
+  return values;
+}
+
 Tensor Backend::duplicate(const Tensor& tensor) {
   if (!tensor.on_device()) return tensor;
   Tensor copy = allocate(tensor.shape(), tensor.dtype());

@@ -7,6 +7,7 @@
 // Shapes: a "matrix" argument is any tensor viewed as [numel / dim(-1), dim(-1)] (rows = tokens).
 // Outputs are resized by the op (Tensor::resize keeps the buffer when the shape already matches, so a
 // reused output tensor causes no allocation).
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -72,6 +73,10 @@ class Backend {
   // backend returns it as is.
   virtual Tensor to_backend(Tensor host, DType dtype);
   Tensor to_backend(Tensor host) { return to_backend(std::move(host), DType::kF32); }
+  // A tensor of this backend from the stored bytes of a model file: `shape` elements of weight dtype
+  // `dtype` (little-endian, any alignment). A host backend converts them to fp32; a device backend uploads
+  // them as they are (a tensor of `dtype`: half the bytes of fp32 for a bf16/fp16 file).
+  virtual Tensor from_stored(std::vector<int64_t> shape, DType dtype, std::span<const std::byte> bytes);
   // An fp32 host copy of a tensor of this backend (a host backend returns a copy).
   virtual Tensor to_host(const Tensor& tensor) { return tensor; }
   // A tensor of `shape` and `dtype` in this backend's memory: zero-filled on a host backend, unspecified

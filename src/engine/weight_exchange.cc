@@ -42,11 +42,11 @@ std::vector<BlockWeightExchange::Planned> BlockWeightExchange::plan(int64_t bloc
   return tensors;
 }
 
-// fp32 values of a stored tensor's bytes (the bytes are released).
-Tensor converted(const io::TensorSource& source, const std::string& stored,
+// A stored tensor's bytes as a tensor of the model's backend (Backend::from_stored: fp32 on the host, the
+// stored dtype on a device); the bytes are released.
+Tensor converted(const model::DecoderModel& model, const std::string& stored,
                  const io::ExpectedTensor& expected, std::vector<std::byte>& bytes) {
-  Tensor value(expected.shape);
-  convert_to_f32(source.info(stored).dtype, bytes.data(), value.data(), value.numel());
+  Tensor value = model.backend().from_stored(expected.shape, model.tensors().info(stored).dtype, bytes);
   std::vector<std::byte>().swap(bytes);
   return value;
 }
@@ -58,8 +58,10 @@ BlockWeightExchange::Share BlockWeightExchange::read_share(int64_t block) const 
     std::vector<std::byte>& bytes = share.bytes[t.stored];
     model_.tensors().read_bytes(t.stored, bytes);
     SYMPRUNE_ASSERT(bytes.size() == t.bytes, "{}: {} bytes, expected {}", t.stored, bytes.size(), t.bytes);
-    if (comm_.size() == 1) {
-      share.values.emplace(t.expected.name, converted(model_.tensors(), t.stored, t.expected, bytes));
+    // With one rank a host backend's conversion runs here, off the critical path; a device backend uploads
+    // on the calling thread.
+    if (comm_.size() == 1 && !model_.backend().device_resident()) {
+      share.values.emplace(t.expected.name, converted(model_, t.stored, t.expected, bytes));
       share.bytes.erase(t.stored);
     }
   }
@@ -82,9 +84,11 @@ void BlockWeightExchange::load(int64_t block, int64_t next) {
     if (values.contains(t.expected.name)) continue;  // read and converted with the share (one rank)
     std::vector<std::byte>& bytes = share.bytes[t.stored];
     if (t.owner != comm_.rank()) bytes.resize(t.bytes);
-    comm_.broadcast(bytes, t.owner);
-    bytes_exchanged_ += static_cast<int64_t>(t.bytes);
-    values.emplace(t.expected.name, converted(model_.tensors(), t.stored, t.expected, bytes));
+    if (comm_.size() > 1) {
+      comm_.broadcast(bytes, t.owner);
+      bytes_exchanged_ += static_cast<int64_t>(t.bytes);
+    }
+    values.emplace(t.expected.name, converted(model_, t.stored, t.expected, bytes));
   }
   model_.set_block_weights(
       block, model::assemble_block_weights(model_.config(), block, [&](const io::ExpectedTensor& e) {

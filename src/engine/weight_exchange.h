@@ -2,10 +2,12 @@
 // Block weights for the pipeline (DESIGN.md §4): storage is read once per block, not once per rank. Each
 // rank reads a share of the block's tensors (balanced by bytes, largest first) from the model's
 // TensorSource, the ranks exchange them (one broadcast per tensor from its reader, in the stored dtype),
-// and every rank converts them to fp32 and installs the block in its model. The next block's share is read
-// on a background thread while the current block computes (with one rank, converted to fp32 there too, so
-// that installing it is all that is left on the critical path); the exchange itself happens on the
-// calling thread, so only it talks to the communicator.
+// and every rank installs the block in its model: converted to fp32 on a host backend, uploaded in the
+// stored dtype on a device backend (Backend::from_stored; the model converts on the device what it keeps
+// in another dtype). The next block's share is read on a background thread while the current block
+// computes (with one rank and a host backend, converted there too, so that installing it is all that is
+// left on the critical path); the exchange itself happens on the calling thread, so only it talks to the
+// communicator.
 #include <cstddef>
 #include <cstdint>
 #include <future>

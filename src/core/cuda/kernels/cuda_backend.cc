@@ -99,6 +99,15 @@ class CudaBackend final : public Backend {
     return device;
   }
 
+  Tensor from_stored(std::vector<int64_t> shape, DType dtype, std::span<const std::byte> bytes) override {
+    Tensor device = allocate(std::move(shape), dtype);
+    SYMPRUNE_ASSERT(static_cast<int64_t>(bytes.size()) == device.numel() * dtype_size(dtype),
+                    "from_stored: {} bytes of {} for {}", bytes.size(), dtype_name(dtype),
+                    device.shape_string());
+    if (!bytes.empty()) copy_to_device(device.device_bytes(), bytes.data(), bytes.size());
+    return device;
+  }
+
   Tensor to_host(const Tensor& tensor) override {
     if (!tensor.on_device()) return tensor;
     Tensor host(tensor.shape());
