@@ -32,6 +32,12 @@ Tensor Backend::allocate(std::vector<int64_t> shape, DType dtype) {
   return Tensor(std::move(shape));
 }
 
+const Tensor& Backend::fp32_view(const Tensor& tensor, Tensor& copy) {
+  if (tensor.dtype() == DType::kF32) return tensor;
+  copy = to_backend(tensor, DType::kF32);
+  return copy;
+}
+
 Tensor Backend::from_stored(std::vector<int64_t> shape, DType dtype, std::span<const std::byte> bytes) {
   Tensor values(std::move(shape));
   SYMPRUNE_ASSERT(

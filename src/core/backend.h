@@ -89,6 +89,9 @@ class Backend {
   // `tensor` itself when it is in host memory, else a host copy of it kept in `copy` (host code reads a
   // tensor of either kind without copying a host one).
   const Tensor& host_view(const Tensor& tensor, Tensor& copy);
+  // `tensor` itself when it is fp32, else an fp32 copy of it in this backend's memory kept in `copy` (the
+  // ops that read fp32 only, given a bf16/fp16 tensor).
+  const Tensor& fp32_view(const Tensor& tensor, Tensor& copy);
   // dst rows [dst_row, dst_row + rows) = src rows [src_row, src_row + rows); both viewed as
   // [*, width] with the same width, dst already sized; converted when their dtypes differ (to fp32 exactly,
   // from fp32 rounded to nearest even).

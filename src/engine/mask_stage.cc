@@ -55,10 +55,8 @@ std::vector<double> row_sample_energy(Backend& backend, const Tensor& a, const T
   const int64_t rows = a.dim(0), k = x.dim(0);
   std::vector<double> out(static_cast<size_t>(rows), 0.0);
   if (rows == 0 || k == 0) return out;
-  // linear's input is fp32: a weight kept in 16 bits is widened (a temporary copy of these rows).
-  Tensor product, widened;
-  if (a.dtype() != DType::kF32) widened = backend.to_backend(a, DType::kF32);
-  backend.linear(a.dtype() == DType::kF32 ? a : widened, x, nullptr, product);
+  Tensor product;
+  backend.linear(a, x, nullptr, product);
   Tensor copy;
   const Tensor& host = backend.host_view(product, copy);
   for (int64_t r = 0; r < rows; ++r) {
@@ -109,8 +107,12 @@ std::optional<double> reconstruction_error(dist::Communicator& comm, Backend& ba
 }
 
 LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, int64_t block,
-                        const std::string& linear, const Tensor& weight, const ActivationStats* stats,
+                        const std::string& linear, const Tensor& stored_weight, const ActivationStats* stats,
                         const Gram* gram, const Tensor* samples) {
+  // Everything here reads the weight's fp32 values: a weight kept in 16 bits is widened once (a copy for
+  // the duration of this call; the pipeline masks the stored one).
+  Tensor widened;
+  const Tensor& weight = settings.backend->fp32_view(stored_weight, widened);
   const int64_t m = weight.dim(0);
   const dist::Range rows = dist::partition(m, comm.size(), comm.rank());
   ScoreOptions options = settings.score;

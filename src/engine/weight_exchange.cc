@@ -44,8 +44,8 @@ std::vector<BlockWeightExchange::Planned> BlockWeightExchange::plan(int64_t bloc
 
 // A stored tensor's bytes as a tensor of the model's backend (Backend::from_stored: fp32 on the host, the
 // stored dtype on a device); the bytes are released.
-Tensor converted(const model::DecoderModel& model, const std::string& stored,
-                 const io::ExpectedTensor& expected, std::vector<std::byte>& bytes) {
+Tensor backend_tensor(const model::DecoderModel& model, const std::string& stored,
+                      const io::ExpectedTensor& expected, std::vector<std::byte>& bytes) {
   Tensor value = model.backend().from_stored(expected.shape, model.tensors().info(stored).dtype, bytes);
   std::vector<std::byte>().swap(bytes);
   return value;
@@ -61,7 +61,7 @@ BlockWeightExchange::Share BlockWeightExchange::read_share(int64_t block) const 
     // With one rank a host backend's conversion runs here, off the critical path; a device backend uploads
     // on the calling thread.
     if (comm_.size() == 1 && !model_.backend().device_resident()) {
-      share.values.emplace(t.expected.name, converted(model_, t.stored, t.expected, bytes));
+      share.values.emplace(t.expected.name, backend_tensor(model_, t.stored, t.expected, bytes));
       share.bytes.erase(t.stored);
     }
   }
@@ -88,7 +88,7 @@ void BlockWeightExchange::load(int64_t block, int64_t next) {
       comm_.broadcast(bytes, t.owner);
       bytes_exchanged_ += static_cast<int64_t>(t.bytes);
     }
-    values.emplace(t.expected.name, converted(model_, t.stored, t.expected, bytes));
+    values.emplace(t.expected.name, backend_tensor(model_, t.stored, t.expected, bytes));
   }
   model_.set_block_weights(
       block, model::assemble_block_weights(model_.config(), block, [&](const io::ExpectedTensor& e) {

@@ -476,8 +476,7 @@ Tensor DecoderModel::final_hidden(const Tensor& stored_hidden) {
   Backend& be = *backend_;
   // The final norm reads fp32: states stored in another dtype are widened (a copy).
   Tensor widened;
-  if (stored_hidden.dtype() != DType::kF32) widened = be.to_backend(stored_hidden, DType::kF32);
-  const Tensor& hidden = stored_hidden.dtype() == DType::kF32 ? stored_hidden : widened;
+  const Tensor& hidden = be.fp32_view(stored_hidden, widened);
   Tensor out;
   if (config_.family == io::ModelFamily::kLlama) {
     be.rms_norm(hidden, final_norm_weight_, static_cast<float>(config_.rms_norm_eps), out);

@@ -250,7 +250,8 @@ class CudaBackend final : public Backend {
     const bool needs_host = method == ScoreMethod::kStochRIA || options.compat_ria_fp16;
     const Tensor host_weight = needs_host ? to_host(weight) : Tensor();
     // A bf16/fp16 weight is scored on its fp32 values (exact widening), in a temporary copy.
-    const Tensor wide = to_backend(weight, DType::kF32);
+    Tensor widened;
+    const Tensor& wide = fp32_view(weight, widened);
     DeviceArray<float> scores(rows * n);
     compute_scores_on_device(method, in(wide, "score weight"), m, n, needs_host ? &host_weight : nullptr,
                              stats, options, scores.data());
