@@ -56,9 +56,9 @@ step() {  # step NAME COMMAND...: runs it with output to $out/NAME.log, records 
 step gpu_tests "$bundle/bin/symprune_gpu_tests" --gtest_output="xml:$out/gpu_tests.xml"
 if ((!skip_sanitizer)); then
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$bundle/bin/symprune_gpu_tests" \
-    --gtest_filter='KernelTest.*:CudaDeviceTest.*:DevicePruningOpsTest.*:LowPrecisionTest.*'
+    --gtest_filter='KernelTest.*:CudaDeviceTest.*:DevicePruningOpsTest.*:LowPrecisionTest.*:DsnotKernelTest.*'
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$bundle/bin/symprune_gpu_tests" \
-    --gtest_filter='KernelTest.*'
+    --gtest_filter='KernelTest.*:DsnotKernelTest.*'
 fi
 if ((!skip_bench)); then
   step kernels_bench "$bundle/bin/cuda_kernels_bench" --json "$out/cuda_kernels_bench.json" \

@@ -18,7 +18,9 @@
 
 #include "core/accel.h"
 #include "core/cuda/device_memory.h"
+#include "core/cuda/kernels/cuda_backend.h"
 #include "core/cuda/kernels/device_activation_stats.h"
+#include "core/cuda/kernels/device_dsnot.h"
 #include "core/cuda/kernels/device_mask_selector.h"
 #include "core/cuda/kernels/device_scores.h"
 #include "core/cuda/kernels/forward_kernels.h"
@@ -137,6 +139,40 @@ int main(int argc, char** argv) {
       });
       record(std::string("scores ") + std::string(score_method_name(method)) + ", all 7B matrices",
              block_ms * kBlocks, "one block x 32, fp64 arithmetic for CPU parity");
+    }
+  }
+  // DSnoT and R²-DSnoT of a block's attention matrices (--refine-skip mlp, the default) and of its
+  // down_proj (the widest rows), from a 50 % per-row mask; random μ̃ make every row run its 50 cycles.
+  // Includes the mask's upload and download (bytes) and the per-column inputs' upload.
+  {
+    for (const MatrixShape& m : {kBlock[0], kBlock[6]}) {
+      std::mt19937 rng(31);
+      std::uniform_real_distribution<double> mean(-1.0, 1.0), positive(0.1, 2.0);
+      std::vector<double> mu, var, act;
+      for (int64_t c = 0; c < m.cols; ++c) {
+        mu.push_back(mean(rng));
+        var.push_back(positive(rng));
+        act.push_back(positive(rng));
+      }
+      std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+      std::vector<float> host(static_cast<size_t>(m.rows * m.cols));
+      for (float& v : host) v = uniform(rng);
+      const Tensor weight = cuda::cuda_backend().to_backend(Tensor({m.rows, m.cols}, std::move(host)));
+      DeviceArray<float> scores = random_device(m.rows * m.cols, 33, 0.0f, 1.0f);
+      const Mask initial = cuda::select_mask_on_device(scores.data(), m.rows, m.cols, MaskSpec::row(0.5));
+      for (const bool r2 : {false, true}) {
+        DsnotOptions options;
+        if (r2) options.r2 = R2Options{};
+        const auto refine = [&] {
+          Mask mask = initial;
+          (void)cuda::refine_dsnot_on_device(weight, mu, var, act, mask, options, std::nullopt, nullptr);
+        };
+        const double ms = median_ms(std::max(1, reps / 2), refine);
+        const bool attention = m.rows == m.cols;
+        record(std::string(r2 ? "r2dsnot " : "dsnot ") + m.name + (attention ? " x4 (q, k, v, o)" : ""),
+               attention ? 4 * ms : ms,
+               std::string("50 cycles per row; x32 per model") + (r2 ? ", column norms on the device" : ""));
+      }
     }
   }
   // Statistics of the four input groups of a block (widths 4096, 4096, 4096, 11008) over 128 × 2048

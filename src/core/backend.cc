@@ -87,6 +87,19 @@ Tensor Backend::mask_weight(const Tensor& weight, const Mask& mask, MaskedPart k
   return out;
 }
 
+RefineStats Backend::refine_dsnot(const Tensor& weight, const std::vector<double>& mu,
+                                  const std::vector<double>& var, const std::vector<double>& act_norm,
+                                  Mask& mask, const DsnotOptions& options, std::optional<NmPattern> nm,
+                                  const std::vector<double>* column_l1) {
+  Tensor copy;
+  return symprune::refine_dsnot(host_view(weight, copy), mu, var, act_norm, mask, options, nm, column_l1);
+}
+
+std::vector<double> Backend::initial_column_l1(const Tensor& weight, const Mask& mask) {
+  Tensor copy;
+  return symprune::initial_column_l1(host_view(weight, copy), mask);
+}
+
 std::vector<double> Backend::row_nll(const Tensor& logits, std::span<const int32_t> targets) {
   const int64_t vocab = logits.dim(-1), rows = logits.numel() / std::max<int64_t>(vocab, 1);
   SYMPRUNE_ASSERT(static_cast<int64_t>(targets.size()) == rows, "row_nll: {} targets for logits {}",

@@ -16,6 +16,7 @@
 
 #include "core/activation_stats.h"
 #include "core/masks.h"
+#include "core/refine_dsnot.h"
 #include "core/scores.h"
 #include "core/tensor.h"
 
@@ -142,6 +143,14 @@ class Backend {
   // A new tensor in this backend's memory, of weight's dtype: `weight` [rows, n] with the entries of one
   // part of `mask` (the same shape) set to zero (MaskedPart).
   virtual Tensor mask_weight(const Tensor& weight, const Mask& mask, MaskedPart keep);
+  // refine_dsnot (core/refine_dsnot.h) of `weight` [rows, n] (this backend's memory; a bf16/fp16 weight
+  // is refined on its fp32 values), with the same mask, totals and errors.
+  virtual RefineStats refine_dsnot(const Tensor& weight, const std::vector<double>& mu,
+                                   const std::vector<double>& var, const std::vector<double>& act_norm,
+                                   Mask& mask, const DsnotOptions& options, std::optional<NmPattern> nm,
+                                   const std::vector<double>* column_l1);
+  // initial_column_l1 (core/refine_dsnot.h) of `weight` (this backend's memory) under `mask`.
+  virtual std::vector<double> initial_column_l1(const Tensor& weight, const Mask& mask);
   // −log softmax(logits[r])[targets[r]] in fp64 for every row of logits [rows, vocab] (this backend's
   // memory); targets are in [0, vocab) (checked by the caller).
   virtual std::vector<double> row_nll(const Tensor& logits, std::span<const int32_t> targets);

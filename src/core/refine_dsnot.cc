@@ -85,10 +85,7 @@ class OrderWindow {
 // Per-matrix inputs shared by every row.
 struct MatrixContext {
   int64_t n = 0;
-  std::vector<float> mu, var;
-  const std::vector<double>* act_norm = nullptr;
-  std::vector<double> act_pow;     // a_c^α (R²-DSnoT)
-  std::vector<double> col_inv_l1;  // 1/‖W̃[:,c]‖₁, 0 for a zero column (R²-DSnoT)
+  DsnotColumns columns;
   const DsnotOptions* options = nullptr;
   std::optional<NmPattern> nm;
 };
@@ -151,19 +148,19 @@ RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContex
     norm.emplace(w, mask, r2->reg_p);
     row_inv_l1 = norm->l1() > 0.0 ? 1.0 / norm->l1() : 0.0;
   }
+  const DsnotColumns& cols = ctx.columns;
   for (size_t c = 0; c < un; ++c) {
-    d[c] = w[c] * ctx.mu[c];  // fp32 product, as the reference
-    const float v_pow =
-        options.var_power == 1.0 ? ctx.var[c] : std::pow(ctx.var[c], static_cast<float>(options.var_power));
+    d[c] = w[c] * cols.mu[c];  // fp32 product, as the reference
+    const float v_pow = cols.var_pow[c];
     const double abs_w = std::fabs(static_cast<double>(w[c]));
     if (!r2) {
       float g = mask[c] ? d[c] : 0.0f;
       if (options.var_power != 0.0) g /= v_pow;
       regrow_key[c] = g;  // kept entries are 0, or NaN when v_c == 0 (sorted last, like torch)
-      prune_key[c] = static_cast<float>(abs_w * (*ctx.act_norm)[c]);  // the Wanda score
+      prune_key[c] = static_cast<float>(abs_w * cols.act_norm[c]);  // the Wanda score
       continue;
     }
-    const double relative = row_inv_l1 + ctx.col_inv_l1[c];
+    const double relative = row_inv_l1 + cols.col_inv_l1[c];
     double g = mask[c] ? static_cast<double>(d[c]) * (r2->grow_relative ? relative : 1.0) : 0.0;
     if (options.var_power != 0.0) g /= static_cast<double>(v_pow);
     if (two_regrow_orders && mask[c]) {
@@ -174,7 +171,7 @@ RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContex
       regrow_key[c] = static_cast<float>(g);
       if (two_regrow_orders) regrow_key_down[c] = static_cast<float>(g);
     }
-    double p = abs_w * (r2->prune_relative ? relative : 1.0) * ctx.act_pow[c];
+    double p = abs_w * (r2->prune_relative ? relative : 1.0) * cols.act_pow[c];
     if (r2->gamma_prune > 0.0) p += r2->gamma_prune * norm->without(static_cast<int64_t>(c), abs_w);
     prune_key[c] = static_cast<float>(p);
   }
@@ -326,22 +323,20 @@ void validate_dsnot_options(const DsnotOptions& options) {
                  "--refine-alpha must be a finite number >= 0, got {}", r2.alpha);
 }
 
-RefineStats refine_dsnot(const Tensor& W, const std::vector<double>& mu, const std::vector<double>& var,
-                         const std::vector<double>& act_norm, Mask& mask, const DsnotOptions& options,
-                         std::optional<NmPattern> nm, const std::vector<double>* column_l1) {
-  SYMPRUNE_CHECK(W.rank() == 2, "DSnoT: weight must be a matrix [rows, cols], got shape {}",
-                 W.shape_string());
-  const int64_t m = W.dim(0), n = W.dim(1);
+void check_dsnot_arguments(int64_t m, int64_t n, const std::string& shape_string,
+                           const std::vector<double>& mu, const std::vector<double>& var,
+                           const std::vector<double>& act_norm, const Mask& mask, const DsnotOptions& options,
+                           std::optional<NmPattern> nm, const std::vector<double>* column_l1) {
   const auto check_len = [&](const std::vector<double>& v, const char* what) {
     SYMPRUNE_CHECK(static_cast<int64_t>(v.size()) == n,
-                   "DSnoT: {} has {} entries but the weight {} has {} columns", what, v.size(),
-                   W.shape_string(), n);
+                   "DSnoT: {} has {} entries but the weight {} has {} columns", what, v.size(), shape_string,
+                   n);
   };
   check_len(mu, "mean-sum vector (mu)");
   check_len(var, "variance vector (var)");
   check_len(act_norm, "activation-norm vector (act_norm)");
   SYMPRUNE_CHECK(mask.rows() == m && mask.cols() == n, "DSnoT: mask is [{}, {}] but the weight is {}",
-                 mask.rows(), mask.cols(), W.shape_string());
+                 mask.rows(), mask.cols(), shape_string);
   validate_dsnot_options(options);
   if (nm) {
     SYMPRUNE_CHECK(nm->n >= 1 && nm->m > nm->n && n % nm->m == 0,
@@ -349,45 +344,74 @@ RefineStats refine_dsnot(const Tensor& W, const std::vector<double>& mu, const s
                    "dividing the columns)",
                    nm->n, nm->m, n);
   }
+  if (options.r2 && column_l1 != nullptr)
+    SYMPRUNE_CHECK(static_cast<int64_t>(column_l1->size()) == n,
+                   "DSnoT: column_l1 has {} entries but the weight {} has {} columns", column_l1->size(),
+                   shape_string, n);
+}
 
-  MatrixContext ctx;
-  ctx.n = n;
-  ctx.mu.assign(mu.begin(), mu.end());
-  ctx.var.assign(var.begin(), var.end());
-  ctx.act_norm = &act_norm;
-  ctx.options = &options;
-  ctx.nm = nm;
-  if (options.r2) {
-    ctx.act_pow.resize(static_cast<size_t>(n));
-    for (int64_t c = 0; c < n; ++c)
-      ctx.act_pow[static_cast<size_t>(c)] =
-          options.r2->alpha == 1.0 ? act_norm[static_cast<size_t>(c)]
-                                   : std::pow(act_norm[static_cast<size_t>(c)], options.r2->alpha);
-    if (column_l1 != nullptr)
-      SYMPRUNE_CHECK(static_cast<int64_t>(column_l1->size()) == n,
-                     "DSnoT: column_l1 has {} entries but the weight {} has {} columns", column_l1->size(),
-                     W.shape_string(), n);
-    const std::vector<double> col_l1 = column_l1 != nullptr ? *column_l1 : initial_column_l1(W, mask);
-    ctx.col_inv_l1.resize(static_cast<size_t>(n));
-    for (size_t c = 0; c < col_l1.size(); ++c) ctx.col_inv_l1[c] = col_l1[c] > 0.0 ? 1.0 / col_l1[c] : 0.0;
+DsnotColumns dsnot_columns(const std::vector<double>& mu, const std::vector<double>& var,
+                           const std::vector<double>& act_norm, const DsnotOptions& options,
+                           const std::vector<double>& column_l1) {
+  const size_t n = mu.size();
+  DsnotColumns columns;
+  columns.mu.assign(mu.begin(), mu.end());
+  columns.var_pow.resize(n);
+  for (size_t c = 0; c < n; ++c) {
+    const float v = static_cast<float>(var[c]);
+    columns.var_pow[c] = options.var_power == 1.0 ? v : std::pow(v, static_cast<float>(options.var_power));
   }
+  columns.act_norm = act_norm;
+  if (!options.r2) return columns;
+  columns.act_pow.resize(n);
+  for (size_t c = 0; c < n; ++c)
+    columns.act_pow[c] = options.r2->alpha == 1.0 ? act_norm[c] : std::pow(act_norm[c], options.r2->alpha);
+  columns.col_inv_l1.resize(n);
+  for (size_t c = 0; c < n; ++c) columns.col_inv_l1[c] = column_l1[c] > 0.0 ? 1.0 / column_l1[c] : 0.0;
+  return columns;
+}
 
-  std::vector<RowResult> rows(static_cast<size_t>(m));
-#pragma omp parallel for schedule(dynamic, 16)
-  for (int64_t r = 0; r < m; ++r)
-    rows[static_cast<size_t>(r)] = refine_row(W.data() + r * n, mask.row(r), ctx);
-
+RefineStats dsnot_totals(std::span<const int64_t> swaps, std::span<const double> error_before,
+                         std::span<const double> error_after) {
   RefineStats stats;
-  for (const RowResult& row : rows) {  // fixed order: independent of the thread count
-    stats.swaps += row.swaps;
-    stats.mean_abs_error_before += std::fabs(row.error_before);
-    stats.mean_abs_error_after += std::fabs(row.error_after);
+  for (size_t r = 0; r < swaps.size(); ++r) {  // fixed order: independent of the thread count
+    stats.swaps += swaps[r];
+    stats.mean_abs_error_before += std::fabs(error_before[r]);
+    stats.mean_abs_error_after += std::fabs(error_after[r]);
   }
-  if (m > 0) {
-    stats.mean_abs_error_before /= static_cast<double>(m);
-    stats.mean_abs_error_after /= static_cast<double>(m);
+  if (!swaps.empty()) {
+    stats.mean_abs_error_before /= static_cast<double>(swaps.size());
+    stats.mean_abs_error_after /= static_cast<double>(swaps.size());
   }
   return stats;
+}
+
+RefineStats refine_dsnot(const Tensor& W, const std::vector<double>& mu, const std::vector<double>& var,
+                         const std::vector<double>& act_norm, Mask& mask, const DsnotOptions& options,
+                         std::optional<NmPattern> nm, const std::vector<double>* column_l1) {
+  SYMPRUNE_CHECK(W.rank() == 2, "DSnoT: weight must be a matrix [rows, cols], got shape {}",
+                 W.shape_string());
+  const int64_t m = W.dim(0), n = W.dim(1);
+  check_dsnot_arguments(m, n, W.shape_string(), mu, var, act_norm, mask, options, nm, column_l1);
+  MatrixContext ctx;
+  ctx.n = n;
+  ctx.options = &options;
+  ctx.nm = nm;
+  const std::vector<double> col_l1 = !options.r2            ? std::vector<double>()
+                                     : column_l1 != nullptr ? *column_l1
+                                                            : initial_column_l1(W, mask);
+  ctx.columns = dsnot_columns(mu, var, act_norm, options, col_l1);
+
+  std::vector<int64_t> swaps(static_cast<size_t>(m));
+  std::vector<double> before(static_cast<size_t>(m)), after(static_cast<size_t>(m));
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t r = 0; r < m; ++r) {
+    const RowResult row = refine_row(W.data() + r * n, mask.row(r), ctx);
+    swaps[static_cast<size_t>(r)] = row.swaps;
+    before[static_cast<size_t>(r)] = row.error_before;
+    after[static_cast<size_t>(r)] = row.error_after;
+  }
+  return dsnot_totals(swaps, before, after);
 }
 
 }  // namespace symprune

@@ -53,6 +53,8 @@
 // as the reference's lock-step loop over all rows and does not depend on the number of threads.
 #include <cstdint>
 #include <optional>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "core/masks.h"
@@ -104,6 +106,31 @@ RefineStats refine_dsnot(const Tensor& W, const std::vector<double>& mu, const s
                          const std::vector<double>& act_norm, Mask& mask, const DsnotOptions& options,
                          std::optional<NmPattern> nm = std::nullopt,
                          const std::vector<double>* column_l1 = nullptr);
+
+// --- The parts of refine_dsnot that another implementation of it (a device backend's,
+// Backend::refine_dsnot) shares, so that it gives the same errors and the same results.
+
+// refine_dsnot's argument checks for a weight [m, n] (shape_string names it in errors), in its order.
+void check_dsnot_arguments(int64_t m, int64_t n, const std::string& shape_string,
+                           const std::vector<double>& mu, const std::vector<double>& var,
+                           const std::vector<double>& act_norm, const Mask& mask, const DsnotOptions& options,
+                           std::optional<NmPattern> nm, const std::vector<double>* column_l1);
+
+// The per-column inputs every row reads, rounded as refine_dsnot uses them: μ̃_c and v_c^p_g in fp32
+// (var_pow = v when p_g = 1), a_c, and for R²-DSnoT a_c^α and 1/‖W̃[:,c]‖₁ (0 for a zero column) from
+// `column_l1` (the whole matrix's; ignored without options.r2).
+struct DsnotColumns {
+  std::vector<float> mu, var_pow;
+  std::vector<double> act_norm, act_pow, col_inv_l1;
+};
+DsnotColumns dsnot_columns(const std::vector<double>& mu, const std::vector<double>& var,
+                           const std::vector<double>& act_norm, const DsnotOptions& options,
+                           const std::vector<double>& column_l1);
+
+// The totals over rows of per-row swaps and errors e_r before and after (row order, so the sums do not
+// depend on how the rows were processed).
+RefineStats dsnot_totals(std::span<const int64_t> swaps, std::span<const double> error_before,
+                         std::span<const double> error_after);
 
 // Mean over rows of |e_r|, e_r = Σ_{pruned c} W[r,c]·μ̃_c with fp32 products summed in fp64: the
 // mean_abs_error_* that refine_dsnot reports, for any mask (also one refined another way).

@@ -144,14 +144,11 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
     std::vector<double> column_l1;
     if (refine.method == "r2dsnot") {
       int64_t unused = 0;
-      Tensor host_copy;
-      column_l1 = initial_column_l1(backend.host_view(weight, host_copy), gather_mask(comm, own, m, &unused));
+      column_l1 = backend.initial_column_l1(weight, gather_mask(comm, own, m, &unused));
     }
-    // The refinement runs on the host (core/refine_dsnot.h, core/refine_recon.h).
-    Tensor host_copy;
-    const RefineStats local = refine_linear(refine, backend.host_view(own_weight, host_copy), *stats,
-                                            gram ? gram->g.data() : nullptr, gram ? gram->n : 0, own, nm,
-                                            column_l1.empty() ? nullptr : &column_l1);
+    const RefineStats local =
+        refine_linear(backend, refine, own_weight, *stats, gram ? gram->g.data() : nullptr,
+                      gram ? gram->n : 0, own, nm, column_l1.empty() ? nullptr : &column_l1);
     // Totals over all rows: the ranks' row sums added up (report figures).
     std::vector<double> sums = {
         static_cast<double>(local.swaps), local.mean_abs_error_before * static_cast<double>(rows.size()),

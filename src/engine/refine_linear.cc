@@ -75,14 +75,17 @@ nlohmann::json refine_config_json(const RefineSettings& s) {
   return j;
 }
 
-RefineStats refine_linear(const RefineSettings& s, const Tensor& w, const ActivationStats& stats,
-                          const double* gram, int64_t n, Mask& mask, std::optional<NmPattern> nm,
-                          const std::vector<double>* column_l1) {
+RefineStats refine_linear(Backend& backend, const RefineSettings& s, const Tensor& weight,
+                          const ActivationStats& stats, const double* gram, int64_t n, Mask& mask,
+                          std::optional<NmPattern> nm, const std::vector<double>* column_l1) {
   SYMPRUNE_ASSERT(s.enabled(), "refine_linear called without a refinement method");
   const RefineInputs in = refine_inputs(stats);
   SYMPRUNE_ASSERT(gram != nullptr || (s.method != "recon" && !s.guard), "{} needs the Gram matrix",
                   s.guard ? "--refine-guard" : "--refine recon");
+  // recon and the guard read the weight on the host (core/refine_recon.h); DSnoT runs on the backend.
+  Tensor host_copy;
   if (s.method == "recon") {
+    const Tensor& w = backend.host_view(weight, host_copy);
     const Mask initial = mask;
     RefineStats result = refine_recon(w, gram, n, mask, s.recon, nm);
     result.mean_abs_error_before = mean_abs_expected_error(w, in.mu, initial);
@@ -90,8 +93,9 @@ RefineStats refine_linear(const RefineSettings& s, const Tensor& w, const Activa
     return result;
   }
   const Mask initial = s.guard ? mask : Mask();
-  RefineStats result = refine_dsnot(w, in.mu, in.var, in.act_norm, mask, s.dsnot, nm, column_l1);
+  RefineStats result = backend.refine_dsnot(weight, in.mu, in.var, in.act_norm, mask, s.dsnot, nm, column_l1);
   if (!s.guard) return result;
+  const Tensor& w = backend.host_view(weight, host_copy);
   std::vector<double> changes = recon_row_changes(w, gram, n, initial, mask);
   result.rows_reverted = revert_rows_that_rose(initial, mask, changes);
   double change = 0.0;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/activation_stats.h"
+#include "core/backend.h"
 #include "core/masks.h"
 #include "core/refine_dsnot.h"
 #include "core/refine_recon.h"
@@ -47,8 +48,11 @@ nlohmann::json refine_config_json(const RefineSettings& settings);
 //
 // Row slices (distributed runs): w and mask may hold any contiguous rows of the matrix; every method is
 // row-local except R²-DSnoT's column norms of the initial mask, passed as column_l1 for the whole matrix.
-RefineStats refine_linear(const RefineSettings& settings, const Tensor& w, const ActivationStats& stats,
-                          const double* gram, int64_t n, Mask& mask, std::optional<NmPattern> nm,
-                          const std::vector<double>* column_l1 = nullptr);
+//
+// `w` is in `backend`'s memory: DSnoT and R²-DSnoT run there (Backend::refine_dsnot; on a GPU, only the
+// mask crosses the bus); recon and the guard read a host copy.
+RefineStats refine_linear(Backend& backend, const RefineSettings& settings, const Tensor& w,
+                          const ActivationStats& stats, const double* gram, int64_t n, Mask& mask,
+                          std::optional<NmPattern> nm, const std::vector<double>* column_l1 = nullptr);
 
 }  // namespace symprune::engine

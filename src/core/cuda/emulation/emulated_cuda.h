@@ -192,6 +192,9 @@ T __ldg(const T* p) {
 inline double __dadd_rn(double a, double b) {
   return a + b;
 }
+inline double __dsub_rn(double a, double b) {
+  return a - b;
+}
 inline double __dmul_rn(double a, double b) {
   return a * b;
 }
@@ -209,6 +212,9 @@ inline float __fsub_rn(float a, float b) {
 }
 inline float __fmul_rn(float a, float b) {
   return a * b;
+}
+inline float __fdiv_rn(float a, float b) {
+  return a / b;
 }
 // expf, sqrt, fabs: the C library's, as in device code (<math.h> declares them globally).
 #include <math.h>

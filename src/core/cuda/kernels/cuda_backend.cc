@@ -9,6 +9,7 @@
 #include "core/cuda/device_memory.h"
 #include "core/cuda/kernels/convert_kernels.h"
 #include "core/cuda/kernels/device_activation_stats.h"
+#include "core/cuda/kernels/device_dsnot.h"
 #include "core/cuda/kernels/device_mask_selector.h"
 #include "core/cuda/kernels/device_scores.h"
 #include "core/cuda/kernels/forward_kernels.h"
@@ -267,6 +268,20 @@ class CudaBackend final : public Backend {
     launch_mask_weight(in_bytes(weight, "masked weight"), dtype_size(weight.dtype()), bits.data(),
                        weight.numel(), keep == MaskedPart::kPruned, rd, {});
     return result;
+  }
+
+  RefineStats refine_dsnot(const Tensor& weight, const std::vector<double>& mu,
+                           const std::vector<double>& var, const std::vector<double>& act_norm, Mask& mask,
+                           const DsnotOptions& options, std::optional<NmPattern> nm,
+                           const std::vector<double>* column_l1) override {
+    Tensor widened;
+    return refine_dsnot_on_device(fp32_view(weight, widened), mu, var, act_norm, mask, options, nm,
+                                  column_l1);
+  }
+
+  std::vector<double> initial_column_l1(const Tensor& weight, const Mask& mask) override {
+    Tensor widened;
+    return initial_column_l1_on_device(fp32_view(weight, widened), mask);
   }
 
   std::vector<double> row_nll(const Tensor& logits, std::span<const int32_t> targets) override {

@@ -1,0 +1,22 @@
+#pragma once
+// Host-only header: core::refine_dsnot and core::initial_column_l1 for a weight held on the device
+// (dsnot_kernels.h), with the CPU's checks, errors and results. The mask crosses the bus as bytes both
+// ways; the weight stays where it is.
+#include <optional>
+#include <vector>
+
+#include "core/cuda/device_memory.h"
+#include "core/refine_dsnot.h"
+
+namespace symprune::cuda {
+
+// `weight`: an fp32 device tensor [rows, n].
+RefineStats refine_dsnot_on_device(const Tensor& weight, const std::vector<double>& mu,
+                                   const std::vector<double>& var, const std::vector<double>& act_norm,
+                                   Mask& mask, const DsnotOptions& options, std::optional<NmPattern> nm,
+                                   const std::vector<double>* column_l1, DeviceStream stream = {});
+
+std::vector<double> initial_column_l1_on_device(const Tensor& weight, const Mask& mask,
+                                                DeviceStream stream = {});
+
+}  // namespace symprune::cuda
