@@ -58,9 +58,10 @@ BlockWeightExchange::Share BlockWeightExchange::read_share(int64_t block) const 
     std::vector<std::byte>& bytes = share.bytes[t.stored];
     model_.tensors().read_bytes(t.stored, bytes);
     SYMPRUNE_ASSERT(bytes.size() == t.bytes, "{}: {} bytes, expected {}", t.stored, bytes.size(), t.bytes);
-    // With one rank a host backend's conversion runs here, off the critical path; a device backend uploads
-    // on the calling thread.
-    if (comm_.size() == 1 && !model_.backend().device_resident()) {
+    // With one rank the tensor reaches the backend here, off the critical path: a host backend converts it
+    // to fp32, a device backend uploads it on its own stream (Backend::from_stored) while the current
+    // block computes. With several ranks the bytes are exchanged first, on the calling thread.
+    if (comm_.size() == 1) {
       share.values.emplace(t.expected.name, backend_tensor(model_, t.stored, t.expected, bytes));
       share.bytes.erase(t.stored);
     }

@@ -5,9 +5,9 @@
 // and every rank installs the block in its model: converted to fp32 on a host backend, uploaded in the
 // stored dtype on a device backend (Backend::from_stored; the model converts on the device what it keeps
 // in another dtype). The next block's share is read on a background thread while the current block
-// computes (with one rank and a host backend, converted there too, so that installing it is all that is
-// left on the critical path); the exchange itself happens on the calling thread, so only it talks to the
-// communicator.
+// computes (with one rank it is also converted there on a host backend, or uploaded from pinned memory on
+// the device backend's upload stream, so that installing it is all that is left on the critical path);
+// the exchange itself happens on the calling thread, so only it talks to the communicator.
 #include <cstddef>
 #include <cstdint>
 #include <future>
@@ -42,7 +42,7 @@ class BlockWeightExchange {
     size_t bytes = 0;
   };
   // This rank's share of a block: the stored bytes by stored name, and with one rank (nothing to
-  // exchange) their fp32 values by expected name instead.
+  // exchange) the backend's tensors by expected name instead.
   struct Share {
     std::map<std::string, std::vector<std::byte>> bytes;
     std::map<std::string, Tensor> values;

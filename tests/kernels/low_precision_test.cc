@@ -5,11 +5,14 @@
 //    (relative 1e-5 of the row's magnitude), and the unrounded fp32 product within the stated NMSE
 //    (bf16 1e-4, fp16 2e-6);
 //  * scores, masks and masked weights of a bf16 weight are the CPU's on its fp32 values, bit for bit.
+//  * stored bytes reach the device unchanged from another thread (the weight prefetch's upload).
 // The end-to-end prune in bf16 is in device_pipeline_test.cc.
 // Built into the emulated tests (label unit) and into symprune_gpu_tests (label gpu, a real device).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <future>
+#include <span>
 #include <vector>
 
 #include "core/backend.h"
@@ -91,6 +94,32 @@ TEST_F(LowPrecisionTest, StoringRoundsAsTheHostConversion) {
   // The CPU stores fp32 only.
   EXPECT_FALSE(cpu_backend().supports_dtype(DType::kBF16));
   EXPECT_TRUE(device().supports_dtype(DType::kF16));
+}
+
+TEST_F(LowPrecisionTest, FromStoredUploadsTheStoredBytesFromAnotherThread) {
+  // What the weight prefetch does: a background thread uploads a model file's bytes (through the pinned
+  // staging buffer, in 64 MiB chunks: this fp32 tensor takes two) while this thread owns the device.
+  const int64_t rows = 16400, cols = 1024;
+  const Tensor wide({rows, cols}, uniform_values(rows * cols, 21, -2.0f, 2.0f));
+  const std::vector<float> small = uniform_values(3000, 22, -2.0f, 2.0f);
+  std::vector<uint16_t> narrow(small.size());
+  convert_from_f32(DType::kBF16, small.data(), narrow.data(), static_cast<int64_t>(small.size()));
+  auto uploads = std::async(std::launch::async, [&] {
+    return std::vector<Tensor>{
+        device().from_stored({rows, cols}, DType::kF32,
+                             std::as_bytes(std::span<const float>(wide.data(), rows * cols))),
+        device().from_stored({1000, 3}, DType::kBF16, std::as_bytes(std::span<const uint16_t>(narrow))),
+        device().from_stored({0, 5}, DType::kF16, {})};
+  });
+  const std::vector<Tensor> stored = uploads.get();
+  EXPECT_EQ(stored[0].dtype(), DType::kF32);
+  EXPECT_TRUE(stored[0].on_device());
+  expect_bits_equal(device().to_host(stored[0]), wide, "fp32 upload");
+  EXPECT_EQ(stored[1].dtype(), DType::kBF16);
+  expect_bits_equal(device().to_host(stored[1]), rounded(Tensor({1000, 3}, small), DType::kBF16),
+                    "bf16 upload");
+  EXPECT_EQ(stored[2].shape(), (std::vector<int64_t>{0, 5}));
+  EXPECT_EQ(stored[2].dtype(), DType::kF16);
 }
 
 TEST_F(LowPrecisionTest, LinearMultipliesTheRoundedOperandsAccumulatingInFp32) {

@@ -38,10 +38,10 @@ void throw_argument_error(const std::string& message) {
   throw Error(message);
 }
 
-void* device_allocate(size_t bytes) {
+void* device_allocate(size_t bytes, DeviceStream stream) {
   keep_pool_memory();
   void* pointer = nullptr;
-  const cudaError_t status = cudaMallocAsync(&pointer, bytes, nullptr);
+  const cudaError_t status = cudaMallocAsync(&pointer, bytes, native(stream));
   if (status != cudaSuccess) {
     (void)cudaGetLastError();
     size_t free_bytes = 0, total_bytes = 0;
@@ -64,6 +64,36 @@ void device_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
 void device_free(void* pointer) noexcept {
   // Ordered after the work already queued on the default stream, which every kernel entry point uses.
   if (pointer != nullptr) (void)cudaFreeAsync(pointer, nullptr);
+}
+
+DeviceStream create_stream() {
+  cudaStream_t stream = nullptr;
+  SYMPRUNE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return DeviceStream{stream};
+}
+
+void destroy_stream(DeviceStream stream) noexcept {
+  if (stream.handle != nullptr) (void)cudaStreamDestroy(native(stream));
+}
+
+void* pinned_allocate(size_t bytes) {
+  void* pointer = nullptr;
+  SYMPRUNE_CUDA_CHECK(cudaMallocHost(&pointer, bytes));
+  return pointer;
+}
+
+void pinned_free(void* pointer) noexcept {
+  if (pointer != nullptr) (void)cudaFreeHost(pointer);
+}
+
+int current_device() {
+  int device = 0;
+  SYMPRUNE_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+void set_current_device(int device) {
+  SYMPRUNE_CUDA_CHECK(cudaSetDevice(device));
 }
 
 void copy_to_device(void* device_destination, const void* host_source, size_t bytes, DeviceStream stream) {

@@ -20,10 +20,20 @@ struct DeviceStream {
 // include core/error.h).
 [[noreturn]] void throw_argument_error(const std::string& message);
 
-// Allocations and frees are ordered on the default stream (a pool keeps freed memory for reuse): an array
-// used on another stream must be synchronized before it is freed.
-void* device_allocate(size_t bytes);  // Error naming the size and the free memory when it fails
+// Allocations are ordered on `stream` (the default stream unless given), frees on the default stream (a
+// pool keeps freed memory for reuse): an array used on another stream must be synchronized before it is
+// freed.
+void* device_allocate(size_t bytes, DeviceStream stream = {});  // Error naming the size and the free memory
 void device_free(void* pointer) noexcept;
+// A stream whose work overlaps the default stream's (no implicit synchronization with it), and its end.
+DeviceStream create_stream();
+void destroy_stream(DeviceStream stream) noexcept;
+// Page-locked host memory: copies from it to the device are DMA, without the driver's staging.
+void* pinned_allocate(size_t bytes);
+void pinned_free(void* pointer) noexcept;
+// The calling thread's device (a new host thread starts on device 0) and setting it.
+int current_device();
+void set_current_device(int device);
 void copy_to_device(void* device_destination, const void* host_source, size_t bytes,
                     DeviceStream stream = {});
 void copy_to_host(void* host_destination, const void* device_source, size_t bytes, DeviceStream stream = {});
@@ -40,8 +50,9 @@ template <typename T>
 class DeviceArray {
  public:
   DeviceArray() = default;
-  explicit DeviceArray(int64_t count) : count_(count) {
-    if (count_ > 0) data_ = static_cast<T*>(device_allocate(bytes()));
+  // Allocated in `stream`'s order (device_allocate).
+  explicit DeviceArray(int64_t count, DeviceStream stream = {}) : count_(count) {
+    if (count_ > 0) data_ = static_cast<T*>(device_allocate(bytes(), stream));
   }
   // A copy of host[0, count).
   DeviceArray(const T* host, int64_t count) : DeviceArray(count) {

@@ -14,7 +14,7 @@ void throw_argument_error(const std::string& message) {
   throw Error(message);
 }
 
-void* device_allocate(size_t bytes) {
+void* device_allocate(size_t bytes, DeviceStream) {
   void* pointer = std::malloc(bytes == 0 ? 1 : bytes);
   if (pointer == nullptr) fail("emulated CUDA: cannot allocate {} bytes", bytes);
   std::memset(pointer, 0xFF, bytes);
@@ -30,6 +30,25 @@ void device_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
 void device_free(void* pointer) noexcept {
   std::free(pointer);
 }
+
+// Streams are the default stream (everything is synchronous), pinned memory is host memory and there is
+// one device.
+DeviceStream create_stream() {
+  return {};
+}
+void destroy_stream(DeviceStream) noexcept {}
+void* pinned_allocate(size_t bytes) {
+  void* pointer = std::malloc(bytes == 0 ? 1 : bytes);
+  if (pointer == nullptr) fail("emulated CUDA: cannot allocate {} bytes of host memory", bytes);
+  return pointer;
+}
+void pinned_free(void* pointer) noexcept {
+  std::free(pointer);
+}
+int current_device() {
+  return 0;
+}
+void set_current_device(int) {}
 
 void copy_to_device(void* device_destination, const void* host_source, size_t bytes, DeviceStream) {
   if (bytes > 0) std::memcpy(device_destination, host_source, bytes);

@@ -2,7 +2,10 @@
 #include "core/cuda/kernels/cuda_backend.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -23,7 +26,8 @@ namespace {
 
 class DeviceStorage final : public TensorStorage {
  public:
-  explicit DeviceStorage(int64_t bytes) : array_((bytes + 3) / 4) {}
+  // Allocated in `stream`'s order (the default stream unless given).
+  explicit DeviceStorage(int64_t bytes, DeviceStream stream = {}) : array_((bytes + 3) / 4, stream) {}
   void* bytes() override { return array_.data(); }
 
  private:
@@ -68,6 +72,52 @@ Pointer element_at(Pointer base, const Tensor& t, int64_t index) {
   return static_cast<Byte*>(base) + index * dtype_size(t.dtype());
 }
 
+// The device helper threads use (set_cuda_backend_device); -1: the thread's own.
+std::atomic<int> backend_device{-1};
+
+// Uploads of stored weights: a stream of their own, so that a block read on a background thread reaches
+// the device while the default stream computes, through a page-locked staging buffer (DMA; the driver
+// would otherwise stage pageable memory itself, synchronously). One upload at a time.
+class WeightUploader {
+ public:
+  ~WeightUploader() {
+    pinned_free(staging_);
+    destroy_stream(stream_);
+  }
+  // A device tensor of `shape` and `dtype` holding `bytes`, complete when this returns (its memory is
+  // allocated in the upload stream's order, which is synchronized, so any stream may use and free it).
+  Tensor upload(std::vector<int64_t> shape, DType dtype, std::span<const std::byte> bytes) {
+    const std::lock_guard lock(mutex_);
+    if (const int device = backend_device.load(); device >= 0) set_current_device(device);
+    if (!started_) {
+      stream_ = create_stream();
+      staging_ = static_cast<std::byte*>(pinned_allocate(kStagingBytes));
+      started_ = true;
+    }
+    const int64_t size = static_cast<int64_t>(bytes.size());
+    Tensor device =
+        Tensor::in_device_memory(std::move(shape), std::make_shared<DeviceStorage>(size, stream_), dtype);
+    SYMPRUNE_ASSERT(size == device.numel() * dtype_size(dtype), "from_stored: {} bytes of {} for {}", size,
+                    dtype_name(dtype), device.shape_string());
+    auto* destination = static_cast<std::byte*>(device.device_bytes());
+    for (int64_t offset = 0; offset < size; offset += kStagingBytes) {
+      const size_t chunk = static_cast<size_t>(std::min<int64_t>(kStagingBytes, size - offset));
+      std::memcpy(staging_, bytes.data() + offset, chunk);
+      copy_to_device(destination + offset, staging_, chunk, stream_);
+      synchronize(stream_);  // before the staging buffer is refilled
+    }
+    synchronize(stream_);  // the allocation, for an empty tensor
+    return device;
+  }
+
+ private:
+  static constexpr int64_t kStagingBytes = int64_t{64} << 20;
+  std::mutex mutex_;
+  bool started_ = false;
+  DeviceStream stream_;
+  std::byte* staging_ = nullptr;
+};
+
 class CudaBackend final : public Backend {
  public:
   std::string_view name() const override { return "cuda"; }
@@ -100,13 +150,10 @@ class CudaBackend final : public Backend {
     return device;
   }
 
+  // Safe to call from another thread than the one running the ops (the weight prefetch does).
   Tensor from_stored(std::vector<int64_t> shape, DType dtype, std::span<const std::byte> bytes) override {
-    Tensor device = allocate(std::move(shape), dtype);
-    SYMPRUNE_ASSERT(static_cast<int64_t>(bytes.size()) == device.numel() * dtype_size(dtype),
-                    "from_stored: {} bytes of {} for {}", bytes.size(), dtype_name(dtype),
-                    device.shape_string());
-    if (!bytes.empty()) copy_to_device(device.device_bytes(), bytes.data(), bytes.size());
-    return device;
+    SYMPRUNE_ASSERT(supports_dtype(dtype), "cuda backend: tensors of dtype {}", dtype_name(dtype));
+    return uploader_.upload(std::move(shape), dtype, bytes);
   }
 
   Tensor to_host(const Tensor& tensor) override {
@@ -308,9 +355,14 @@ class CudaBackend final : public Backend {
   int64_t rope_seq_len_ = -1;
   DeviceArray<float> rope_cos_, rope_sin_;
   DeviceArray<uint16_t> linear_scratch_;
+  WeightUploader uploader_;
 };
 
 }  // namespace
+
+void set_cuda_backend_device(int device) {
+  backend_device.store(device);
+}
 
 Backend& cuda_backend() {
   static CudaBackend backend;

@@ -7,7 +7,11 @@
 
 namespace symprune::cuda {
 
-// The process-wide CUDA backend (device 0, the default stream).
+// The process-wide CUDA backend (the calling thread's device, the default stream; stored weights are
+// uploaded on a stream of their own, Backend::from_stored).
 Backend& cuda_backend();
+// The device the backend's uploads use when called from another thread (a new host thread starts on
+// device 0): accel::backend_for_device sets the one it selects.
+void set_cuda_backend_device(int device);
 
 }  // namespace symprune::cuda
