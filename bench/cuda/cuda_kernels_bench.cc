@@ -20,6 +20,7 @@
 #include "core/cuda/device_memory.h"
 #include "core/cuda/kernels/cuda_backend.h"
 #include "core/cuda/kernels/device_activation_stats.h"
+#include "core/cuda/kernels/device_attention.h"
 #include "core/cuda/kernels/device_dsnot.h"
 #include "core/cuda/kernels/device_mask_selector.h"
 #include "core/cuda/kernels/device_scores.h"
@@ -205,6 +206,17 @@ int main(int argc, char** argv) {
     const double flops = 2.0 * 2.0 * seqs * heads * (seq_len * (seq_len + 1) / 2.0) * hd;  // causal QK and PV
     record("attention fp32, 8 x 2048, 32 heads x 128", ms,
            std::to_string(flops / (ms * 1e-3) / 1e12).substr(0, 6) + " TFLOP/s (fp32 CUDA cores)");
+    // The same in bf16 on tensor cores (--dtype bf16): two strided-batched GEMMs per tile of queries and
+    // the causal softmax between them, in tiles of 672 queries.
+    cuda::AttentionScratch scratch;
+    const int64_t tile = cuda::attention_query_tile(heads, seq_len, kAttentionTileBytes);
+    const double bf16_ms = median_ms(reps, [&] {
+      cuda::attention_16bit(q.data(), k.data(), v.data(), seqs, seq_len, heads, heads, hd, 0.088f,
+                            DType::kBF16, tile, scratch, out.data());
+    });
+    record("attention bf16, 8 x 2048, 32 heads x 128", bf16_ms,
+           std::to_string(flops / (bf16_ms * 1e-3) / 1e12).substr(0, 6) +
+               " causal TFLOP/s (tensor cores; tiles of " + std::to_string(tile) + " queries)");
   }
   // RMSNorm over 16384 rows of 4096.
   {

@@ -51,6 +51,10 @@ struct DeviceMemory {
   int64_t free = 0, total = 0;
 };
 
+// Device memory a 16-bit attention's tile of fp32 scores and 16-bit probabilities may take (the memory
+// plan counts it).
+constexpr int64_t kAttentionTileBytes = int64_t{256} << 20;
+
 // Shape of a batch of equal-length sequences for attention/rope: rows are ordered
 // [seq 0 positions 0..T-1, seq 1 positions 0..T-1, ...].
 struct SequenceBatch {
@@ -112,9 +116,12 @@ class Backend {
                     std::span<const float> inv_freq) = 0;
   // Causal attention per sequence, grouped-query: q [rows, n_heads·hd], k/v [rows, n_kv_heads·hd],
   // query head h reads kv head h / (n_heads / n_kv_heads). out [rows, n_heads·hd].
-  // scores = scale · q·kᵀ, softmax over keys ≤ query position.
+  // scores = scale · q·kᵀ, softmax over keys ≤ query position. `operands` bf16/fp16 (device backends, a
+  // run in lower precision): q, k, v and the probabilities are rounded to it for the two products, which
+  // accumulate in fp32 (tensor cores; score tiles within kAttentionTileBytes); out stays fp32.
   virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const SequenceBatch& batch,
-                         int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& out) = 0;
+                         int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& out,
+                         DType operands = DType::kF32) = 0;
   // out = silu(gate) · up, elementwise.
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   virtual void relu(Tensor& x) = 0;

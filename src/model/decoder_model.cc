@@ -417,7 +417,7 @@ void DecoderModel::run_llama_block(int64_t block, const BlockWeights& w, Tensor&
   be.rope(ws.q, batch, c.num_heads, inv_freq_);
   be.rope(ws.k, batch, c.num_kv_heads, inv_freq_);
   be.attention(ws.q, ws.k, ws.v, batch, c.num_heads, c.num_kv_heads,
-               static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))), ws.attn);
+               static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))), ws.attn, storage_dtype_);
   linear("self_attn.o_proj", ws.attn, ws.o);
   be.add(x, ws.o);
 
@@ -449,7 +449,7 @@ void DecoderModel::run_opt_block(int64_t block, const BlockWeights& w, Tensor& x
   linear("self_attn.v_proj", *attn_in, ws.v);
   // OPT scales q by head_dim^-0.5 after q_proj; folding it into the scores is the same product.
   be.attention(ws.q, ws.k, ws.v, batch, c.num_heads, c.num_kv_heads,
-               static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))), ws.attn);
+               static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))), ws.attn, storage_dtype_);
   linear("self_attn.out_proj", ws.attn, ws.o);
   be.add(x, ws.o);
   if (!pre) {

@@ -94,6 +94,7 @@ TEST_P(CudaBackendModelTest, ForwardInLowerPrecisionIsNearTheCpu) {
     EXPECT_EQ(gpu.block_weights(0).linears.at(gpu.linear_names().front()).weight.dtype(), b.dtype);
     const Tensor actual = cuda::cuda_backend().to_host(gpu.forward(tokens, n_seqs, seq_len));
     const double error = relative_error(actual, expected);
+    RecordProperty("relative_error_" + std::string(dtype_name(b.dtype)), std::to_string(error));
     EXPECT_LE(error, b.error) << GetParam();
     EXPECT_GT(error, 1e-6) << GetParam();  // it did round
   }

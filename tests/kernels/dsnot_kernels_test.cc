@@ -96,7 +96,7 @@ R2Options r2_keys(double reg_p, double gamma_grow, double gamma_prune, double al
 class DsnotKernelTest : public KernelTest {};
 
 TEST_F(DsnotKernelTest, UnstructuredDsnotEqualsTheCpu) {
-  const Layer layer = make_layer(16, 300, 1, std::nullopt);
+  const Layer layer = make_layer(10, 300, 1, std::nullopt);
   expect_device_equals_cpu(layer, DsnotOptions{}, std::nullopt);
   DsnotOptions signed_sqrt;
   signed_sqrt.same_sign = true;
@@ -118,7 +118,7 @@ TEST_F(DsnotKernelTest, NmDsnotEqualsTheCpu) {
 }
 
 TEST_F(DsnotKernelTest, R2DsnotKeysEqualTheCpu) {
-  const Layer layer = make_layer(14, 260, 3, std::nullopt);
+  const Layer layer = make_layer(8, 260, 3, std::nullopt);
   for (const R2Options& keys : {R2Options{}, r2_keys(1.0, 1e-2, 0.0), r2_keys(2.0, 5e-3, 5e-3, 1.0),
                                 r2_keys(std::numeric_limits<double>::infinity(), 0.0, 1e-2, 0.25)}) {
     SCOPED_TRACE("reg_p " + std::to_string(keys.reg_p) + " gamma " + std::to_string(keys.gamma_grow) + "/" +

@@ -5,18 +5,23 @@
 //    (relative 1e-5 of the row's magnitude), and the unrounded fp32 product within the stated NMSE
 //    (bf16 1e-4, fp16 2e-6);
 //  * scores, masks and masked weights of a bf16 weight are the CPU's on its fp32 values, bit for bit.
-//  * stored bytes reach the device unchanged from another thread (the weight prefetch's upload).
+//  * stored bytes reach the device unchanged from another thread (the weight prefetch's upload);
+//  * the tensor-core attention (16-bit q, k, v and probabilities, fp32 accumulation) is within NMSE 1e-4
+//    (bf16) and 2e-6 (fp16) of the fp32 attention, for every kind of query tile.
 // The end-to-end prune in bf16 is in device_pipeline_test.cc.
 // Built into the emulated tests (label unit) and into symprune_gpu_tests (label gpu, a real device).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <future>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/backend.h"
 #include "core/cuda/kernels/cuda_backend.h"
+#include "core/cuda/kernels/device_attention.h"
 #include "core/dtype.h"
 #include "kernel_test_support.h"
 
@@ -120,6 +125,58 @@ TEST_F(LowPrecisionTest, FromStoredUploadsTheStoredBytesFromAnotherThread) {
                     "bf16 upload");
   EXPECT_EQ(stored[2].shape(), (std::vector<int64_t>{0, 5}));
   EXPECT_EQ(stored[2].dtype(), DType::kF16);
+}
+
+TEST_F(LowPrecisionTest, AttentionOnTensorCoresIsNearTheFp32Attention) {
+  // Query tiles of every kind: one tile, several with a partial last one, one query each; grouped and
+  // plain heads; through the backend (its own tile) and directly.
+  const struct {
+    int64_t n_seqs, seq_len, n_heads, n_kv_heads, head_dim, tile;
+  } cases[] = {{2, 37, 4, 2, 16, 37}, {2, 37, 4, 2, 16, 16}, {1, 21, 2, 2, 64, 5},
+               {1, 9, 3, 1, 32, 1},   {1, 1, 1, 1, 8, 1},    {2, 30, 2, 2, 128, 0}};
+  uint32_t seed = 60;
+  for (const auto& c : cases) {
+    const SequenceBatch batch{c.n_seqs, c.seq_len};
+    const int64_t rows = batch.rows(), qw = c.n_heads * c.head_dim, kw = c.n_kv_heads * c.head_dim;
+    const Tensor q({rows, qw}, uniform_values(rows * qw, seed++, -2.0f, 2.0f));
+    const Tensor k({rows, kw}, uniform_values(rows * kw, seed++, -2.0f, 2.0f));
+    const Tensor v({rows, kw}, uniform_values(rows * kw, seed++));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    Tensor expected;
+    cpu_backend().attention(q, k, v, batch, c.n_heads, c.n_kv_heads, scale, expected);
+    for (DType dtype : {DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " T=" + std::to_string(c.seq_len) + " heads " +
+                   std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) + " tile " +
+                   std::to_string(c.tile));
+      const Tensor dq = device().to_backend(q), dk = device().to_backend(k), dv = device().to_backend(v);
+      Tensor out;
+      if (c.tile == 0) {
+        device().attention(dq, dk, dv, batch, c.n_heads, c.n_kv_heads, scale, out, dtype);
+      } else {
+        out = device().allocate({rows, qw});
+        cuda::AttentionScratch scratch;
+        cuda::attention_16bit(dq.device_data(), dk.device_data(), dv.device_data(), c.n_seqs, c.seq_len,
+                              c.n_heads, c.n_kv_heads, c.head_dim, scale, dtype, c.tile, scratch,
+                              out.device_data());
+      }
+      const Tensor actual = device().to_host(out);
+      ASSERT_EQ(actual.shape(), expected.shape());
+      const double error = nmse(actual, expected);
+      EXPECT_LT(error, dtype == DType::kBF16 ? 1e-4 : 2e-6);
+      EXPECT_GT(error, 0.0) << "the operands were rounded";
+    }
+  }
+  // Tiles: the most queries whose scores and probabilities fit, multiples of 16, within [1, T].
+  EXPECT_EQ(cuda::attention_query_tile(32, 2048, kAttentionTileBytes), 672);  // 7B: 256 MiB / (32·2048·6)
+  EXPECT_EQ(cuda::attention_query_tile(64, 4096, kAttentionTileBytes), 160);  // 70B at T = 4096
+  EXPECT_EQ(cuda::attention_query_tile(4, 37, kAttentionTileBytes), 37);
+  EXPECT_EQ(cuda::attention_query_tile(64, 4096, 1000), 1);
+  EXPECT_THAT(error_of([] {
+                cuda::AttentionScratch scratch;
+                cuda::attention_16bit(nullptr, nullptr, nullptr, 1, 4, 2, 2, 320, 1.0f, DType::kBF16, 4,
+                                      scratch, nullptr);
+              }),
+              ::testing::HasSubstr("head_dim 320 (at most 256)"));
 }
 
 TEST_F(LowPrecisionTest, LinearMultipliesTheRoundedOperandsAccumulatingInFp32) {

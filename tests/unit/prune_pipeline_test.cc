@@ -622,8 +622,10 @@ TEST(DeviceMemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
   EXPECT_DOUBLE_EQ(bf16.calibration, 2 * 2 * tokens * d);  // H and the dense pass's copy
   EXPECT_DOUBLE_EQ(fp32.calibration, 2 * 4 * tokens * d);
   EXPECT_DOUBLE_EQ(bf16.globals, 4 * (vocab + config.max_position_embeddings + 2) * d + 2 * vocab * d);
-  // In bf16 a micro-batch also holds the fp32 states and a linear's input rounded to 16 bits.
-  EXPECT_DOUBLE_EQ(bf16.activations - fp32.activations, 4 * pass * d + 2 * pass * ffn);
+  // In bf16 a micro-batch also holds the fp32 states, a linear's input rounded to 16 bits, and the
+  // attention's rounded q (d wide), k and v, and its 256 MiB tile of scores and probabilities.
+  EXPECT_DOUBLE_EQ(bf16.activations - fp32.activations,
+                   4 * pass * d + 2 * pass * ffn + 2 * pass * (d + 2 * kv) + 256.0 * 1024 * 1024);
   EXPECT_DOUBLE_EQ(bf16.selection, 9 * d * ffn);  // fp32 scores and copy, byte mask
   EXPECT_EQ(bf16.evaluation, 0);
   EXPECT_LT(bf16.total(), 0.5 * 80e9);

@@ -177,7 +177,9 @@ class CpuBackend final : public Backend {
   }
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const SequenceBatch& batch,
-                 int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& out) override {
+                 int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& out, DType operands) override {
+    SYMPRUNE_ASSERT(operands == DType::kF32, "cpu attention in {}: this backend computes in fp32 only",
+                    dtype_name(operands));
     SYMPRUNE_ASSERT(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0, "heads {} / kv heads {}",
                     n_heads, n_kv_heads);
     const int64_t q_width = cols_of(q), kv_width = cols_of(k);

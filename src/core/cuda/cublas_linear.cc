@@ -65,4 +65,18 @@ void launch_linear_16bit(const float* x, const void* w, DType w_dtype, const flo
   if (bias != nullptr) launch_add_position_rows(y, bias, rows, 1, 0, m, stream);
 }
 
+void launch_gemm_strided_batched_16bit(int64_t m, int64_t n, int64_t k, float alpha, StridedOperand a,
+                                       StridedOperand b, DType dtype, float* c, int64_t ldc, int64_t stride_c,
+                                       int64_t batch, DeviceStream stream) {
+  if (m <= 0 || n <= 0 || batch <= 0) return;
+  cublasHandle_t h = handle_16bit();
+  SYMPRUNE_CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream.handle)));
+  const cudaDataType operands = dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const float beta = 0.0f;
+  SYMPRUNE_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(
+      h, a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N, b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha,
+      a.data, operands, a.ld, a.stride, b.data, operands, b.ld, b.stride, &beta, c, CUDA_R_32F, ldc, stride_c,
+      batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace symprune::cuda

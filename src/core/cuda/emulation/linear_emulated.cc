@@ -24,4 +24,31 @@ void launch_linear_16bit(const float* x, const void* w, DType w_dtype, const flo
   launch_linear_tiled(x_rounded.data(), w_wide.data(), bias, rows, n, m, y, stream);
 }
 
+void launch_gemm_strided_batched_16bit(int64_t m, int64_t n, int64_t k, float alpha, StridedOperand a,
+                                       StridedOperand b, DType dtype, float* c, int64_t ldc, int64_t stride_c,
+                                       int64_t batch, DeviceStream) {
+  const auto* a16 = static_cast<const uint16_t*>(a.data);
+  const auto* b16 = static_cast<const uint16_t*>(b.data);
+  const auto widen = [dtype](uint16_t bits) {
+    float value = 0.0f;
+    convert_to_f32(dtype, &bits, &value, 1);
+    return value;
+  };
+  for (int64_t batch_index = 0; batch_index < batch; ++batch_index) {
+    const uint16_t* ab = a16 + batch_index * a.stride;
+    const uint16_t* bb = b16 + batch_index * b.stride;
+    float* cb = c + batch_index * stride_c;
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < m; ++i) {
+        float sum = 0.0f;
+        for (int64_t l = 0; l < k; ++l) {
+          const float x = widen(a.transposed ? ab[i * a.ld + l] : ab[l * a.ld + i]);
+          const float y = widen(b.transposed ? bb[l * b.ld + j] : bb[j * b.ld + l]);
+          sum += x * y;  // the product of two 16-bit values is exact in fp32
+        }
+        cb[j * ldc + i] = alpha * sum;
+      }
+  }
+}
+
 }  // namespace symprune::cuda

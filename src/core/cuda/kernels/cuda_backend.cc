@@ -12,6 +12,7 @@
 #include "core/cuda/device_memory.h"
 #include "core/cuda/kernels/convert_kernels.h"
 #include "core/cuda/kernels/device_activation_stats.h"
+#include "core/cuda/kernels/device_attention.h"
 #include "core/cuda/kernels/device_dsnot.h"
 #include "core/cuda/kernels/device_mask_selector.h"
 #include "core/cuda/kernels/device_scores.h"
@@ -232,12 +233,19 @@ class CudaBackend final : public Backend {
   }
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const SequenceBatch& batch,
-                 int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& o) override {
+                 int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& o, DType operands) override {
     const int64_t head_dim = cols_of(q) / n_heads;
     SYMPRUNE_ASSERT(
         head_dim * n_heads == cols_of(q) && cols_of(k) == n_kv_heads * head_dim && rows_of(q) == batch.rows(),
         "attention q {} k {} for {}/{} heads", q.shape_string(), k.shape_string(), n_heads, n_kv_heads);
     float* od = out(o, q.shape());
+    if (operands != DType::kF32) {
+      attention_16bit(in(q, "attention q"), in(k, "attention k"), in(v, "attention v"), batch.n_seqs,
+                      batch.seq_len, n_heads, n_kv_heads, head_dim, scale, operands,
+                      attention_query_tile(n_heads, batch.seq_len, kAttentionTileBytes), attention_scratch_,
+                      od, {});
+      return;
+    }
     launch_attention(in(q, "attention q"), in(k, "attention k"), in(v, "attention v"), batch.n_seqs,
                      batch.seq_len, n_heads, n_kv_heads, head_dim, scale, od, {});
   }
@@ -355,6 +363,7 @@ class CudaBackend final : public Backend {
   int64_t rope_seq_len_ = -1;
   DeviceArray<float> rope_cos_, rope_sin_;
   DeviceArray<uint16_t> linear_scratch_;
+  AttentionScratch attention_scratch_;
   WeightUploader uploader_;
 };
 

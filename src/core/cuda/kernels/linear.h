@@ -19,4 +19,18 @@ void launch_linear(const float* x, const float* w, const float* bias, int64_t ro
 void launch_linear_16bit(const float* x, const void* w, DType w_dtype, const float* bias, int64_t rows,
                          int64_t n, int64_t m, void* x_scratch, float* y, DeviceStream stream);
 
+// A strided batch of C_b = alpha · op(A_b) · op(B_b) in cuBLAS's column-major convention (op = transpose
+// when trans_a / trans_b; op(A_b) is m × k, op(B_b) is k × n, C_b is m × n with leading dimension ldc), for
+// b < batch with X_b = X + b · stride_x elements: A and B in bf16/fp16 (dtype), C in fp32, products
+// accumulated in fp32. Under CUDA it is cuBLAS GemmStridedBatchedEx on tensor cores; in the emulation, a
+// host loop on the widened values.
+struct StridedOperand {
+  const void* data;
+  int64_t ld, stride;
+  bool transposed;
+};
+void launch_gemm_strided_batched_16bit(int64_t m, int64_t n, int64_t k, float alpha, StridedOperand a,
+                                       StridedOperand b, DType dtype, float* c, int64_t ldc, int64_t stride_c,
+                                       int64_t batch, DeviceStream stream);
+
 }  // namespace symprune::cuda
