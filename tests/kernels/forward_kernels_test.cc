@@ -146,19 +146,13 @@ TEST_F(KernelTest, AttentionMatchesTheCpu) {
                {1, 40, 2, 1, 128}, {1, 19, 2, 2, 160}, {1, 9, 1, 1, 256}};
   uint32_t seed = 20;
   for (const auto& c : cases) {
-    const SequenceBatch batch{c.n_seqs, c.seq_len};
-    const int64_t rows = batch.rows(), qw = c.n_heads * c.head_dim, kw = c.n_kv_heads * c.head_dim;
-    const Tensor q({rows, qw}, uniform_values(rows * qw, seed++, -2.0f, 2.0f));
-    const Tensor k({rows, kw}, uniform_values(rows * kw, seed++, -2.0f, 2.0f));
-    const Tensor v({rows, kw}, uniform_values(rows * kw, seed++));
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    Tensor expected;
-    cpu_backend().attention(q, k, v, batch, c.n_heads, c.n_kv_heads, scale, expected);
-    const DeviceArray<float> dq = on_device(q), dk = on_device(k), dv = on_device(v);
-    DeviceArray<float> out(rows * qw);
+    const AttentionCase a = attention_case(c.n_seqs, c.seq_len, c.n_heads, c.n_kv_heads, c.head_dim, seed);
+    seed += 3;
+    const DeviceArray<float> dq = on_device(a.q), dk = on_device(a.k), dv = on_device(a.v);
+    DeviceArray<float> out(a.expected.numel());
     cuda::launch_attention(dq.data(), dk.data(), dv.data(), c.n_seqs, c.seq_len, c.n_heads, c.n_kv_heads,
-                           c.head_dim, scale, out.data(), {});
-    expect_close(from_device(out, {rows, qw}), expected, 2e-6, false,
+                           c.head_dim, a.scale, out.data(), {});
+    expect_close(from_device(out, a.expected.shape()), a.expected, 2e-6, false,
                  "attention T=" + std::to_string(c.seq_len) + " hd=" + std::to_string(c.head_dim));
   }
   EXPECT_THAT(

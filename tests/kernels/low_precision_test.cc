@@ -136,32 +136,27 @@ TEST_F(LowPrecisionTest, AttentionOnTensorCoresIsNearTheFp32Attention) {
                {1, 9, 3, 1, 32, 1},   {1, 1, 1, 1, 8, 1},    {2, 30, 2, 2, 128, 0}};
   uint32_t seed = 60;
   for (const auto& c : cases) {
-    const SequenceBatch batch{c.n_seqs, c.seq_len};
-    const int64_t rows = batch.rows(), qw = c.n_heads * c.head_dim, kw = c.n_kv_heads * c.head_dim;
-    const Tensor q({rows, qw}, uniform_values(rows * qw, seed++, -2.0f, 2.0f));
-    const Tensor k({rows, kw}, uniform_values(rows * kw, seed++, -2.0f, 2.0f));
-    const Tensor v({rows, kw}, uniform_values(rows * kw, seed++));
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    Tensor expected;
-    cpu_backend().attention(q, k, v, batch, c.n_heads, c.n_kv_heads, scale, expected);
+    const AttentionCase a = attention_case(c.n_seqs, c.seq_len, c.n_heads, c.n_kv_heads, c.head_dim, seed);
+    seed += 3;
     for (DType dtype : {DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + " T=" + std::to_string(c.seq_len) + " heads " +
                    std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) + " tile " +
                    std::to_string(c.tile));
-      const Tensor dq = device().to_backend(q), dk = device().to_backend(k), dv = device().to_backend(v);
+      const Tensor dq = device().to_backend(a.q), dk = device().to_backend(a.k),
+                   dv = device().to_backend(a.v);
       Tensor out;
       if (c.tile == 0) {
-        device().attention(dq, dk, dv, batch, c.n_heads, c.n_kv_heads, scale, out, dtype);
+        device().attention(dq, dk, dv, a.batch, c.n_heads, c.n_kv_heads, a.scale, out, dtype);
       } else {
-        out = device().allocate({rows, qw});
+        out = device().allocate(a.expected.shape());
         cuda::AttentionScratch scratch;
         cuda::attention_16bit(dq.device_data(), dk.device_data(), dv.device_data(), c.n_seqs, c.seq_len,
-                              c.n_heads, c.n_kv_heads, c.head_dim, scale, dtype, c.tile, scratch,
+                              c.n_heads, c.n_kv_heads, c.head_dim, a.scale, dtype, c.tile, scratch,
                               out.device_data());
       }
       const Tensor actual = device().to_host(out);
-      ASSERT_EQ(actual.shape(), expected.shape());
-      const double error = nmse(actual, expected);
+      ASSERT_EQ(actual.shape(), a.expected.shape());
+      const double error = nmse(actual, a.expected);
       EXPECT_LT(error, dtype == DType::kBF16 ? 1e-4 : 2e-6);
       EXPECT_GT(error, 0.0) << "the operands were rounded";
     }
