@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/cuda/kernels/dsnot_kernels.h"
+#include "core/cuda/kernels/mask_kernels.h"
 #include "core/error.h"
 
 namespace symprune::cuda {
@@ -36,6 +37,20 @@ DsnotKernelOptions kernel_options(const DsnotOptions& options, std::optional<NmP
   return k;
 }
 
+// The byte mask of `mask` on the device; it crosses the bus bit-packed (one eighth of the bytes).
+DeviceArray<uint8_t> upload_mask(const Mask& mask, DeviceStream stream) {
+  const DeviceArray<uint8_t> bits(mask.pack_bits());
+  DeviceArray<uint8_t> bytes(mask.size());
+  launch_unpack_mask_bits(bits.data(), mask.size(), bytes.data(), stream);
+  return bytes;
+}
+
+Mask download_mask(const DeviceArray<uint8_t>& bytes, int64_t rows, int64_t cols, DeviceStream stream) {
+  DeviceArray<uint8_t> bits((rows * cols + 7) / 8);
+  launch_pack_mask_bits(bytes.data(), rows * cols, bits.data(), stream);
+  return Mask::unpack_bits(rows, cols, bits.download(stream));
+}
+
 void check_device_weight(const Tensor& weight) {
   SYMPRUNE_ASSERT(
       weight.rank() == 2 && (weight.on_device() || weight.empty()) && weight.dtype() == DType::kF32,
@@ -49,7 +64,7 @@ std::vector<double> initial_column_l1_on_device(const Tensor& weight, const Mask
   SYMPRUNE_CHECK(mask.rows() == weight.dim(0) && mask.cols() == weight.dim(1),
                  "initial_column_l1: mask [{}, {}] does not match the weight {}", mask.rows(), mask.cols(),
                  weight.shape_string());
-  const DeviceArray<uint8_t> device_mask(mask.flat().data(), mask.size());
+  const DeviceArray<uint8_t> device_mask = upload_mask(mask, stream);
   DeviceArray<double> col_l1(weight.dim(1));
   if (weight.dim(0) == 0) col_l1.zero(stream);
   launch_initial_column_l1(weight.device_data(), weight.dim(0), weight.dim(1), device_mask.data(),
@@ -74,7 +89,7 @@ RefineStats refine_dsnot_on_device(const Tensor& weight, const std::vector<doubl
   const DeviceArray<float> device_mu(host.mu), device_var_pow(host.var_pow);
   const DeviceArray<double> device_act_norm(host.act_norm), device_act_pow(host.act_pow),
       device_col_inv_l1(host.col_inv_l1);
-  DeviceArray<uint8_t> device_mask(mask.flat().data(), mask.size());
+  DeviceArray<uint8_t> device_mask = upload_mask(mask, stream);
   DeviceArray<int64_t> swaps(rows);
   DeviceArray<double> before(rows), after(rows);
   const int64_t per_block = dsnot_scratch_bytes_per_block(n, options.max_cycles);
@@ -84,7 +99,7 @@ RefineStats refine_dsnot_on_device(const Tensor& weight, const std::vector<doubl
                                    device_act_pow.data(), device_col_inv_l1.data()};
   launch_dsnot_rows(weight.device_data(), rows, n, device_mask.data(), columns, kernel_options(options, nm),
                     {swaps.data(), before.data(), after.data()}, scratch.data(), blocks, stream);
-  if (mask.size() > 0) copy_to_host(mask.flat().data(), device_mask.data(), device_mask.bytes(), stream);
+  mask = download_mask(device_mask, rows, n, stream);
   return dsnot_totals(swaps.download(stream), before.download(stream), after.download(stream));
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // Host-only header: core::refine_dsnot and core::initial_column_l1 for a weight held on the device
-// (dsnot_kernels.h), with the CPU's checks, errors and results. The mask crosses the bus as bytes both
+// (dsnot_kernels.h), with the CPU's checks, errors and results. The mask crosses the bus bit-packed both
 // ways; the weight stays where it is.
 #include <optional>
 #include <vector>

@@ -130,6 +130,13 @@ __global__ void pack_bits_kernel(const uint8_t* __restrict__ mask, int64_t count
   }
 }
 
+__global__ void unpack_bits_kernel(const uint8_t* __restrict__ bits, int64_t count,
+                                   uint8_t* __restrict__ mask) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    mask[i] = (bits[i / 8] >> (i % 8)) & 1u;
+}
+
 // Element: float, or the uint16_t bits of bf16/fp16 (whose zero is +0 in both).
 template <typename Element>
 __global__ void mask_weight_kernel(const Element* weight, const uint8_t* __restrict__ bits, int64_t count,
@@ -218,6 +225,12 @@ void launch_pack_mask_bits(const uint8_t* mask, int64_t count, uint8_t* bits, De
   if (count <= 0) return;
   SYMPRUNE_LAUNCH(pack_bits_kernel, grid_for((count + 7) / 8), kThreads, 0, native(stream), mask, count,
                   bits);
+  SYMPRUNE_CHECK_LAUNCH();
+}
+
+void launch_unpack_mask_bits(const uint8_t* bits, int64_t count, uint8_t* mask, DeviceStream stream) {
+  if (count <= 0) return;
+  SYMPRUNE_LAUNCH(unpack_bits_kernel, grid_for(count), kThreads, 0, native(stream), bits, count, mask);
   SYMPRUNE_CHECK_LAUNCH();
 }
 

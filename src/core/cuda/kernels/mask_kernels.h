@@ -33,6 +33,8 @@ void launch_prune_at_most(const float* scores, int64_t count, float theta, uint8
                           DeviceStream stream);
 // bits[i / 8] bit (i % 8) = mask[i] (core::Mask::pack_bits' layout), ceil(count / 8) bytes.
 void launch_pack_mask_bits(const uint8_t* mask, int64_t count, uint8_t* bits, DeviceStream stream);
+// mask[i] = bit i of `bits` (the inverse of launch_pack_mask_bits), count bytes.
+void launch_unpack_mask_bits(const uint8_t* bits, int64_t count, uint8_t* mask, DeviceStream stream);
 // out[i] = weight[i] where bit i of `bits` (pack_bits' layout, 1 = pruned) equals keep_pruned, else 0:
 // W̃ for keep_pruned = false, W − W̃ for true. out may be weight. Elements of element_bytes 4 (fp32) or 2
 // (bf16/fp16).
