@@ -55,6 +55,9 @@ struct DeviceMemory {
 // plan counts it).
 constexpr int64_t kAttentionTileBytes = int64_t{256} << 20;
 
+// Device scratch a device backend's refine_dsnot may take at most (the memory plan counts it).
+constexpr int64_t kDeviceRefineScratchBytes = int64_t{64} << 20;
+
 // Shape of a batch of equal-length sequences for attention/rope: rows are ordered
 // [seq 0 positions 0..T-1, seq 1 positions 0..T-1, ...].
 struct SequenceBatch {

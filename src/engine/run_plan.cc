@@ -362,10 +362,12 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   }
   const int64_t calib_tokens = r.needs_stats ? local_windows * r.seqlen : 0;
   if (backend.device_resident())
-    check_device_memory(backend,
-                        plan_device_memory(model.config(), model.storage_dtype(), calib_tokens,
-                                           r.micro_batch * r.seqlen, eval_tokens),
-                        c.nsamples, r.seqlen, r.micro_batch);
+    check_device_memory(
+        backend,
+        plan_device_memory(model.config(), model.storage_dtype(), calib_tokens, r.micro_batch * r.seqlen,
+                           eval_tokens,
+                           comm.size() == 1 ? std::optional(model.stored_weight_dtype()) : std::nullopt),
+        c.nsamples, r.seqlen, r.micro_batch);
   else
     check_memory(c.nsamples, r.seqlen, calib_tokens, eval_tokens, model.hidden_size());
 
@@ -457,7 +459,8 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
 }  // namespace
 
 DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, int64_t calib_tokens,
-                                    int64_t tokens_per_pass, int64_t eval_tokens) {
+                                    int64_t tokens_per_pass, int64_t eval_tokens,
+                                    std::optional<DType> prefetched) {
   const double f = sizeof(float), s = static_cast<double>(dtype_size(storage));
   const bool low_precision = storage != DType::kF32;
   const double d = static_cast<double>(mc.hidden_size), vocab = static_cast<double>(mc.vocab_size);
@@ -476,6 +479,8 @@ DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, in
     widest_input = std::max(widest_input, static_cast<double>(e.shape[1]));
   }
   p.block_weights = s * 2.0 * linears;
+  // The next block's linears, uploaded in their stored dtype during this block (one rank).
+  if (prefetched) p.block_weights += static_cast<double>(dtype_size(*prefetched)) * linears;
   // H of this rank's windows and the dense pass's copy of it.
   p.calibration = s * 2.0 * static_cast<double>(calib_tokens) * d;
   // One micro-batch through a block: its rows, q/k/v, attention, the norms and the MLP's three widths; in
@@ -489,8 +494,10 @@ DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, in
                      static_cast<double>(kAttentionTileBytes);
   // The dense and the pruned evaluation streams, and one slab of logits.
   p.evaluation = eval_tokens > 0 ? s * 2.0 * static_cast<double>(eval_tokens) * d + f * 512.0 * vocab : 0.0;
-  // The scores of the largest matrix and its byte mask (and its fp32 copy in lower precision).
-  p.selection = (f + 1.0 + (low_precision ? f : 0.0)) * largest;
+  // The scores of the largest matrix and its byte mask (and its fp32 copy in lower precision), and DSnoT's
+  // scratch.
+  p.selection =
+      (f + 1.0 + (low_precision ? f : 0.0)) * largest + static_cast<double>(kDeviceRefineScratchBytes);
   return p;
 }
 

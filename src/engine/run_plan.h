@@ -68,9 +68,12 @@ struct DeviceMemoryPlan {
   }
 };
 // For a model of `config` kept in `storage`, calib_tokens calibration tokens on this rank, micro-batches
-// of tokens_per_pass and eval_tokens evaluation tokens on this rank.
+// of tokens_per_pass and eval_tokens evaluation tokens on this rank. `prefetched`: the stored dtype of the
+// next block's linears when they are uploaded while the current block computes (one rank: a third copy
+// of a block at the peak); nullopt when several ranks upload at install time.
 DeviceMemoryPlan plan_device_memory(const io::ModelConfig& config, DType storage, int64_t calib_tokens,
-                                    int64_t tokens_per_pass, int64_t eval_tokens);
+                                    int64_t tokens_per_pass, int64_t eval_tokens,
+                                    std::optional<DType> prefetched = std::nullopt);
 
 // The positions within each calibration window whose inputs the report's reconstruction error reads:
 // ceil(tokens / windows) of the seqlen positions (at least 1, at most all; tokens 0 = all), evenly spaced,

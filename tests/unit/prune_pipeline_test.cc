@@ -619,6 +619,13 @@ TEST(DeviceMemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
   const DeviceMemoryPlan fp32 = plan_device_memory(config, DType::kF32, 128 * 2048, 8 * 2048, 0);
   EXPECT_DOUBLE_EQ(bf16.block_weights, 2 * 2 * linears);  // the dense block and the pruned copies
   EXPECT_DOUBLE_EQ(fp32.block_weights, 2 * 4 * linears);
+  // One rank uploads the next block (in its stored dtype) while the current one computes: a third copy.
+  const DeviceMemoryPlan one_rank =
+      plan_device_memory(config, DType::kBF16, 128 * 2048, 8 * 2048, 0, DType::kBF16);
+  EXPECT_DOUBLE_EQ(one_rank.block_weights, 3 * 2 * linears);
+  EXPECT_DOUBLE_EQ(
+      plan_device_memory(config, DType::kBF16, 128 * 2048, 8 * 2048, 0, DType::kF32).block_weights,
+      2 * 2 * linears + 4 * linears);
   EXPECT_DOUBLE_EQ(bf16.calibration, 2 * 2 * tokens * d);  // H and the dense pass's copy
   EXPECT_DOUBLE_EQ(fp32.calibration, 2 * 4 * tokens * d);
   EXPECT_DOUBLE_EQ(bf16.globals, 4 * (vocab + config.max_position_embeddings + 2) * d + 2 * vocab * d);
@@ -626,7 +633,9 @@ TEST(DeviceMemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
   // attention's rounded q (d wide), k and v, and its 256 MiB tile of scores and probabilities.
   EXPECT_DOUBLE_EQ(bf16.activations - fp32.activations,
                    4 * pass * d + 2 * pass * ffn + 2 * pass * (d + 2 * kv) + 256.0 * 1024 * 1024);
-  EXPECT_DOUBLE_EQ(bf16.selection, 9 * d * ffn);  // fp32 scores and copy, byte mask
+  EXPECT_DOUBLE_EQ(bf16.selection,
+                   9 * d * ffn + 64.0 * 1024 * 1024);  // fp32 scores and copy, byte mask, DSnoT
+  EXPECT_LT(one_rank.total(), 0.5 * 80e9);
   EXPECT_EQ(bf16.evaluation, 0);
   EXPECT_LT(bf16.total(), 0.5 * 80e9);
   EXPECT_GT(fp32.total(), bf16.total() + 2 * tokens * d);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/backend.h"
 #include "core/cuda/kernels/dsnot_kernels.h"
 #include "core/cuda/kernels/mask_kernels.h"
 #include "core/error.h"
@@ -12,10 +13,12 @@ namespace symprune::cuda {
 namespace {
 
 // Blocks of one refinement: enough to fill an H100 (132 SMs × 8 blocks of 256 threads), fewer when their
-// scratch would pass 256 MiB (very wide rows with a large --max-cycles).
+// scratch would pass kDeviceRefineScratchBytes (wide rows with a large --max-cycles; 24 MB at n = 11008
+// and 50 cycles).
 int dsnot_blocks(int64_t rows, int64_t scratch_per_block) {
-  constexpr int64_t kMaxBlocks = 1056, kScratchBudget = int64_t{256} << 20;
-  const int64_t by_memory = std::max<int64_t>(kScratchBudget / std::max<int64_t>(scratch_per_block, 1), 1);
+  constexpr int64_t kMaxBlocks = 1056;
+  const int64_t by_memory =
+      std::max<int64_t>(kDeviceRefineScratchBytes / std::max<int64_t>(scratch_per_block, 1), 1);
   return static_cast<int>(std::max<int64_t>(std::min({rows, kMaxBlocks, by_memory}), 1));
 }
 
