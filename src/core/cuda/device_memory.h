@@ -76,6 +76,11 @@ class DeviceArray {
   int64_t size() const { return count_; }
   size_t bytes() const { return static_cast<size_t>(count_) * sizeof(T); }
 
+  // Scratch kept between calls: grows (contents dropped) to at least `count` elements, never shrinks.
+  void reserve(int64_t count) {
+    if (count_ < count) *this = DeviceArray(count);
+  }
+
   void zero(DeviceStream stream = {}) {
     if (count_ > 0) zero_device(data_, bytes(), stream);
   }

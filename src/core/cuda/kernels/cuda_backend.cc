@@ -193,7 +193,7 @@ class CudaBackend final : public Backend {
       return;
     }
     // x rounded to the weight's dtype goes to a scratch buffer kept between calls (the largest input).
-    if (linear_scratch_.size() < rows * n) linear_scratch_ = DeviceArray<uint16_t>(rows * n);
+    linear_scratch_.reserve(rows * n);
     launch_linear_16bit(in(x, "linear input"), in_bytes(weight, "linear weight"), weight.dtype(), bias_data,
                         rows, n, m, linear_scratch_.data(), yd, {});
   }

@@ -10,15 +10,6 @@
 #include "core/error.h"
 
 namespace symprune::cuda {
-namespace {
-
-template <typename T>
-void ensure(DeviceArray<T>& array, int64_t count) {
-  if (array.size() < count) array = DeviceArray<T>(count);
-}
-
-}  // namespace
-
 int64_t attention_query_tile(int64_t n_heads, int64_t seq_len, int64_t tile_bytes) {
   const int64_t per_query = std::max<int64_t>(n_heads * seq_len * (4 + 2), 1);
   int64_t tile = std::clamp<int64_t>(tile_bytes / per_query, 1, std::max<int64_t>(seq_len, 1));
@@ -36,12 +27,12 @@ void attention_16bit(const float* q, const float* k, const float* v, int64_t n_s
   if (n_seqs <= 0 || seq_len <= 0) return;
   const int64_t rows = n_seqs * seq_len, group = n_heads / n_kv_heads;
   const int64_t q_width = n_heads * head_dim, kv_width = n_kv_heads * head_dim;
-  ensure(scratch.q, rows * q_width);
-  ensure(scratch.k, rows * kv_width);
-  ensure(scratch.v, rows * kv_width);
+  scratch.q.reserve(rows * q_width);
+  scratch.k.reserve(rows * kv_width);
+  scratch.v.reserve(rows * kv_width);
   const int64_t tile_cap = std::min(query_tile, seq_len);
-  ensure(scratch.scores, n_heads * tile_cap * seq_len);
-  ensure(scratch.probs, n_heads * tile_cap * seq_len);
+  scratch.scores.reserve(n_heads * tile_cap * seq_len);
+  scratch.probs.reserve(n_heads * tile_cap * seq_len);
   launch_convert(q, DType::kF32, scratch.q.data(), dtype, rows * q_width, stream);
   launch_convert(k, DType::kF32, scratch.k.data(), dtype, rows * kv_width, stream);
   launch_convert(v, DType::kF32, scratch.v.data(), dtype, rows * kv_width, stream);

@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "core/backend.h"
+#include "core/cuda/kernels/device_mask_selector.h"
 #include "core/cuda/kernels/dsnot_kernels.h"
-#include "core/cuda/kernels/mask_kernels.h"
 #include "core/error.h"
 
 namespace symprune::cuda {
@@ -38,20 +38,6 @@ DsnotKernelOptions kernel_options(const DsnotOptions& options, std::optional<NmP
     k.gamma_prune = r2->gamma_prune;
   }
   return k;
-}
-
-// The byte mask of `mask` on the device; it crosses the bus bit-packed (one eighth of the bytes).
-DeviceArray<uint8_t> upload_mask(const Mask& mask, DeviceStream stream) {
-  const DeviceArray<uint8_t> bits(mask.pack_bits());
-  DeviceArray<uint8_t> bytes(mask.size());
-  launch_unpack_mask_bits(bits.data(), mask.size(), bytes.data(), stream);
-  return bytes;
-}
-
-Mask download_mask(const DeviceArray<uint8_t>& bytes, int64_t rows, int64_t cols, DeviceStream stream) {
-  DeviceArray<uint8_t> bits((rows * cols + 7) / 8);
-  launch_pack_mask_bits(bytes.data(), rows * cols, bits.data(), stream);
-  return Mask::unpack_bits(rows, cols, bits.download(stream));
 }
 
 void check_device_weight(const Tensor& weight) {
@@ -102,7 +88,7 @@ RefineStats refine_dsnot_on_device(const Tensor& weight, const std::vector<doubl
                                    device_act_pow.data(), device_col_inv_l1.data()};
   launch_dsnot_rows(weight.device_data(), rows, n, device_mask.data(), columns, kernel_options(options, nm),
                     {swaps.data(), before.data(), after.data()}, scratch.data(), blocks, stream);
-  mask = download_mask(device_mask, rows, n, stream);
+  mask = download_mask(device_mask.data(), rows, n, stream);
   return dsnot_totals(swaps.download(stream), before.download(stream), after.download(stream));
 }
 

@@ -54,11 +54,22 @@ void DeviceMaskSelector::prune_at_most(float theta) {
 }
 
 Mask DeviceMaskSelector::take_mask() {
-  DeviceArray<uint8_t> bits((rows_ * cols_ + 7) / 8);
-  launch_pack_mask_bits(mask_.data(), rows_ * cols_, bits.data(), stream_);
-  const std::vector<uint8_t> host_bits = bits.download(stream_);
+  Mask mask = download_mask(mask_.data(), rows_, cols_, stream_);
   mask_ = DeviceArray<uint8_t>();
-  return Mask::unpack_bits(rows_, cols_, host_bits);
+  return mask;
+}
+
+DeviceArray<uint8_t> upload_mask(const Mask& mask, DeviceStream stream) {
+  const DeviceArray<uint8_t> bits(mask.pack_bits());
+  DeviceArray<uint8_t> bytes(mask.size());
+  launch_unpack_mask_bits(bits.data(), mask.size(), bytes.data(), stream);
+  return bytes;
+}
+
+Mask download_mask(const uint8_t* device_bytes, int64_t rows, int64_t cols, DeviceStream stream) {
+  DeviceArray<uint8_t> bits((rows * cols + 7) / 8);
+  launch_pack_mask_bits(device_bytes, rows * cols, bits.data(), stream);
+  return Mask::unpack_bits(rows, cols, bits.download(stream));
 }
 
 Mask select_mask_on_device(const float* scores, int64_t rows, int64_t cols, const MaskSpec& spec,

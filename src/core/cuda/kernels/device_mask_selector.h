@@ -35,6 +35,11 @@ class DeviceMaskSelector final : public MaskSelector {
   DeviceArray<uint8_t> mask_;
 };
 
+// A host mask as a byte mask [rows·cols] on the device, and back: both cross the bus bit-packed (one
+// eighth of the bytes), packed and unpacked by kernels on the device.
+DeviceArray<uint8_t> upload_mask(const Mask& mask, DeviceStream stream = {});
+Mask download_mask(const uint8_t* device_bytes, int64_t rows, int64_t cols, DeviceStream stream = {});
+
 // select_mask on device scores.
 Mask select_mask_on_device(const float* scores, int64_t rows, int64_t cols, const MaskSpec& spec,
                            std::string_view matrix_name = "<unnamed>", const MatrixPart* part = nullptr,
