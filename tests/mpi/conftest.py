@@ -11,12 +11,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from prune_support import Stories  # noqa: E402
 
 DIST = os.environ["SYMPRUNE_DIST_BIN"]
+# symprune_dist linked with the CPU emulation of CUDA: `--device cuda` runs the device pipeline on the CPU.
+DIST_EMULATED = os.environ["SYMPRUNE_DIST_EMULATED_BIN"]
 MPIEXEC = os.environ.get("SYMPRUNE_MPIEXEC", "mpirun")
 
 
-def mpirun(ranks, *args, env=None, timeout=300):
-    """symprune_dist on `ranks` processes; CompletedProcess with text output."""
-    command = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", DIST, *map(str, args)]
+def mpirun(ranks, *args, env=None, timeout=300, binary=DIST):
+    """symprune_dist (or `binary`) on `ranks` processes; CompletedProcess with text output."""
+    command = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", binary, *map(str, args)]
     full_env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1", **(env or {})}
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env)
 

@@ -1,0 +1,72 @@
+"""The device pipeline over several MPI ranks (issue 10): symprune_dist with `--device cuda`, its kernels
+run by the CPU emulation of CUDA (every rank sharing the one emulated device), gives the output of one
+`symprune prune` process on the CPU byte for byte, for R that divides neither the calibration chunks nor
+the rows; a device run killed after a block resumes on another number of ranks to the same output.
+
+What this covers that the single-process device tests do not: block weights broadcast and then uploaded
+on each rank, each rank's rows of a device weight, per-layer selection whose histograms are summed over
+ranks from device scores, R²-DSnoT's column norms of the whole gathered mask, statistics from device
+passes reduced over MPI, and checkpoints written from and restored into device memory by several ranks.
+The emulation runs each CUDA thread as an OS thread, so the runs are small (4 windows of 8 tokens)."""
+import json
+
+import pytest
+
+from conftest import DIST_EMULATED, mpirun
+from prune_support import output_digest, symprune
+
+CALIB = ["--nsamples", "4", "--seqlen", "8", "--micro-batch", "1", "--recon-tokens", "16", "--threads", "1"]
+
+CASES = {
+    # N:M scores and selection on the device, DSnoT on each rank's rows (the attention linears).
+    "ria-2:4+dsnot": ["--method", "ria", "--nm", "2:4", "--refine", "dsnot"],
+    # One threshold per layer: the key histograms of every rank's device scores summed over MPI.
+    "symwanda-layer": ["--method", "symwanda", "--sparsity", "0.6", "--group", "layer"],
+}
+
+
+def cpu_reference(stories, tmp_path, case_args, name):
+    out = tmp_path / f"cpu-{name}"
+    symprune("prune", "--model", stories.model, "--calib", stories.first, *CALIB, *case_args, "--device", "cpu",
+             "--out", out, "--report", f"{out}.json")
+    return output_digest(out), json.loads((tmp_path / f"cpu-{name}.json").read_text())
+
+
+def device_run(stories, run_dir, ranks, case_args, extra=(), env=None):
+    args = ["--model", stories.model, "--calib", stories.first, *CALIB, *case_args, "--device", "cuda",
+            "--comm", "mpi", "--out", run_dir / "out", "--report", run_dir / "report.json", *extra]
+    return mpirun(ranks, *args, env=env, timeout=600, binary=DIST_EMULATED)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_device_ranks_give_the_cpu_output(stories, tmp_path, have_mpirun, name):
+    expected, reference = cpu_reference(stories, tmp_path, CASES[name], name)
+    for ranks in (2, 3):
+        run_dir = tmp_path / f"r{ranks}-{name}"
+        run_dir.mkdir()
+        proc = device_run(stories, run_dir, ranks, CASES[name])
+        assert proc.returncode == 0, proc.stderr
+        assert output_digest(run_dir / "out") == expected, f"R={ranks} on the device differs from the CPU"
+        report = json.loads((run_dir / "report.json").read_text())
+        assert report["config"]["device"] == "cuda" and report["config"]["ranks"] == ranks
+        assert [l["pruned"] for l in report["layers"]] == [l["pruned"] for l in reference["layers"]]
+        # The report's reconstruction errors come from device GEMMs: equal to the CPU's to 1e-4.
+        for got, want in zip(report["layers"], reference["layers"]):
+            assert got["recon_error"] == pytest.approx(want["recon_error"], rel=1e-4, abs=1e-6), got["name"]
+
+
+def test_killed_device_run_resumes_on_another_rank_count(stories, tmp_path, have_mpirun):
+    # R²-DSnoT: its relative factor reads the column norms of the whole initial mask, gathered over ranks.
+    # (N:M: per-row selection costs the emulation about a minute per run.)
+    case = ["--method", "wanda", "--nm", "2:4", "--refine", "r2dsnot"]
+    expected, _ = cpu_reference(stories, tmp_path, case, "r2dsnot")
+    checkpoint = ["--checkpoint", tmp_path / "run.h5"]
+    killed = device_run(stories, tmp_path, 2, case, checkpoint, env={"SYMPRUNE_FAULT": "block:3:abort"})
+    assert killed.returncode != 0 and not (tmp_path / "out").exists()
+    assert (tmp_path / "run.h5").exists()
+    resumed = device_run(stories, tmp_path, 3, case, [*checkpoint, "--resume", "auto"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from checkpoint" in resumed.stderr
+    assert output_digest(tmp_path / "out") == expected
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["resumed"] is not None and report["config"]["device"] == "cuda"
