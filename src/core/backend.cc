@@ -74,6 +74,21 @@ Mask Backend::score_and_select(ScoreMethod method, const Tensor& weight, const A
   return select_mask(compute_scores(method, weight, stats, options), spec, options.matrix_name, part);
 }
 
+Tensor Backend::gram(const Tensor& x) {
+  const int64_t n = x.dim(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+  Tensor copy;
+  const float* data = host_view(x, copy).data();
+  // G = XᵀX as one sgemm: linear(x = Xᵀ [n, rows], W = Xᵀ) = Xᵀ X.
+  Tensor transposed({n, rows});
+  float* xt = transposed.data();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < n; ++c) xt[c * rows + r] = data[r * n + c];
+  const Tensor operand = to_backend(std::move(transposed));
+  Tensor product;
+  linear(operand, operand, nullptr, product);
+  return to_host(product);
+}
+
 Tensor Backend::mask_weight(const Tensor& weight, const Mask& mask, MaskedPart keep) {
   SYMPRUNE_ASSERT(weight.rank() == 2 && mask.rows() == weight.dim(0) && mask.cols() == weight.dim(1),
                   "mask {}x{} for weight {}", mask.rows(), mask.cols(), weight.shape_string());

@@ -150,6 +150,11 @@ class Backend {
   // of its fp32 values).
   virtual Mask score_and_select(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
                                 const ScoreOptions& options, const MaskSpec& spec, const MatrixPart* part);
+  // The Gram matrix XᵀX [n, n] of the rows of x [rows, n] (fp32, this backend's memory), as an fp32 host
+  // tensor: one matrix product with fp32 accumulation. The default transposes x on the host and calls
+  // linear (the CPU's specification); a device backend multiplies in its memory and returns only the
+  // n × n result.
+  virtual Tensor gram(const Tensor& x);
   // A new tensor in this backend's memory, of weight's dtype: `weight` [rows, n] with the entries of one
   // part of `mask` (the same shape) set to zero (MaskedPart).
   virtual Tensor mask_weight(const Tensor& weight, const Mask& mask, MaskedPart keep);

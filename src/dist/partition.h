@@ -14,9 +14,13 @@ struct Range {
   bool operator==(const Range&) const = default;
 };
 
+// total · (part + 1) overflows int64 for totals past 2^63 / parts: 128-bit products (a GCC/Clang
+// extension, marked so that -Wpedantic accepts it).
+__extension__ using PartitionWide = __int128;
+
 inline Range partition(int64_t total, int parts, int part) {
-  const auto p = static_cast<__int128>(part), n = static_cast<__int128>(parts),
-             t = static_cast<__int128>(total);
+  const auto p = static_cast<PartitionWide>(part), n = static_cast<PartitionWide>(parts),
+             t = static_cast<PartitionWide>(total);
   return {static_cast<int64_t>(t * p / n), static_cast<int64_t>(t * (p + 1) / n)};
 }
 

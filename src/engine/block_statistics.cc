@@ -58,22 +58,8 @@ void BlockStatistics::on_linear(const model::LinearId& id, const Tensor& input, 
       group.local_samples.insert(group.local_samples.end(), host.data(), host.data() + host.numel());
     }
     if (!collect_gram_) continue;
-    // G_chunk = XᵀX as one sgemm: linear(x = Xᵀ [n, rows], W = Xᵀ) = Xᵀ X (transposed on the host).
-    Tensor input_copy;
-    const float* x = backend_.host_view(input, input_copy).data();
-    transposed_.resize({n, rows});
-    float* xt = transposed_.data();
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < n; ++c) xt[c * rows + r] = x[r * n + c];
-    if (backend_.device_resident()) {
-      const Tensor device = backend_.to_backend(transposed_);
-      Tensor product;
-      backend_.linear(device, device, nullptr, product);
-      product_ = backend_.to_host(product);
-    } else {
-      backend_.linear(transposed_, transposed_, nullptr, product_);
-    }
-    group.chain->add(product_.values());
+    // G_chunk = XᵀX, computed where the input is (Backend::gram).
+    group.chain->add(backend_.gram(input).values());
   }
 }
 

@@ -80,7 +80,6 @@ class BlockStatistics : public model::LinearObserver {
   std::vector<Group> groups_;
   std::map<std::string, std::vector<ActivationStats>> chunk_stats_;  // per linear, this rank's chunks
   std::map<std::string, ActivationStats> totals_;
-  Tensor transposed_, product_;
   int64_t stats_bytes_ = 0, gram_bytes_ = 0;
 };
 

@@ -119,10 +119,10 @@ void check_device_memory(Backend& backend, const DeviceMemoryPlan& p, int64_t ns
   const double free = static_cast<double>(memory->free);
   log::info(
       "device memory plan: {} of {} free ({} weights and head, {} block weights, {} calibration states, {} "
-      "activations, {} evaluation, {} selection)",
+      "activations, {} evaluation, {} selection, {} Gram matrix)",
       format_bytes(p.total()), format_bytes(free), format_bytes(p.globals), format_bytes(p.block_weights),
       format_bytes(p.calibration), format_bytes(p.activations), format_bytes(p.evaluation),
-      format_bytes(p.selection));
+      format_bytes(p.selection), format_bytes(p.gram));
   if (p.total() <= free) return;
   std::vector<std::string> lower;
   if (p.calibration > 0)
@@ -133,14 +133,18 @@ void check_device_memory(Backend& backend, const DeviceMemoryPlan& p, int64_t ns
         fmt::format("--micro-batch {} (activations {})", micro_batch, format_bytes(p.activations)));
   if (p.evaluation > 0)
     lower.push_back(fmt::format("--eval-max-chunks (evaluation {})", format_bytes(p.evaluation)));
+  if (p.gram > 0)
+    lower.push_back(fmt::format("--refine dsnot or r2dsnot without --refine-guard (Gram matrix {})",
+                                format_bytes(p.gram)));
   lower.push_back("--device cpu");
   fail(
       "the run needs about {} of {} memory (weights and head {}, block weights {}, calibration states {}, "
-      "activations {}, evaluation {}, selection {}), but only {} of its {} are free: lower {}",
+      "activations {}, evaluation {}, selection {}, Gram matrix {}), but only {} of its {} are free: lower "
+      "{}",
       format_bytes(p.total()), backend.name(), format_bytes(p.globals), format_bytes(p.block_weights),
       format_bytes(p.calibration), format_bytes(p.activations), format_bytes(p.evaluation),
-      format_bytes(p.selection), format_bytes(free), format_bytes(static_cast<double>(memory->total)),
-      fmt::format("{}", fmt::join(lower, ", or ")));
+      format_bytes(p.selection), format_bytes(p.gram), format_bytes(free),
+      format_bytes(static_cast<double>(memory->total)), fmt::format("{}", fmt::join(lower, ", or ")));
 }
 
 // The checkpoint's options, before anything is read.
@@ -364,9 +368,9 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   if (backend.device_resident())
     check_device_memory(
         backend,
-        plan_device_memory(model.config(), model.storage_dtype(), calib_tokens, r.micro_batch * r.seqlen,
-                           eval_tokens,
-                           comm.size() == 1 ? std::optional(model.stored_weight_dtype()) : std::nullopt),
+        plan_device_memory(
+            model.config(), model.storage_dtype(), calib_tokens, r.micro_batch * r.seqlen, eval_tokens,
+            comm.size() == 1 ? std::optional(model.stored_weight_dtype()) : std::nullopt, r.collect_gram),
         c.nsamples, r.seqlen, r.micro_batch);
   else
     check_memory(c.nsamples, r.seqlen, calib_tokens, eval_tokens, model.hidden_size());
@@ -460,7 +464,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
 
 DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, int64_t calib_tokens,
                                     int64_t tokens_per_pass, int64_t eval_tokens,
-                                    std::optional<DType> prefetched) {
+                                    std::optional<DType> prefetched, bool gram) {
   const double f = sizeof(float), s = static_cast<double>(dtype_size(storage));
   const bool low_precision = storage != DType::kF32;
   const double d = static_cast<double>(mc.hidden_size), vocab = static_cast<double>(mc.vocab_size);
@@ -498,6 +502,8 @@ DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, in
   // scratch.
   p.selection =
       (f + 1.0 + (low_precision ? f : 0.0)) * largest + static_cast<double>(kDeviceRefineScratchBytes);
+  // The widest input's Gram matrix XᵀX, computed per chunk on the device and brought to the host.
+  if (gram) p.gram = f * widest_input * widest_input;
   return p;
 }
 

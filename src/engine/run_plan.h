@@ -62,18 +62,20 @@ RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm);
 // the device's free memory before any work). Activations, scores and the embeddings are fp32; the linear
 // weights (blocks and head) and the hidden states between blocks are in the storage dtype (--dtype).
 struct DeviceMemoryPlan {
-  double globals = 0, block_weights = 0, calibration = 0, activations = 0, evaluation = 0, selection = 0;
+  double globals = 0, block_weights = 0, calibration = 0, activations = 0, evaluation = 0, selection = 0,
+         gram = 0;
   double total() const {
-    return globals + block_weights + calibration + activations + evaluation + selection;
+    return globals + block_weights + calibration + activations + evaluation + selection + gram;
   }
 };
 // For a model of `config` kept in `storage`, calib_tokens calibration tokens on this rank, micro-batches
 // of tokens_per_pass and eval_tokens evaluation tokens on this rank. `prefetched`: the stored dtype of the
 // next block's linears when they are uploaded while the current block computes (one rank: a third copy
-// of a block at the peak); nullopt when several ranks upload at install time.
+// of a block at the peak); nullopt when several ranks upload at install time. `gram`: the run reads Gram
+// matrices (--refine recon, --refine-guard), each computed on the device as an n × n fp32 matrix.
 DeviceMemoryPlan plan_device_memory(const io::ModelConfig& config, DType storage, int64_t calib_tokens,
                                     int64_t tokens_per_pass, int64_t eval_tokens,
-                                    std::optional<DType> prefetched = std::nullopt);
+                                    std::optional<DType> prefetched = std::nullopt, bool gram = false);
 
 // The positions within each calibration window whose inputs the report's reconstruction error reads:
 // ceil(tokens / windows) of the seqlen positions (at least 1, at most all; tokens 0 = all), evenly spaced,

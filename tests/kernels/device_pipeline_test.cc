@@ -1,7 +1,7 @@
 // The pruning pipeline on the CUDA backend against the CPU backend (the specification):
-//  * the pruning ops of core::Backend (statistics, scores + selection, masked weights, row NLL, copies) on
-//    device tensors give the CPU's results: statistics, masks and masked weights bit for bit, NLL within
-//    1e-12;
+//  * the pruning ops of core::Backend (statistics, scores + selection, masked weights, row NLL, copies,
+//    Gram matrices) on device tensors give the CPU's results: statistics, masks and masked weights bit for
+//    bit, NLL within 1e-12, Gram matrices within fp32 rounding (exact where the sums are exact);
 //  * an end-to-end prune of stories260K (a real trained LLaMA, converted from llama2.c) through
 //    engine::prune_model on either backend: the same masks, hence byte-identical pruned weights, and the
 //    same perplexities within 1e-4 relative (the forward passes differ only by fp32 rounding order);
@@ -133,6 +133,39 @@ TEST_F(DevicePruningOpsTest, MaskedWeightsRowNllAndCopiesEqualTheCpu) {
   EXPECT_TRUE(device().allocate({3, 4}).on_device());
   ASSERT_TRUE(device().device_memory().has_value());
   EXPECT_GT(device().device_memory()->free, 0);
+}
+
+// The Gram matrix XᵀX of the recon refinement and --refine-guard, computed where X is.
+TEST_F(DevicePruningOpsTest, GramMatricesAreTheCpusWithinRounding) {
+  struct Case {
+    int64_t rows, n;
+  };
+  // No rows (zeros), one entry, partial tiles of the emulation's 64 × 64 kernel, more columns than rows.
+  for (const Case& c : {Case{0, 5}, Case{1, 1}, Case{37, 13}, Case{130, 70}, Case{3, 200}}) {
+    SCOPED_TRACE(testing::Message() << c.rows << " x " << c.n);
+    // Multiples of 1/4 in [-1, 1]: every product and sum is exact in fp32, so both results are exact.
+    const Tensor exact({c.rows, c.n}, tied_values(c.rows * c.n, 8, 9));
+    expect_same_values(device().gram(device().to_backend(exact)), cpu_backend().gram(exact));
+
+    // Random values: two fp32 sums of `rows` products differ by at most 2·rows·u·Σ_r |x_ri·x_rj|.
+    const Tensor x = host_tensor({c.rows, c.n}, 9);
+    const Tensor expected = cpu_backend().gram(x), actual = device().gram(device().to_backend(x));
+    ASSERT_EQ(actual.shape(), (std::vector<int64_t>{c.n, c.n}));
+    ASSERT_EQ(expected.shape(), actual.shape());
+    EXPECT_FALSE(actual.on_device());
+    for (int64_t i = 0; i < c.n; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        double magnitude = 0.0, exact_sum = 0.0;
+        for (int64_t r = 0; r < c.rows; ++r) {
+          const double product = static_cast<double>(x[r * c.n + i]) * x[r * c.n + j];
+          magnitude += std::abs(product);
+          exact_sum += product;
+        }
+        const double bound = 2.0 * static_cast<double>(c.rows) * 0x1p-24 * magnitude;
+        ASSERT_NEAR(actual[i * c.n + j], expected[i * c.n + j], bound) << i << ", " << j;
+        ASSERT_NEAR(actual[i * c.n + j], exact_sum, bound) << i << ", " << j;
+      }
+  }
 }
 
 // stories260K as a Hugging Face directory, converted once per test binary.
@@ -341,6 +374,14 @@ TEST_F(DevicePipelineTest, MemoryPlanRefusesARunThatDoesNotFit) {
   EXPECT_NE(message.find("--nsamples " + std::to_string(c.nsamples) + " or --seqlen 512"), std::string::npos)
       << message;
   EXPECT_NE(message.find("--micro-batch 64"), std::string::npos) << message;
+  EXPECT_EQ(message.find("--refine-guard"), std::string::npos) << message;  // no Gram matrix here
+  EXPECT_FALSE(fs::exists(c.out));
+
+  // With --refine recon the Gram matrix is counted too, and the message names the refinements without it.
+  c.refine = "recon";
+  const std::string recon = error_of([&] { engine::prune_model(c); });
+  EXPECT_NE(recon.find("Gram matrix 115.6 KiB"), std::string::npos) << recon;  // 172² fp32 (down_proj)
+  EXPECT_NE(recon.find("--refine dsnot or r2dsnot without --refine-guard"), std::string::npos) << recon;
   EXPECT_FALSE(fs::exists(c.out));
 }
 

@@ -5,8 +5,9 @@ the rows; a device run killed after a block resumes on another number of ranks t
 
 What this covers that the single-process device tests do not: block weights broadcast and then uploaded
 on each rank, each rank's rows of a device weight, per-layer selection whose histograms are summed over
-ranks from device scores, R²-DSnoT's column norms of the whole gathered mask, statistics from device
-passes reduced over MPI, and checkpoints written from and restored into device memory by several ranks.
+ranks from device scores, R²-DSnoT's column norms of the whole gathered mask, statistics and Gram
+matrices from device passes reduced over MPI, and checkpoints written from and restored into device
+memory by several ranks.
 The emulation runs each CUDA thread as an OS thread, so the runs are small (4 windows of 8 tokens)."""
 import json
 
@@ -18,11 +19,17 @@ from prune_support import output_digest, symprune
 CALIB = ["--nsamples", "4", "--seqlen", "8", "--micro-batch", "1", "--recon-tokens", "16", "--threads", "1"]
 
 CASES = {
-    # N:M scores and selection on the device, DSnoT on each rank's rows (the attention linears).
-    "ria-2:4+dsnot": ["--method", "ria", "--nm", "2:4", "--refine", "dsnot"],
+    # N:M scores and selection on the device; the recon refinement reads Gram matrices computed on the
+    # device per chunk and summed over ranks in chunk order.
+    "ria-2:4+recon": ["--method", "ria", "--nm", "2:4", "--refine", "recon"],
     # One threshold per layer: the key histograms of every rank's device scores summed over MPI.
     "symwanda-layer": ["--method", "symwanda", "--sparsity", "0.6", "--group", "layer"],
 }
+
+
+def swaps(report):
+    """The refinement's swaps per linear (None where it did not refine)."""
+    return [(l.get("refine") or {}).get("swaps") for l in report["layers"]]
 
 
 def cpu_reference(stories, tmp_path, case_args, name):
@@ -41,6 +48,8 @@ def device_run(stories, run_dir, ranks, case_args, extra=(), env=None):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_device_ranks_give_the_cpu_output(stories, tmp_path, have_mpirun, name):
     expected, reference = cpu_reference(stories, tmp_path, CASES[name], name)
+    if "--refine" in CASES[name]:
+        assert sum(filter(None, swaps(reference))) > 0  # the refinement changes masks here
     for ranks in (2, 3):
         run_dir = tmp_path / f"r{ranks}-{name}"
         run_dir.mkdir()
@@ -50,16 +59,19 @@ def test_device_ranks_give_the_cpu_output(stories, tmp_path, have_mpirun, name):
         report = json.loads((run_dir / "report.json").read_text())
         assert report["config"]["device"] == "cuda" and report["config"]["ranks"] == ranks
         assert [l["pruned"] for l in report["layers"]] == [l["pruned"] for l in reference["layers"]]
+        assert swaps(report) == swaps(reference)
         # The report's reconstruction errors come from device GEMMs: equal to the CPU's to 1e-4.
         for got, want in zip(report["layers"], reference["layers"]):
             assert got["recon_error"] == pytest.approx(want["recon_error"], rel=1e-4, abs=1e-6), got["name"]
 
 
 def test_killed_device_run_resumes_on_another_rank_count(stories, tmp_path, have_mpirun):
-    # R²-DSnoT: its relative factor reads the column norms of the whole initial mask, gathered over ranks.
-    # (N:M: per-row selection costs the emulation about a minute per run.)
-    case = ["--method", "wanda", "--nm", "2:4", "--refine", "r2dsnot"]
-    expected, _ = cpu_reference(stories, tmp_path, case, "r2dsnot")
+    # R²-DSnoT on each rank's device rows: its relative factor reads the column norms of the whole initial
+    # mask, gathered over ranks; the guard reads Gram matrices. (N:M: per-row selection costs the
+    # emulation about a minute per run.)
+    case = ["--method", "wanda", "--nm", "2:4", "--refine", "r2dsnot", "--refine-guard"]
+    expected, reference = cpu_reference(stories, tmp_path, case, "r2dsnot")
+    assert sum(filter(None, swaps(reference))) > 0
     checkpoint = ["--checkpoint", tmp_path / "run.h5"]
     killed = device_run(stories, tmp_path, 2, case, checkpoint, env={"SYMPRUNE_FAULT": "block:3:abort"})
     assert killed.returncode != 0 and not (tmp_path / "out").exists()
@@ -70,3 +82,4 @@ def test_killed_device_run_resumes_on_another_rank_count(stories, tmp_path, have
     assert output_digest(tmp_path / "out") == expected
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["resumed"] is not None and report["config"]["device"] == "cuda"
+    assert swaps(report)[-7:] == swaps(reference)[-7:]  # the last block, refined after the resume

@@ -636,6 +636,12 @@ TEST(DeviceMemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
   EXPECT_DOUBLE_EQ(bf16.selection,
                    9 * d * ffn + 64.0 * 1024 * 1024);  // fp32 scores and copy, byte mask, DSnoT
   EXPECT_LT(one_rank.total(), 0.5 * 80e9);
+  // --refine recon or --refine-guard: the widest input's Gram matrix (down_proj's, fp32) on the device.
+  EXPECT_EQ(bf16.gram, 0);
+  const DeviceMemoryPlan with_gram =
+      plan_device_memory(config, DType::kBF16, 128 * 2048, 8 * 2048, 0, DType::kBF16, true);
+  EXPECT_DOUBLE_EQ(with_gram.gram, 4 * ffn * ffn);
+  EXPECT_DOUBLE_EQ(with_gram.total() - one_rank.total(), 4 * ffn * ffn);
   EXPECT_EQ(bf16.evaluation, 0);
   EXPECT_LT(bf16.total(), 0.5 * 80e9);
   EXPECT_GT(fp32.total(), bf16.total() + 2 * tokens * d);

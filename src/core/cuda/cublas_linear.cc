@@ -47,6 +47,21 @@ void launch_linear(const float* x, const float* w, const float* bias, int64_t ro
   if (bias != nullptr) launch_add_position_rows(y, bias, rows, 1, 0, m, stream);
 }
 
+void launch_gram(const float* x, int64_t rows, int64_t n, float* g, DeviceStream stream) {
+  if (n <= 0) return;
+  if (rows <= 0) {
+    zero_device(g, static_cast<size_t>(n * n) * sizeof(float), stream);
+    return;
+  }
+  cublasHandle_t h = handle();
+  SYMPRUNE_CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream.handle)));
+  // Row-major x [rows, n] is column-major A = Xᵀ [n, rows]; G = A·Aᵀ = XᵀX (symmetric, so its layout is
+  // the same in either order).
+  const float alpha = 1.0f, beta = 0.0f;
+  SYMPRUNE_CUBLAS_CHECK(
+      cublasSgemm_64(h, CUBLAS_OP_N, CUBLAS_OP_T, n, n, rows, &alpha, x, n, x, n, &beta, g, n));
+}
+
 void launch_linear_16bit(const float* x, const void* w, DType w_dtype, const float* bias, int64_t rows,
                          int64_t n, int64_t m, void* x_scratch, float* y, DeviceStream stream) {
   if (rows <= 0 || m <= 0) return;

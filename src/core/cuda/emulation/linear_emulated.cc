@@ -11,6 +11,16 @@ void launch_linear(const float* x, const float* w, const float* bias, int64_t ro
   launch_linear_tiled(x, w, bias, rows, n, m, y, stream);
 }
 
+// Xᵀ on the host (emulated device memory is host memory), then XᵀX = linear(Xᵀ, Xᵀ) by the tiled kernel.
+void launch_gram(const float* x, int64_t rows, int64_t n, float* g, DeviceStream stream) {
+  if (n <= 0) return;
+  DeviceArray<float> transposed(n * rows);
+  float* xt = transposed.data();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < n; ++c) xt[c * rows + r] = x[r * n + c];
+  launch_linear_tiled(xt, xt, nullptr, n, rows, n, g, stream);
+}
+
 // Products of two 16-bit values are exact in fp32, so the tiled fp32 kernel on the rounded operands is
 // the 16-bit product with fp32 accumulation. x is rounded by the conversion kernel, as under CUDA; the
 // widening that cuBLAS does inside its kernel is done here on the host (emulated device memory is host

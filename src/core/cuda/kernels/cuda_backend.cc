@@ -198,6 +198,16 @@ class CudaBackend final : public Backend {
                         rows, n, m, linear_scratch_.data(), yd, {});
   }
 
+  Tensor gram(const Tensor& x) override {
+    const int64_t n = cols_of(x);
+    Tensor host({n, n});
+    if (n == 0) return host;
+    DeviceArray<float> g(n * n);
+    launch_gram(in(x, "gram input"), rows_of(x), n, g.data(), {});
+    copy_to_host(host.data(), g.data(), g.bytes());
+    return host;
+  }
+
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
     SYMPRUNE_ASSERT(weight.numel() == cols_of(x), "rms_norm weight {} vs {}", weight.shape_string(),
                     x.shape_string());

@@ -12,6 +12,10 @@ namespace symprune::cuda {
 void launch_linear(const float* x, const float* w, const float* bias, int64_t rows, int64_t n, int64_t m,
                    float* y, DeviceStream stream);
 
+// g[n, n] = XᵀX for x [rows, n] (the Gram matrix of x's rows) in fp32: under CUDA one cuBLAS SGEMM with
+// TF32 off; in the emulation, the tiled kernel on a transposed copy. rows = 0 gives zeros.
+void launch_gram(const float* x, int64_t rows, int64_t n, float* g, DeviceStream stream);
+
 // The same product in lower precision: w [m, n] in bf16 or fp16 (w_dtype), x rounded to w_dtype first
 // (into x_scratch, rows · n 16-bit elements of device memory), the 16-bit products accumulated in fp32 and y
 // in fp32. Under CUDA it is cuBLAS GemmEx on tensor cores; in the emulation, the tiled kernel on the rounded
