@@ -7,7 +7,9 @@
 # tool's 64 MiB carry, so it is also packed as BUNDLE_DIR.tar.xz (about 16 MiB), which is what to carry.
 #
 #   scripts/gpu_bundle.sh [BUILD_DIR] [BUNDLE_DIR]     defaults: build/ (a CUDA configuration), gpu-bundle/
-# Then, with the device tool: carry gpu-bundle.tar.xz, command `bash scripts/gpu_checks.sh gpu-bundle.tar.xz`.
+# Then, with the device tool: carry gpu-bundle.tar.xz, command `bash scripts/gpu_checks.sh gpu-bundle.tar.xz
+# --steps tests,kernels_bench,prune_bench`, then the same with `--steps memcheck` and `--steps racecheck`
+# (one call may run 10 minutes).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build}"

@@ -8,8 +8,15 @@
 # Logs and results go to $OUT (or ./gpu-results); a table of outcomes is printed last.
 #
 #   bash scripts/gpu_checks.sh BUNDLE (a directory or its .tar.xz) [--skip-sanitizer] [--skip-bench]
+#                                     [--steps tests,memcheck,racecheck,kernels_bench,prune_bench]
+#
+# The device tool ends a command after 10 minutes, and everything together may take longer: run the steps
+# in separate calls, the deliverables first, e.g. `--steps tests,kernels_bench,prune_bench`, then
+# `--steps memcheck`, then `--steps racecheck`. Each step is ended after STEP_TIMEOUT seconds (default
+# 540) so that a hang costs one step, not the call's results.
 set -uo pipefail
-bundle="${1:?usage: gpu_checks.sh BUNDLE_DIR|BUNDLE.tar.xz [--skip-sanitizer] [--skip-bench]}"
+usage="usage: gpu_checks.sh BUNDLE_DIR|BUNDLE.tar.xz [--skip-sanitizer] [--skip-bench] [--steps LIST]"
+bundle="${1:?$usage}"
 shift
 if [[ -f $bundle ]]; then
   unpacked="$(mktemp -d)"
@@ -17,14 +24,25 @@ if [[ -f $bundle ]]; then
   bundle="$unpacked"
 fi
 bundle="$(cd "$bundle" && pwd)"
-skip_sanitizer=0 skip_bench=0
-for arg in "$@"; do
-  case "$arg" in
-    --skip-sanitizer) skip_sanitizer=1 ;;
-    --skip-bench) skip_bench=1 ;;
-    *) echo "gpu_checks: unknown option $arg" >&2; exit 2 ;;
+all_steps="tests,memcheck,racecheck,kernels_bench,prune_bench"
+steps=",$all_steps,"
+while (($# > 0)); do
+  case "$1" in
+    --skip-sanitizer) steps="${steps/,memcheck,/,}" steps="${steps/,racecheck,/,}" ;;
+    --skip-bench) steps="${steps/,kernels_bench,/,}" steps="${steps/,prune_bench,/,}" ;;
+    --steps)
+      [[ $# -ge 2 ]] || { echo "gpu_checks: --steps needs a list ($all_steps)" >&2; exit 2; }
+      for name in ${2//,/ }; do
+        [[ ",$all_steps," == *",$name,"* ]] || { echo "gpu_checks: unknown step '$name' ($all_steps)" >&2; exit 2; }
+      done
+      steps=",$2,"
+      shift ;;
+    *) echo "gpu_checks: unknown option $1 ($usage)" >&2; exit 2 ;;
   esac
+  shift
 done
+wanted() { [[ $steps == *",$1,"* ]]; }
+step_timeout="${STEP_TIMEOUT:-540}"
 out="${OUT:-$PWD/gpu-results}"
 mkdir -p "$out"
 
@@ -44,8 +62,9 @@ step() {  # step NAME COMMAND...: runs it with output to $out/NAME.log, records 
   local name=$1
   shift
   local start=$SECONDS
-  "$@" >"$out/$name.log" 2>&1
+  timeout --kill-after=10 "$step_timeout" "$@" >"$out/$name.log" 2>&1
   local rc=$?
+  ((rc == 124 || rc == 137)) && echo "gpu_checks: $name stopped after $step_timeout s (STEP_TIMEOUT)" >>"$out/$name.log"
   summary+=("$(printf '%-28s rc=%-3s %5ss' "$name" "$rc" "$((SECONDS - start))")")
   tail -n 5 "$out/$name.log"
   return 0
@@ -53,19 +72,15 @@ step() {  # step NAME COMMAND...: runs it with output to $out/NAME.log, records 
 
 { nvidia-smi; echo; cat "$bundle/commit"; ldd "$bundle/bin/symprune_gpu_tests"; } >"$out/environment.log" 2>&1
 "$bundle/bin/symprune" info >>"$out/environment.log" 2>&1
-step gpu_tests "$bundle/bin/symprune_gpu_tests" --gtest_output="xml:$out/gpu_tests.xml"
-if ((!skip_sanitizer)); then
-  step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$bundle/bin/symprune_gpu_tests" \
-    --gtest_filter='KernelTest.*:CudaDeviceTest.*:DevicePruningOpsTest.*:LowPrecisionTest.*:DsnotKernelTest.*'
-  step racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$bundle/bin/symprune_gpu_tests" \
-    --gtest_filter='KernelTest.*:DsnotKernelTest.*'
-fi
-if ((!skip_bench)); then
-  step kernels_bench "$bundle/bin/cuda_kernels_bench" --json "$out/cuda_kernels_bench.json" \
-    --markdown "$out/cuda_kernels_bench.md"
-  step prune_bench python3 "$(dirname "${BASH_SOURCE[0]}")/../bench/cuda_prune_bench.py" \
-    --symprune "$bundle/bin/symprune" --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda --dtype bf16" \
-    --torch-args "--dtype fp16" --out "$out/cuda_prune_bench"
-fi
-grep -h -E '^\[  (PASSED|FAILED)|FAILED  \]' "$out"/gpu_tests.log | tail -n 20
+wanted tests && step gpu_tests "$bundle/bin/symprune_gpu_tests" --gtest_output="xml:$out/gpu_tests.xml"
+wanted memcheck && step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$bundle/bin/symprune_gpu_tests" \
+  --gtest_filter='KernelTest.*:CudaDeviceTest.*:DevicePruningOpsTest.*:LowPrecisionTest.*:DsnotKernelTest.*'
+wanted racecheck && step racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$bundle/bin/symprune_gpu_tests" \
+  --gtest_filter='KernelTest.*:DsnotKernelTest.*'
+wanted kernels_bench && step kernels_bench "$bundle/bin/cuda_kernels_bench" --json "$out/cuda_kernels_bench.json" \
+  --markdown "$out/cuda_kernels_bench.md"
+wanted prune_bench && step prune_bench python3 "$(dirname "${BASH_SOURCE[0]}")/../bench/cuda_prune_bench.py" \
+  --symprune "$bundle/bin/symprune" --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda --dtype bf16" \
+  --torch-args "--dtype fp16" --out "$out/cuda_prune_bench"
+[[ -f $out/gpu_tests.log ]] && grep -h -E '^\[  (PASSED|FAILED)|FAILED  \]' "$out"/gpu_tests.log | tail -n 20
 printf '%s\n' "${summary[@]}"
