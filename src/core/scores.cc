@@ -6,7 +6,6 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/score_sampling.h"
 
 namespace symprune {
 namespace {
@@ -271,28 +270,25 @@ Tensor ria_fp16_scores(const Tensor& weight, const ActivationStats* stats, doubl
 void stochria_sums(const Tensor& weight, const ScoreOptions& options, std::vector<double>& row_sums,
                    std::vector<double>& column_sums) {
   const int64_t m = weight.dim(0), n = weight.dim(1);
-  const int64_t tau = stochria_tau(options.beta, m, n);
+  const StochriaSamples samples = stochria_samples(options, m, n);
+  const int64_t tau = samples.tau;
   const float* w = weight.data();
   row_sums.assign(static_cast<size_t>(m), 0.0);
   column_sums.assign(static_cast<size_t>(n), 0.0);
-  const SampleKey row_key(options.seed, options.block, options.matrix_name, false);
-  const SampleKey column_key(options.seed, options.block, options.matrix_name, true);
 #pragma omp parallel if (m * n >= kParallelMin)
   {
-    std::vector<uint8_t> marks;
-    std::vector<int64_t> picked;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < m; ++r) {
-      sample_without_replacement(row_key.stream(r), n, tau, marks, picked);
+      const int32_t* picks = samples.row_picks.data() + r * tau;
       double sum = 0.0;
-      for (int64_t c : picked) sum += std::fabs(static_cast<double>(w[r * n + c]));
+      for (int64_t k = 0; k < tau; ++k) sum += std::fabs(static_cast<double>(w[r * n + picks[k]]));
       row_sums[static_cast<size_t>(r)] = sum;
     }
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < n; ++c) {
-      sample_without_replacement(column_key.stream(c), m, tau, marks, picked);
+      const int32_t* picks = samples.column_picks.data() + c * tau;
       double sum = 0.0;
-      for (int64_t r : picked) sum += std::fabs(static_cast<double>(w[r * n + c]));
+      for (int64_t k = 0; k < tau; ++k) sum += std::fabs(static_cast<double>(w[picks[k] * n + c]));
       column_sums[static_cast<size_t>(c)] = sum;
     }
   }

@@ -178,4 +178,13 @@ std::vector<int64_t> stochria_sample(uint64_t seed, int64_t block, std::string_v
 // τ = max(1, ⌊β · min(m, n)⌋).
 int64_t stochria_tau(double beta, int64_t m, int64_t n);
 
+// Every sample stochria_sums reads for a weight of m × n under `options` (seed, block, matrix_name, beta):
+// row r's τ column indices at row_picks[r·τ, (r+1)·τ), column c's τ row indices at column_picks[c·τ, ...),
+// each ascending. A device backend uploads them and sums |W| at them in the same order.
+struct StochriaSamples {
+  int64_t tau = 0;
+  std::vector<int32_t> row_picks, column_picks;
+};
+StochriaSamples stochria_samples(const ScoreOptions& options, int64_t m, int64_t n);
+
 }  // namespace symprune

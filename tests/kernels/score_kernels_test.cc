@@ -48,7 +48,9 @@ Tensor device_scores(ScoreMethod method, const Tensor& weight, const ActivationS
   const int64_t rows = (options.row_end < 0 ? m : options.row_end) - options.row_begin;
   const cuda::DeviceArray<float> device_weight(weight.data(), weight.numel());
   cuda::DeviceArray<float> out(rows * n);
-  cuda::compute_scores_on_device(method, device_weight.data(), m, n, &weight, stats, options, out.data());
+  // Only --compat ria reads a host copy of the weight: every other method is given none.
+  cuda::compute_scores_on_device(method, device_weight.data(), m, n,
+                                 options.compat_ria_fp16 ? &weight : nullptr, stats, options, out.data());
   return Tensor({rows, n}, out.download());
 }
 
@@ -93,6 +95,28 @@ TEST_F(KernelTest, EveryMethodScoresLikeTheHost) {
         }
     }
   }
+}
+
+// stochria's samples are drawn by the host's sampler and summed on the device (no host copy of W): the
+// scores are the host's for τ = 1, a few and all of min(m, n), wide and tall weights, other seeds and
+// blocks.
+TEST_F(KernelTest, StochriaSampledSumsAreTheHostsForEveryBeta) {
+  uint32_t seed = 40;
+  for (const auto& shape : {std::pair<int64_t, int64_t>{64, 300}, {300, 17}, {2, 2}})
+    for (double beta : {0.01, 0.37, 1.0}) {
+      const Tensor weight = test_weight(shape.first, shape.second, seed++);
+      const ActivationStats stats = test_stats(shape.first, shape.second, seed++);
+      ScoreOptions options;
+      options.matrix_name = "3.mlp.down_proj";
+      options.block = 3;
+      options.seed = seed;
+      options.beta = beta;
+      const StochriaSamples samples = stochria_samples(options, shape.first, shape.second);
+      EXPECT_EQ(samples.tau, stochria_tau(beta, shape.first, shape.second));
+      EXPECT_EQ(samples.row_picks.size(), static_cast<size_t>(shape.first * samples.tau));
+      expect_bit_identical(ScoreMethod::kStochRIA, weight, &stats, options,
+                           "stochria beta " + std::to_string(beta) + " " + weight.shape_string());
+    }
 }
 
 TEST_F(KernelTest, LpNormsAndStrategiesScoreLikeTheHost) {

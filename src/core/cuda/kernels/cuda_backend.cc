@@ -312,8 +312,8 @@ class CudaBackend final : public Backend {
     const int64_t m = weight.dim(0), n = weight.dim(1);
     const int64_t row_end = options.row_end < 0 ? m : options.row_end;
     const int64_t rows = std::max<int64_t>(row_end - options.row_begin, 0);
-    // stochria's sampled sums and --compat ria's fp16 arithmetic read the weight on the host.
-    const bool needs_host = method == ScoreMethod::kStochRIA || options.compat_ria_fp16;
+    // --compat ria's fp16 arithmetic reads the weight on the host.
+    const bool needs_host = options.compat_ria_fp16;
     const Tensor host_weight = needs_host ? to_host(weight) : Tensor();
     // A bf16/fp16 weight is scored on its fp32 values (exact widening), in a temporary copy.
     Tensor widened;

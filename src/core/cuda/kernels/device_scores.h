@@ -10,9 +10,9 @@
 namespace symprune::cuda {
 
 // weight: device pointer, row-major fp32 [m, n]; scores: device pointer [rows, n] for options' row range.
-// host_weight is the same weight in host memory, read only by stochria's sampled sums and by
-// --compat ria (whose fp16 arithmetic runs on the host, its scores then uploaded); it may be null for
-// the other methods. Errors are the CPU's (same text).
+// host_weight is the same weight in host memory, read only by --compat ria (whose fp16 arithmetic runs on
+// the host, its scores then uploaded); it may be null otherwise (stochria's samples are drawn on the host
+// and summed on the device). Errors are the CPU's (same text).
 void compute_scores_on_device(ScoreMethod method, const float* weight, int64_t m, int64_t n,
                               const Tensor* host_weight, const ActivationStats* stats,
                               const ScoreOptions& options, float* scores, DeviceStream stream = {});

@@ -101,6 +101,22 @@ __global__ void plan_scores_kernel(const float* __restrict__ weight, int64_t n, 
   }
 }
 
+// One thread per row or column, samples in order (the CPU's).
+__global__ void sampled_abs_sums_kernel(const float* __restrict__ weight, int64_t n,
+                                        const int32_t* __restrict__ picks, int64_t count, int64_t tau,
+                                        bool columns, double* __restrict__ sums) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t* own = picks + i * tau;
+    double acc = 0.0;
+    for (int64_t k = 0; k < tau; ++k) {
+      const int64_t pick = own[k];
+      acc = __dadd_rn(acc, magnitude(columns ? weight[pick * n + i] : weight[i * n + pick]));
+    }
+    sums[i] = acc;
+  }
+}
+
 }  // namespace
 
 void launch_first_nonfinite(const float* values, int64_t count, int64_t* first, DeviceStream stream) {
@@ -115,6 +131,14 @@ void launch_row_norm_sums(const float* weight, int64_t m, int64_t n, double p, d
   if (m <= 0) return;
   SYMPRUNE_LAUNCH(row_norm_sums_kernel, grid_for(m), kThreads, 0, native(stream), weight, m, n, norm_code(p),
                   sums);
+  SYMPRUNE_CHECK_LAUNCH();
+}
+
+void launch_sampled_abs_sums(const float* weight, int64_t n, const int32_t* picks, int64_t count, int64_t tau,
+                             bool columns, double* sums, DeviceStream stream) {
+  if (count <= 0) return;
+  SYMPRUNE_LAUNCH(sampled_abs_sums_kernel, grid_for(count), kThreads, 0, native(stream), weight, n, picks,
+                  count, tau, columns, sums);
   SYMPRUNE_CHECK_LAUNCH();
 }
 
