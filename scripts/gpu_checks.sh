@@ -31,7 +31,10 @@ while (($# > 0)); do
     --skip-sanitizer) steps="${steps/,memcheck,/,}" steps="${steps/,racecheck,/,}" ;;
     --skip-bench) steps="${steps/,kernels_bench,/,}" steps="${steps/,prune_bench,/,}" ;;
     --steps)
-      [[ $# -ge 2 ]] || { echo "gpu_checks: --steps needs a list ($all_steps)" >&2; exit 2; }
+      [[ $# -ge 2 && $2 =~ ^[a-z_]+(,[a-z_]+)*$ ]] || {
+        echo "gpu_checks: --steps needs a comma-separated list without spaces of $all_steps" >&2
+        exit 2
+      }
       for name in ${2//,/ }; do
         [[ ",$all_steps," == *",$name,"* ]] || { echo "gpu_checks: unknown step '$name' ($all_steps)" >&2; exit 2; }
       done
@@ -82,5 +85,5 @@ wanted kernels_bench && step kernels_bench "$bundle/bin/cuda_kernels_bench" --js
 wanted prune_bench && step prune_bench python3 "$(dirname "${BASH_SOURCE[0]}")/../bench/cuda_prune_bench.py" \
   --symprune "$bundle/bin/symprune" --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda --dtype bf16" \
   --torch-args "--dtype fp16" --out "$out/cuda_prune_bench"
-[[ -f $out/gpu_tests.log ]] && grep -h -E '^\[  (PASSED|FAILED)|FAILED  \]' "$out"/gpu_tests.log | tail -n 20
+wanted tests && grep -h -E '^\[  (PASSED|FAILED)|FAILED  \]' "$out"/gpu_tests.log | tail -n 20
 printf '%s\n' "${summary[@]}"

@@ -90,40 +90,34 @@ std::vector<int64_t> stochria_sample(uint64_t seed, int64_t block, std::string_v
   return out;
 }
 
-StochriaSamples stochria_samples(const ScoreOptions& options, int64_t m, int64_t n) {
-  // Indices are stored in 32 bits (a quarter of the bytes a device upload would carry in 64).
+void visit_stochria_samples(const ScoreOptions& options, int64_t m, int64_t n, bool columns,
+                            int64_t max_bytes, const StochriaVisitor& visit) {
+  // Indices are kept in 32 bits (half the bytes of int64 in host memory and on the bus).
   SYMPRUNE_CHECK(m <= INT32_MAX && n <= INT32_MAX,
-                 "{}: stochria samples a weight of at most 2^31 - 1 rows "
-                 "and columns, got [{}, {}]",
+                 "{}: stochria samples a weight of at most 2^31 - 1 rows and columns, got [{}, {}]",
                  options.matrix_name, m, n);
-  StochriaSamples samples;
   const int64_t tau = stochria_tau(options.beta, m, n);
-  samples.tau = tau;
-  samples.row_picks.resize(static_cast<size_t>(m * tau));
-  samples.column_picks.resize(static_cast<size_t>(n * tau));
-  const SampleKey row_key(options.seed, options.block, options.matrix_name, false);
-  const SampleKey column_key(options.seed, options.block, options.matrix_name, true);
-  // Each index's stream is its own (counter-based): the result does not depend on the thread count.
-#pragma omp parallel if ((m + n) * tau >= (int64_t{1} << 16))
-  {
-    std::vector<uint8_t> marks;
-    std::vector<int64_t> picked;
+  const int64_t count = columns ? n : m, population = columns ? m : n;
+  const int64_t per_range = std::max<int64_t>(1, max_bytes / (tau * static_cast<int64_t>(sizeof(int32_t))));
+  const SampleKey key(options.seed, options.block, options.matrix_name, columns);
+  std::vector<int32_t> picks;
+  for (int64_t begin = 0; begin < count; begin += per_range) {
+    const int64_t end = std::min(count, begin + per_range);
+    picks.resize(static_cast<size_t>((end - begin) * tau));
+    // Each index's stream is its own (counter-based): the picks do not depend on the thread count.
+#pragma omp parallel if ((end - begin) * tau >= (int64_t{1} << 16))
+    {
+      std::vector<uint8_t> marks;
+      std::vector<int64_t> picked;
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < m; ++r) {
-      sample_without_replacement(row_key.stream(r), n, tau, marks, picked);
-      for (int64_t k = 0; k < tau; ++k)
-        samples.row_picks[static_cast<size_t>(r * tau + k)] =
-            static_cast<int32_t>(picked[static_cast<size_t>(k)]);
+      for (int64_t i = begin; i < end; ++i) {
+        sample_without_replacement(key.stream(i), population, tau, marks, picked);
+        int32_t* out = picks.data() + (i - begin) * tau;
+        for (int64_t k = 0; k < tau; ++k) out[k] = static_cast<int32_t>(picked[static_cast<size_t>(k)]);
+      }
     }
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < n; ++c) {
-      sample_without_replacement(column_key.stream(c), m, tau, marks, picked);
-      for (int64_t k = 0; k < tau; ++k)
-        samples.column_picks[static_cast<size_t>(c * tau + k)] =
-            static_cast<int32_t>(picked[static_cast<size_t>(k)]);
-    }
+    visit(begin, end, picks);
   }
-  return samples;
 }
 
 int64_t stochria_tau(double beta, int64_t m, int64_t n) {

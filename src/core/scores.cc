@@ -267,30 +267,31 @@ Tensor ria_fp16_scores(const Tensor& weight, const ActivationStats* stats, doubl
 }
 
 // Sampled ℓ1 sums of stochria: rows over τ sampled columns, columns over τ sampled rows.
+// Host memory for stochria's sample indices at a time (scores.h visit_stochria_samples).
+constexpr int64_t kStochriaHostSampleBytes = int64_t{16} << 20;
+
 void stochria_sums(const Tensor& weight, const ScoreOptions& options, std::vector<double>& row_sums,
                    std::vector<double>& column_sums) {
   const int64_t m = weight.dim(0), n = weight.dim(1);
-  const StochriaSamples samples = stochria_samples(options, m, n);
-  const int64_t tau = samples.tau;
+  const int64_t tau = stochria_tau(options.beta, m, n);
   const float* w = weight.data();
-  row_sums.assign(static_cast<size_t>(m), 0.0);
-  column_sums.assign(static_cast<size_t>(n), 0.0);
-#pragma omp parallel if (m * n >= kParallelMin)
-  {
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < m; ++r) {
-      const int32_t* picks = samples.row_picks.data() + r * tau;
-      double sum = 0.0;
-      for (int64_t k = 0; k < tau; ++k) sum += std::fabs(static_cast<double>(w[r * n + picks[k]]));
-      row_sums[static_cast<size_t>(r)] = sum;
-    }
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < n; ++c) {
-      const int32_t* picks = samples.column_picks.data() + c * tau;
-      double sum = 0.0;
-      for (int64_t k = 0; k < tau; ++k) sum += std::fabs(static_cast<double>(w[picks[k] * n + c]));
-      column_sums[static_cast<size_t>(c)] = sum;
-    }
+  for (const bool columns : {false, true}) {
+    std::vector<double>& sums = columns ? column_sums : row_sums;
+    sums.assign(static_cast<size_t>(columns ? n : m), 0.0);
+    // Row i's samples are columns (entry i·n + pick), column i's are rows (entry pick·n + i).
+    const int64_t index_stride = columns ? 1 : n, pick_stride = columns ? n : 1;
+    visit_stochria_samples(
+        options, m, n, columns, kStochriaHostSampleBytes,
+        [&](int64_t begin, int64_t end, std::span<const int32_t> picks) {
+#pragma omp parallel for schedule(static) if ((end - begin) * tau >= kParallelMin)
+          for (int64_t i = begin; i < end; ++i) {
+            const int32_t* own = picks.data() + (i - begin) * tau;
+            double sum = 0.0;
+            for (int64_t k = 0; k < tau; ++k)
+              sum += std::fabs(static_cast<double>(w[i * index_stride + own[k] * pick_stride]));
+            sums[static_cast<size_t>(i)] = sum;
+          }
+        });
   }
 }
 

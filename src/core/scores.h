@@ -55,8 +55,10 @@
 //   ri: S = float(ri). Zero sums give q = 0 as above (the reference would give NaN); |W| beyond the
 //   fp16 range is an Error.
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -178,13 +180,13 @@ std::vector<int64_t> stochria_sample(uint64_t seed, int64_t block, std::string_v
 // τ = max(1, ⌊β · min(m, n)⌋).
 int64_t stochria_tau(double beta, int64_t m, int64_t n);
 
-// Every sample stochria_sums reads for a weight of m × n under `options` (seed, block, matrix_name, beta):
-// row r's τ column indices at row_picks[r·τ, (r+1)·τ), column c's τ row indices at column_picks[c·τ, ...),
-// each ascending. A device backend uploads them and sums |W| at them in the same order.
-struct StochriaSamples {
-  int64_t tau = 0;
-  std::vector<int32_t> row_picks, column_picks;
-};
-StochriaSamples stochria_samples(const ScoreOptions& options, int64_t m, int64_t n);
+// The samples stochria_sums reads, one side of an m × n weight at a time (columns = false: each row's τ
+// column indices; true: each column's τ row indices; each ascending), in consecutive ranges of indices
+// whose picks take at most max_bytes (at least one index per range): visit(begin, end, picks) with
+// picks[(i − begin)·τ + k] the k-th sample of index i ∈ [begin, end). A device backend uploads each
+// range's picks and sums |W| at them in the same order; memory stays bounded for any β.
+using StochriaVisitor = std::function<void(int64_t begin, int64_t end, std::span<const int32_t> picks)>;
+void visit_stochria_samples(const ScoreOptions& options, int64_t m, int64_t n, bool columns,
+                            int64_t max_bytes, const StochriaVisitor& visit);
 
 }  // namespace symprune

@@ -12,7 +12,7 @@ from prune_support import Stories  # noqa: E402
 
 DIST = os.environ["SYMPRUNE_DIST_BIN"]
 # symprune_dist linked with the CPU emulation of CUDA: `--device cuda` runs the device pipeline on the CPU.
-DIST_EMULATED = os.environ["SYMPRUNE_DIST_EMULATED_BIN"]
+DIST_EMULATED = os.environ.get("SYMPRUNE_DIST_EMULATED_BIN", "")
 MPIEXEC = os.environ.get("SYMPRUNE_MPIEXEC", "mpirun")
 
 

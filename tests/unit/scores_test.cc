@@ -434,6 +434,42 @@ TEST(StochRia, SampleDependsOnEveryKeyPart) {
   EXPECT_NE(base, stochria_sample(1, 0, "a", false, 6, 1000, 50));
 }
 
+// The ranges of visit_stochria_samples: consecutive, covering every row (or column) once, each within the
+// byte bound (or one index when a single index's picks exceed it), with each index's stochria_sample.
+TEST(StochRia, VisitedSamplesAreEachIndexsSampleInBoundedRanges) {
+  ScoreOptions o;
+  o.beta = 0.3;
+  o.seed = 5;
+  o.block = 2;
+  o.matrix_name = "2.self_attn.o_proj";
+  const int64_t m = 37, n = 23, tau = stochria_tau(o.beta, m, n);
+  ASSERT_EQ(tau, 6);
+  for (const bool columns : {false, true})
+    for (const int64_t max_bytes : {int64_t{1}, int64_t{24}, int64_t{100}, int64_t{1} << 20}) {
+      SCOPED_TRACE(testing::Message() << (columns ? "columns" : "rows") << ", " << max_bytes << " bytes");
+      const int64_t count = columns ? n : m;
+      int64_t next = 0, ranges = 0;
+      visit_stochria_samples(
+          o, m, n, columns, max_bytes, [&](int64_t begin, int64_t end, std::span<const int32_t> picks) {
+            ++ranges;
+            ASSERT_EQ(begin, next);
+            ASSERT_GT(end, begin);
+            EXPECT_TRUE(end - begin == 1 || static_cast<int64_t>(picks.size_bytes()) <= max_bytes);
+            ASSERT_EQ(static_cast<int64_t>(picks.size()), (end - begin) * tau);
+            for (int64_t i = begin; i < end; ++i) {
+              const auto expected =
+                  stochria_sample(o.seed, o.block, o.matrix_name, columns, i, columns ? m : n, tau);
+              const std::vector<int64_t> actual(picks.begin() + (i - begin) * tau,
+                                                picks.begin() + (i - begin + 1) * tau);
+              EXPECT_EQ(actual, expected) << "index " << i;
+            }
+            next = end;
+          });
+      EXPECT_EQ(next, count);
+      EXPECT_EQ(ranges, max_bytes <= 24 ? count : max_bytes == 100 ? (count + 3) / 4 : 1);
+    }
+}
+
 TEST(StochRia, ScoresUseTheSampledSums) {
   const Tensor w = random_weight(6, 9, 7);
   const ActivationStats st = random_stats(6, 9, 8);

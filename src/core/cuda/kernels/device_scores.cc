@@ -2,9 +2,11 @@
 #include "core/cuda/kernels/device_scores.h"
 
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
 #include "core/cuda/kernels/score_kernels.h"
 #include "core/error.h"
 
@@ -38,22 +40,25 @@ class DeviceWeightReductions final : public WeightReductions {
     return finished(sums.download(stream_), p);
   }
   // The CPU's sampler draws the indices (no weight needed); the sums over them run where W is, so only
-  // (m + n)·τ 32-bit indices cross the bus (a tenth of W's bytes at the default β = 0.1).
+  // (m + n)·τ 32-bit indices cross the bus (a tenth of W's bytes at the default β = 0.1), in uploads of at
+  // most kDeviceRefineScratchBytes (the plan's scratch allowance: scoring and DSnoT never hold it at once).
   void stochria_sums(const ScoreOptions& options, std::vector<double>& row_sums,
                      std::vector<double>& column_sums) override {
-    const StochriaSamples samples = stochria_samples(options, m_, n_);
-    row_sums = sampled_sums(samples.row_picks, m_, samples.tau, false);
-    column_sums = sampled_sums(samples.column_picks, n_, samples.tau, true);
+    const int64_t tau = stochria_tau(options.beta, m_, n_);
+    for (const bool columns : {false, true}) {
+      DeviceArray<double> sums(columns ? n_ : m_);
+      visit_stochria_samples(options, m_, n_, columns, kDeviceRefineScratchBytes,
+                             [&](int64_t begin, int64_t end, std::span<const int32_t> picks) {
+                               const DeviceArray<int32_t> device_picks(picks.data(),
+                                                                       static_cast<int64_t>(picks.size()));
+                               launch_sampled_abs_sums(weight_, n_, device_picks.data(), begin, end, tau,
+                                                       columns, sums.data(), stream_);
+                             });
+      (columns ? column_sums : row_sums) = sums.download(stream_);
+    }
   }
 
  private:
-  std::vector<double> sampled_sums(const std::vector<int32_t>& picks, int64_t count, int64_t tau,
-                                   bool columns) {
-    const DeviceArray<int32_t> device_picks(picks);
-    DeviceArray<double> sums(count);
-    launch_sampled_abs_sums(weight_, n_, device_picks.data(), count, tau, columns, sums.data(), stream_);
-    return sums.download(stream_);
-  }
   static std::vector<double> finished(std::vector<double> sums, double p) {
     for (double& value : sums) value = norm_finish(p, value);
     return sums;

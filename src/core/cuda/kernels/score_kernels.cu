@@ -103,16 +103,16 @@ __global__ void plan_scores_kernel(const float* __restrict__ weight, int64_t n, 
 
 // One thread per row or column, samples in order (the CPU's).
 __global__ void sampled_abs_sums_kernel(const float* __restrict__ weight, int64_t n,
-                                        const int32_t* __restrict__ picks, int64_t count, int64_t tau,
-                                        bool columns, double* __restrict__ sums) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+                                        const int32_t* __restrict__ picks, int64_t begin, int64_t end,
+                                        int64_t tau, bool columns, double* __restrict__ sums) {
+  // Index i's samples are columns of row i (entry i·n + pick) or rows of column i (entry pick·n + i).
+  const int64_t index_stride = columns ? 1 : n, pick_stride = columns ? n : 1;
+  for (int64_t i = begin + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int32_t* own = picks + i * tau;
+    const int32_t* own = picks + (i - begin) * tau;
     double acc = 0.0;
-    for (int64_t k = 0; k < tau; ++k) {
-      const int64_t pick = own[k];
-      acc = __dadd_rn(acc, magnitude(columns ? weight[pick * n + i] : weight[i * n + pick]));
-    }
+    for (int64_t k = 0; k < tau; ++k)
+      acc = __dadd_rn(acc, magnitude(weight[i * index_stride + own[k] * pick_stride]));
     sums[i] = acc;
   }
 }
@@ -134,11 +134,11 @@ void launch_row_norm_sums(const float* weight, int64_t m, int64_t n, double p, d
   SYMPRUNE_CHECK_LAUNCH();
 }
 
-void launch_sampled_abs_sums(const float* weight, int64_t n, const int32_t* picks, int64_t count, int64_t tau,
-                             bool columns, double* sums, DeviceStream stream) {
-  if (count <= 0) return;
-  SYMPRUNE_LAUNCH(sampled_abs_sums_kernel, grid_for(count), kThreads, 0, native(stream), weight, n, picks,
-                  count, tau, columns, sums);
+void launch_sampled_abs_sums(const float* weight, int64_t n, const int32_t* picks, int64_t begin, int64_t end,
+                             int64_t tau, bool columns, double* sums, DeviceStream stream) {
+  if (end <= begin) return;
+  SYMPRUNE_LAUNCH(sampled_abs_sums_kernel, grid_for(end - begin), kThreads, 0, native(stream), weight, n,
+                  picks, begin, end, tau, columns, sums);
   SYMPRUNE_CHECK_LAUNCH();
 }
 

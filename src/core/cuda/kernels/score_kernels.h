@@ -16,10 +16,11 @@ void launch_row_norm_sums(const float* weight, int64_t m, int64_t n, double p, d
                           DeviceStream stream);
 void launch_column_norm_sums(const float* weight, int64_t m, int64_t n, double p, double* sums,
                              DeviceStream stream);
-// stochria's sampled sums (core/scores.h StochriaSamples): sums[i] = Σ_k |W[i, picks[i·τ + k]]| (columns =
-// false: i a row) or Σ_k |W[picks[i·τ + k], i]| (columns = true: i a column), k in order, for i < count.
-void launch_sampled_abs_sums(const float* weight, int64_t n, const int32_t* picks, int64_t count, int64_t tau,
-                             bool columns, double* sums, DeviceStream stream);
+// stochria's sampled sums over one range of visit_stochria_samples (core/scores.h), for i in [begin, end):
+// sums[i] = Σ_k |W[i, picks[(i − begin)·τ + k]]| (columns = false: i a row) or Σ_k |W[picks[...], i]|
+// (columns = true: i a column), k in order.
+void launch_sampled_abs_sums(const float* weight, int64_t n, const int32_t* picks, int64_t begin, int64_t end,
+                             int64_t tau, bool columns, double* sums, DeviceStream stream);
 // scores[r - row_begin, c] for r in [row_begin, row_end): ScorePlan's formula of form `form`
 // (ScorePlan::Form as an int) with u [m], v [n] and f [n] (null: no factor).
 void launch_plan_scores(const float* weight, int64_t n, int64_t row_begin, int64_t row_end, int form,
