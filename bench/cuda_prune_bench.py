@@ -56,6 +56,17 @@ def run(command):
     return time.perf_counter() - start
 
 
+def gpu_name():
+    """The first GPU's name from nvidia-smi (for --no-torch runs), or None."""
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = proc.stdout.strip().splitlines() if proc.returncode == 0 else []
+    return names[0].strip() if names else None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--symprune", default=str(HERE.parent / "build" / "apps" / "symprune"))
@@ -103,7 +114,7 @@ def main():
                 result["torch"] = torch_result["torch"]
             result["cases"].append(case)
             print(json.dumps(case), flush=True)
-    result["device"] = result["device"] or "unknown (symprune only)"
+    result["device"] = result["device"] or gpu_name() or "unknown (symprune only)"
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# End-to-end prune: {result['model']}, {args.nsamples} x {args.seqlen}, {result['device']}", "",

@@ -4,15 +4,18 @@
 #  2. compute-sanitizer memcheck and racecheck of the kernel parity tests;
 #  3. the kernel benchmark (bench/cuda/cuda_kernels_bench.cc);
 #  4. the end-to-end prune benchmark (bench/cuda_prune_bench.py: symprune --device cuda and the PyTorch
-#     loop on the first PRUNE_BENCH_BLOCKS blocks of synthetic:llama2-7b at 128 x 2048, scaled).
+#     loop on the first PRUNE_BENCH_BLOCKS blocks of synthetic:llama2-7b at 128 x 2048, scaled);
+#  5. the issue's 70B target: wanda 50 % of synthetic:llama2-70b at 128 x 2048 in bf16 on this one GPU
+#     (its first PRUNE_70B_BLOCKS blocks, default 8, scaled; memory peaks per block, so the plan and the
+#     peak are those of the whole model).
 # Logs and results go to $OUT (or ./gpu-results); a table of outcomes is printed last.
 #
 #   bash scripts/gpu_checks.sh BUNDLE (a directory or its .tar.xz) [--skip-sanitizer] [--skip-bench]
-#                                     [--steps tests,memcheck,racecheck,kernels_bench,prune_bench]
+#                                     [--steps tests,memcheck,racecheck,kernels_bench,prune_bench,prune_70b]
 #
 # The device tool ends a command after 10 minutes, and everything together may take longer: run the steps
 # in separate calls, the deliverables first, e.g. `--steps tests,kernels_bench,prune_bench`, then
-# `--steps memcheck`, then `--steps racecheck`. Each step is ended after STEP_TIMEOUT seconds (default
+# `--steps prune_70b,memcheck`, then `--steps racecheck`. Each step is ended after STEP_TIMEOUT seconds (default
 # 540) so that a hang costs one step, not the call's results.
 set -uo pipefail
 usage="usage: gpu_checks.sh BUNDLE_DIR|BUNDLE.tar.xz [--skip-sanitizer] [--skip-bench] [--steps LIST]"
@@ -24,12 +27,12 @@ if [[ -f $bundle ]]; then
   bundle="$unpacked"
 fi
 bundle="$(cd "$bundle" && pwd)"
-all_steps="tests,memcheck,racecheck,kernels_bench,prune_bench"
+all_steps="tests,memcheck,racecheck,kernels_bench,prune_bench,prune_70b"
 steps=",$all_steps,"
 while (($# > 0)); do
   case "$1" in
     --skip-sanitizer) steps="${steps/,memcheck,/,}" steps="${steps/,racecheck,/,}" ;;
-    --skip-bench) steps="${steps/,kernels_bench,/,}" steps="${steps/,prune_bench,/,}" ;;
+    --skip-bench) steps="${steps/,kernels_bench,/,}" steps="${steps/,prune_bench,/,}" steps="${steps/,prune_70b,/,}" ;;
     --steps)
       [[ $# -ge 2 && $2 =~ ^[a-z_]+(,[a-z_]+)*$ ]] || {
         echo "gpu_checks: --steps needs a comma-separated list without spaces of $all_steps" >&2
@@ -85,5 +88,8 @@ wanted kernels_bench && step kernels_bench "$bundle/bin/cuda_kernels_bench" --js
 wanted prune_bench && step prune_bench python3 "$(dirname "${BASH_SOURCE[0]}")/../bench/cuda_prune_bench.py" \
   --symprune "$bundle/bin/symprune" --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda --dtype bf16" \
   --torch-args "--dtype fp16" --out "$out/cuda_prune_bench"
+wanted prune_70b && step prune_70b python3 "$(dirname "${BASH_SOURCE[0]}")/../bench/cuda_prune_bench.py" \
+  --symprune "$bundle/bin/symprune" --model llama2-70b --blocks "${PRUNE_70B_BLOCKS:-8}" --cases wanda-50 --no-torch \
+  --symprune-args "--device cuda --dtype bf16" --out "$out/cuda_prune_bench_70b"
 wanted tests && grep -h -E '^\[  (PASSED|FAILED)|FAILED  \]' "$out"/gpu_tests.log | tail -n 20
 printf '%s\n' "${summary[@]}"
