@@ -456,6 +456,30 @@ TEST(MaskBits, RoundTripRandomShapes) {
   }
 }
 
+// Eight entries at a time: bit j of byte b is entry 8b + j for every byte value (any nonzero byte is
+// pruned, e.g. 0x80 or 0x10 whose low bit is clear), with tails of every length and a mask large enough for
+// the parallel loop.
+TEST(MaskBits, WordPackingMatchesTheBitDefinition) {
+  std::mt19937 gen(11);
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 9}, {3, 21}, {300, 301}, {2, 4}}) {
+    Mask mask(rows, cols);
+    std::vector<uint8_t> values(mask.flat().size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      const uint32_t r = gen();
+      values[i] = (r & 3) == 0 ? static_cast<uint8_t>(1u << ((r >> 2) % 8)) : (r & 4) ? 1 : 0;
+      mask.flat()[i] = values[i];
+    }
+    const std::vector<uint8_t> bits = mask.pack_bits();
+    ASSERT_EQ(static_cast<int64_t>(bits.size()), (rows * cols + 7) / 8);
+    for (size_t i = 0; i < values.size(); ++i)
+      ASSERT_EQ((bits[i / 8] >> (i % 8)) & 1u, values[i] != 0 ? 1u : 0u)
+          << rows << "x" << cols << " entry " << i;
+    const Mask back = Mask::unpack_bits(rows, cols, bits);
+    for (size_t i = 0; i < values.size(); ++i)
+      ASSERT_EQ(back.flat()[i], values[i] != 0 ? 1 : 0) << rows << "x" << cols << " entry " << i;
+  }
+}
+
 TEST(MaskBits, UnpackErrors) {
   expect_error([] { Mask::unpack_bits(2, 5, std::vector<uint8_t>{0}); }, {"[2, 5]", "needs 2 bytes, got 1"});
   expect_error([] { Mask::unpack_bits(2, 5, std::vector<uint8_t>{0, 0x04}); }, {"[2, 5]", "padding bits"});
