@@ -569,7 +569,8 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
       layer.name = id.to_string();
       layer.shape = w.shape();
       layer.pruned = lm.pruned;
-      layer.sparsity = lm.mask.sparsity();
+      layer.sparsity =
+          lm.mask.size() == 0 ? 0.0 : static_cast<double>(lm.pruned) / static_cast<double>(lm.mask.size());
       layer.recon_error = lm.recon_error;
       layer.recon_error_initial = lm.recon_error_initial;
       layer.refine = lm.refine;
