@@ -80,9 +80,7 @@ Tensor Backend::gram(const Tensor& x) {
   const float* data = host_view(x, copy).data();
   // G = XᵀX as one sgemm: linear(x = Xᵀ [n, rows], W = Xᵀ) = Xᵀ X.
   Tensor transposed({n, rows});
-  float* xt = transposed.data();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < n; ++c) xt[c * rows + r] = data[r * n + c];
+  transpose_matrix(data, rows, n, transposed.data());
   const Tensor operand = to_backend(std::move(transposed));
   Tensor product;
   linear(operand, operand, nullptr, product);

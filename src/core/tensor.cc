@@ -104,4 +104,9 @@ std::string Tensor::shape_string() const {
   return shape_to_string(shape_);
 }
 
+void transpose_matrix(const float* in, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
+}
+
 }  // namespace symprune

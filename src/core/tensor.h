@@ -77,4 +77,7 @@ class Tensor {
 
 std::string shape_to_string(const std::vector<int64_t>& shape);
 
+// out [cols, rows] = inᵀ for row-major in [rows, cols] (host memory).
+void transpose_matrix(const float* in, int64_t rows, int64_t cols, float* out);
+
 }  // namespace symprune

@@ -3,6 +3,7 @@
 #include "core/cuda/kernels/gemm_kernels.h"
 #include "core/cuda/kernels/linear.h"
 #include "core/dtype.h"
+#include "core/tensor.h"
 
 namespace symprune::cuda {
 
@@ -15,10 +16,8 @@ void launch_linear(const float* x, const float* w, const float* bias, int64_t ro
 void launch_gram(const float* x, int64_t rows, int64_t n, float* g, DeviceStream stream) {
   if (n <= 0) return;
   DeviceArray<float> transposed(n * rows);
-  float* xt = transposed.data();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < n; ++c) xt[c * rows + r] = x[r * n + c];
-  launch_linear_tiled(xt, xt, nullptr, n, rows, n, g, stream);
+  transpose_matrix(x, rows, n, transposed.data());
+  launch_linear_tiled(transposed.data(), transposed.data(), nullptr, n, rows, n, g, stream);
 }
 
 // Products of two 16-bit values are exact in fp32, so the tiled fp32 kernel on the rounded operands is
