@@ -266,10 +266,10 @@ Tensor ria_fp16_scores(const Tensor& weight, const ActivationStats* stats, doubl
   return scores;
 }
 
-// Sampled ℓ1 sums of stochria: rows over τ sampled columns, columns over τ sampled rows.
 // Host memory for stochria's sample indices at a time (scores.h visit_stochria_samples).
 constexpr int64_t kStochriaHostSampleBytes = int64_t{16} << 20;
 
+// Sampled ℓ1 sums of stochria: rows over τ sampled columns, columns over τ sampled rows.
 void stochria_sums(const Tensor& weight, const ScoreOptions& options, std::vector<double>& row_sums,
                    std::vector<double>& column_sums) {
   const int64_t m = weight.dim(0), n = weight.dim(1);
