@@ -15,8 +15,10 @@
 # Requeue: the job is sent SIGUSR1 (#SBATCH --signal=B:USR1@SECONDS, or `scancel --signal=USR1 --batch`);
 # this script forwards it to the ranks, which finish their block, save the checkpoint and exit 75; the
 # script then runs `scontrol requeue` and the job starts again later, resuming. SIGTERM (scancel,
-# preemption) reaches the ranks from Slurm itself: they save and exit 75 too, but the job is requeued only
-# when Slurm does so (preemption with PreemptMode=REQUEUE), never after a user's scancel.
+# preemption) reaches the ranks from Slurm itself: they save and exit 75 too (with mpirun, which then
+# exits 1, the script reports 75 when it was sent SIGTERM and the checkpoint exists), but the job is
+# requeued only when Slurm does so (preemption with PreemptMode=REQUEUE), never after a user's scancel.
+# Needs bash 4.4 or later.
 #
 # Other environment: SYMPRUNE_HOME (the checkout with build/apps; default SLURM_SUBMIT_DIR),
 # SYMPRUNE_DIST (the symprune_dist binary; default SYMPRUNE_HOME/build/apps/symprune_dist, else PATH),
@@ -88,6 +90,10 @@ symprune_job_environment() {
 }
 
 symprune_job_run() {
+  # Namerefs (local -n) and empty arrays expanded under set -u need bash 4.4 or later.
+  if ((BASH_VERSINFO[0] < 4 || (BASH_VERSINFO[0] == 4 && BASH_VERSINFO[1] < 4))); then
+    symprune_job_die "these scripts need bash 4.4 or later; this is bash $BASH_VERSION"
+  fi
   local launcher=$1
   shift
   [[ $launcher == srun || $launcher == mpirun ]] || symprune_job_die "launcher must be srun or mpirun, not '$launcher'"
@@ -109,6 +115,8 @@ symprune_job_run() {
   local out
   out=$(symprune_job_setting --out args) || symprune_job_die "no output: give --out DIR (or SYMPRUNE_OUT, or out in the recipe)"
   [[ -n $out ]] || symprune_job_die "--out needs a directory"
+  # The names derived from it (OUT.report.json, OUT.checkpoint.h5) sit beside the directory, not in it.
+  while [[ $out == */ && $out != / ]]; do out=${out%/}; done
   mkdir -p "$(dirname "$out")" || symprune_job_die "cannot create the directory of --out $out"
   if ! symprune_job_setting --report args >/dev/null; then args+=(--report "$out.report.json"); fi
   local checkpoint
@@ -152,9 +160,12 @@ symprune_job_run() {
     "$OMP_NUM_THREADS thread(s) each"
   symprune_job_log "run: ${command[*]}"
 
-  # The step runs in the background so this shell can take the warning signal and pass it on.
-  local warned=0 status pid
+  # The step runs in the background so this shell can take the warning signal and pass it on. SIGTERM
+  # (scancel, preemption) is not passed on, since Slurm sends it to the step itself (a second one would
+  # stop the ranks at once, unsaved); this shell only outlives it to report the end.
+  local warned=0 terminated=0 status pid
   trap 'warned=1; symprune_job_log "SIGUSR1: asking the ranks to checkpoint and stop"; kill -USR1 "$pid" 2>/dev/null' USR1
+  trap 'terminated=1' TERM
   "${command[@]}" &
   pid=$!
   while true; do
@@ -164,8 +175,14 @@ symprune_job_run() {
     if ((status > 128)) && kill -0 "$pid" 2>/dev/null; then continue; fi
     break
   done
-  trap - USR1
+  trap - USR1 TERM
 
+  # The ranks exit 75 after saving, but a signalled mpirun exits 1 whatever they did.
+  if ((terminated && status != 0 && status != 75)) && [[ $launcher == mpirun && -e $checkpoint ]]; then
+    symprune_job_log "SIGTERM: mpirun exited $status; the ranks save their checkpoint on SIGTERM, and" \
+      "$checkpoint holds the blocks saved"
+    status=75
+  fi
   case $status in
     0)
       # A finished run always leaves the marker; a launcher can exit 0 when its step never started.

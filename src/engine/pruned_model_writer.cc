@@ -160,23 +160,30 @@ std::vector<std::string> write_pruned_model(dist::Communicator& comm, const io::
     return m;
   };
 
-  // Shard i is written by rank i mod R: the same bytes whoever writes them.
+  // Shard i is written by rank i mod R: the same bytes whoever writes them. Every rank takes part in every
+  // round, so that a signal on any rank stops all of them between shards (with several ranks the local
+  // checks are off and only agreed stops count).
   std::vector<std::string> written;
-  agree_on_errors(comm, [&] {
-    try {
-      for (size_t i = 0; i < shards.size(); ++i) {
-        if (static_cast<int>(i % static_cast<size_t>(comm.size())) != comm.rank()) continue;
+  const size_t ranks = static_cast<size_t>(comm.size());
+  for (size_t round = 0; round * ranks < shards.size(); ++round) {
+    agree_on_interrupts(comm);
+    agree_on_errors(comm, [&] {
+      const size_t i = round * ranks + static_cast<size_t>(comm.rank());
+      if (i >= shards.size()) return;
+      try {
         interrupt::check();
         write_shard(source, shards[i], masks, tmp / shards[i].file);
+      } catch (const interrupt::Interrupted&) {
+        throw;
+      } catch (const Error& e) {
+        throw Error(as_target(e.what()));
       }
-    } catch (const interrupt::Interrupted&) {
-      throw;
-    } catch (const Error& e) {
-      throw Error(as_target(e.what()));
-    }
-  });
+    });
+  }
   for (const auto& shard : shards) written.push_back(shard.file);
 
+  fault::at("shards_written", comm.rank());
+  agree_on_interrupts(comm);  // the last stop before the output is installed
   agree_on_errors(comm, [&] {
     if (!root) return;
     try {

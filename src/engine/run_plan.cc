@@ -20,6 +20,7 @@
 #include "engine/checkpoint.h"
 #include "engine/collective_errors.h"
 #include "io/calibration.h"
+#include "io/atomic_file.h"
 #include "io/checkpoint_file.h"
 #include "io/text_file.h"
 #include "model/fingerprint.h"
@@ -147,12 +148,33 @@ void check_device_memory(Backend& backend, const DeviceMemoryPlan& p, int64_t ns
       format_bytes(static_cast<double>(memory->total)), fmt::format("{}", fmt::join(lower, ", or ")));
 }
 
+// --report must not be one of the checkpoint's files, which the run renames and removes (the report
+// would be lost after the work, or replaced by the completion marker).
+void check_report_beside_checkpoints(const PruneConfig& c) {
+  const fs::path newest = c.resume.empty() || c.resume == "auto" ? c.checkpoint : fs::path(c.resume);
+  if (c.report.empty() || newest.empty()) return;
+  const auto resolved = [](const fs::path& p) {
+    std::error_code ec;
+    const fs::path abs = fs::weakly_canonical(fs::absolute(p), ec);
+    return ec ? fs::absolute(p).lexically_normal() : abs;
+  };
+  const fs::path report = resolved(c.report);
+  const fs::path lock = newest.parent_path() / io::hidden_name(newest.filename().string(), ".lock");
+  for (const auto& f : {newest, previous_checkpoint(newest), checkpoint_marker(newest),
+                        checkpoint_staging(newest), lock})
+    SYMPRUNE_CHECK(resolved(f) != report,
+                   "--report {} is the checkpoint's file {}, which the run replaces or removes; write the "
+                   "report elsewhere",
+                   c.report.string(), f.string());
+}
+
 // The checkpoint's options, before anything is read.
 void check_checkpoint_options(const PruneConfig& c) {
   SYMPRUNE_CHECK(c.checkpoint_every >= 1, "--checkpoint-every must be at least 1, got {}",
                  c.checkpoint_every);
   SYMPRUNE_CHECK(c.resume != "auto" || !c.checkpoint.empty(),
                  "--resume auto continues the checkpoint named by --checkpoint FILE: give --checkpoint too");
+  check_report_beside_checkpoints(c);
   if (c.checkpoint.empty() || !c.resume.empty()) return;
   // A fresh start must not overwrite another run's checkpoints.
   std::error_code ec;

@@ -34,6 +34,14 @@ void write_all(int fd, const void* data, size_t size, const fs::path& path) {
 void check_output_file_directory(const fs::path& path) {
   const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
   SYMPRUNE_CHECK(fs::is_directory(parent), "{}: directory {} does not exist", path.string(), parent.string());
+  // The file is replaced by a rename, which would put a regular file in place of a device such as
+  // /dev/null (as root) or of a FIFO.
+  std::error_code ec;
+  const fs::file_status status = fs::symlink_status(path, ec);
+  SYMPRUNE_CHECK(!fs::exists(status) || fs::is_regular_file(status) || fs::is_symlink(status),
+                 "{} exists and is not a regular file (a device, FIFO or socket); symprune replaces the file "
+                 "it writes, so give the path of a regular file or of a new one",
+                 path.string());
 }
 
 std::string hidden_name(std::string_view name, std::string_view suffix) {

@@ -1,6 +1,8 @@
 """Failures in symprune_dist end every rank promptly with the failing rank's message, never a hang in a
 collective, and leave nothing at --out (issue 9)."""
+import os
 import shutil
+import signal
 import subprocess
 import time
 
@@ -8,7 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from conftest import mpirun
+from conftest import DIST, MPIEXEC, mpirun
 from prune_support import symprune
 
 RUN = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "16", "--seqlen", "64", "--micro-batch", "3",
@@ -93,3 +95,23 @@ def test_a_full_disk_on_one_writer_fails_all_ranks_cleanly(tmp_path, have_mpirun
         assert listing(point) == []
     finally:
         subprocess.run(["umount", point], check=True)
+
+
+def test_sigterm_while_the_output_is_written_stops_every_rank_without_output(stories, tmp_path, have_mpirun):
+    """With several ranks only agreed stops count: a SIGTERM to the ranks while they write the shards must
+    stop them before the output is installed, as it stops one process (it used to be ignored: exit 0)."""
+    command = [MPIEXEC, "-n", "2", "--oversubscribe", "--allow-run-as-root", DIST,
+               *map(str, ["--model", stories.model, "--calib", stories.first, *RUN, "--out", tmp_path / "o"])]
+    env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1", "SYMPRUNE_FAULT": "shards_written:busy=3"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 60
+    while not any(p.name.startswith(".o.tmp-") for p in tmp_path.iterdir()) and time.time() < deadline:
+        time.sleep(0.05)
+    ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(ranks) == 2, ranks
+    for pid in ranks:
+        os.kill(int(pid), signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0, stderr
+    assert "interrupted by SIGTERM" in stderr, stderr
+    assert listing(tmp_path) == [], listing(tmp_path)

@@ -104,3 +104,14 @@ def test_defaults_yield_to_the_recipe(tmp_path):
     echoed = next(line for line in proc.stdout.splitlines() if line.startswith("--recipe"))
     assert echoed == f"--recipe {recipe} --checkpoint {tmp_path}/pruned.checkpoint.h5 --resume auto"
     assert f"{tmp_path}/pruned.checkpoint.h5.done is missing" in proc.stdout
+
+
+def test_out_with_a_trailing_slash_gets_its_defaults_beside_it(tmp_path):
+    """--out DIR/ names the report and checkpoint DIR.report.json and DIR.checkpoint.h5, beside the output
+    directory (inside it they would be refused: the run replaces it)."""
+    proc = bash(f"source {SLURM}/symprune_job.sh; symprune_job_run mpirun --model m --out {tmp_path}/pruned/",
+                env={"SYMPRUNE_DIST": "/bin/echo", "SLURM_NTASKS": "1", "SLURM_CPUS_PER_TASK": "1",
+                     "OMPI_MCA_rmaps_base_oversubscribe": "1"})
+    echoed = next(line for line in proc.stdout.splitlines() if line.startswith("--model"))
+    assert echoed == (f"--model m --out {tmp_path}/pruned/ --report {tmp_path}/pruned.report.json "
+                      f"--checkpoint {tmp_path}/pruned.checkpoint.h5 --resume auto --threads 1")
