@@ -50,6 +50,8 @@ CLI::Validator integer_check(bool is_unsigned) {
 CLI::Validator finite_check(bool allow_infinity) {
   return CLI::Validator(
       [allow_infinity](std::string& text) -> std::string {
+        // CLI11 converts an empty value to 0 (--sparsity "" would prune nothing, silently).
+        if (text.find_first_not_of(" \t") == std::string::npos) return "an empty value is not a number";
         char* end = nullptr;
         const double value = std::strtod(text.c_str(), &end);
         if (end == text.c_str()) return {};  // not a number at all: CLI11's own conversion reports it

@@ -8,12 +8,16 @@
 // and ends every rank at once (MPI_Abort), so no rank waits in a collective. Interrupts stop all ranks at
 // the next block (exit code 128 + signal).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
+#include "core/accel.h"
 #include "core/build_info.h"
 #include "core/error.h"
 #include "core/interrupt.h"
@@ -35,6 +39,14 @@ std::unique_ptr<dist::Communicator> make_communicator(const std::string& kind, d
                                                       const Backend& backend) {
   SYMPRUNE_CHECK(kind == "auto" || kind == "mpi" || kind == "nccl",
                  "--comm must be auto, mpi or nccl, got '{}'", kind);
+  // Checked before NCCL starts: it would fail inside CUDA (no driver, no device) with a less helpful text.
+  SYMPRUNE_CHECK(kind != "nccl" || backend.device_resident(),
+                 "--comm nccl all-reduces GPU memory, one GPU per node-local rank, but this run is on the {} "
+                 "({}); use --comm mpi (or auto), or run on GPUs with --device cuda",
+                 backend.name(),
+                 accel::device_count() > 0             ? std::string("--device cpu")
+                 : accel::unavailable_reason().empty() ? std::string("no GPU")
+                                                       : "no GPU: " + accel::unavailable_reason());
   if (kind == "nccl" || (kind == "auto" && backend.device_resident() && dist::compiled_with_nccl()))
     return dist::make_nccl_communicator(world, world.local_rank());
   return nullptr;  // the MPI world itself
@@ -73,15 +85,41 @@ int main(int argc, char** argv) {
   app::PruneCliOptions options;
   app::add_prune_options(&app, options);
   app::add_numeric_checks(app);
+  // A command line that ends the run (an error, --help) ends it on every rank, even where only some ranks
+  // got it (an MPMD launch with other options per rank): a rank returning alone would leave the others
+  // waiting for it in their first collective.
+  int64_t parse_end = 0;  // 0: go on; 1: ends with exit code 0 (--help, --version); 2: an error
+  std::function<void()> say_why = [] {};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // Every rank parsed the same command line; rank 0 reports.
-    const int code = root ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
-    return code == 0 ? 0 : 1;
+    parse_end = e.get_exit_code() == 0 ? 1 : 2;
+    say_why = [&app, e] { app.exit(e); };
   } catch (const Error& e) {
-    if (root) std::fprintf(stderr, "symprune_dist: error: %s\n", e.what());
-    return 1;
+    parse_end = 2;
+    say_why = [message = std::string(e.what())] {
+      std::fprintf(stderr, "symprune_dist: error: %s\n", message.c_str());
+    };
+  }
+  std::vector<int64_t> ends(static_cast<size_t>(size), 0);
+  ends[static_cast<size_t>(rank)] = parse_end;
+  world->all_reduce_sum(ends);
+  const auto ended = std::find_if(ends.begin(), ends.end(), [](int64_t e) { return e != 0; });
+  if (ended != ends.end()) {
+    const bool same_everywhere =
+        std::all_of(ends.begin(), ends.end(), [&](int64_t e) { return e == ends[0]; });
+    // The same command line everywhere: rank 0 says why. Otherwise the lowest rank it ended says so.
+    const int speaker = same_everywhere ? 0 : static_cast<int>(ended - ends.begin());
+    if (rank == speaker) {
+      if (!same_everywhere)
+        std::fprintf(
+            stderr,
+            "symprune_dist: [rank %d/%d] its command line differs from rank 0's and ends the run (every "
+            "rank must get the same options):\n",
+            rank, size);
+      say_why();
+    }
+    return same_everywhere && ends[0] == 1 ? 0 : 1;
   }
 
   try {

@@ -96,7 +96,13 @@ void install() {
     action.sa_handler = forward_signal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;  // interrupted system calls resume: the work stops at a safe point
-    for (int signal : kHandledSignals) ::sigaction(signal, &action, nullptr);
+    // SIGHUP ignored at start stays ignored: the run was started under nohup to outlive its terminal.
+    for (int signal : kHandledSignals) {
+      struct sigaction previous {};
+      if (signal == SIGHUP && ::sigaction(signal, nullptr, &previous) == 0 && previous.sa_handler == SIG_IGN)
+        continue;
+      ::sigaction(signal, &action, nullptr);
+    }
   });
 }
 

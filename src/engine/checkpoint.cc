@@ -45,35 +45,46 @@ std::vector<std::byte> pack_masks(const std::map<std::string, PackedMask>& masks
 }
 
 // Keys of the resolved configuration that may change between attempts of one run.
-const char* const kVolatileKeys[] = {"model",   "model_dir", "model_source", "out",     "force",      "threads",
-                                     "ranks",   "communicator", "calib",     "eval",    "checkpoint", "checkpoint_every",
-                                     "resume"};
+const char* const kVolatileKeys[] = {
+    "model", "model_dir",  "model_source",     "out",   "force", "threads", "ranks", "communicator", "calib",
+    "eval",  "checkpoint", "checkpoint_every", "resume"};
+
+struct Sides {
+  std::string_view a, b;  // what holds each value: "the checkpoint", "this run"
+};
 
 void differences(const nlohmann::json& a, const nlohmann::json& b, const std::string& path,
-                 std::vector<std::string>* out) {
+                 const Sides& sides, std::vector<std::string>* out) {
   if (a.is_object() && b.is_object()) {
     for (const auto& [key, value] : a.items()) {
       const std::string sub = path.empty() ? key : path + "." + key;
       if (!b.contains(key)) {
-        out->push_back(fmt::format("{}: the checkpoint has {}, this run has none", sub, value.dump()));
+        out->push_back(fmt::format("{}: {} has {}, {} has none", sub, sides.a, value.dump(), sides.b));
       } else {
-        differences(value, b.at(key), sub, out);
+        differences(value, b.at(key), sub, sides, out);
       }
     }
     for (const auto& [key, value] : b.items())
       if (!a.contains(key))
-        out->push_back(fmt::format("{}: the checkpoint has none, this run has {}",
-                                   path.empty() ? key : path + "." + key, value.dump()));
+        out->push_back(fmt::format("{}: {} has none, {} has {}", path.empty() ? key : path + "." + key,
+                                   sides.a, sides.b, value.dump()));
     return;
   }
-  if (a != b) out->push_back(fmt::format("{}: the checkpoint has {}, this run has {}", path, a.dump(), b.dump()));
+  if (a != b)
+    out->push_back(fmt::format("{}: {} has {}, {} has {}", path, sides.a, a.dump(), sides.b, b.dump()));
 }
 
 }  // namespace
 
-fs::path previous_checkpoint(const fs::path& file) { return with_suffix(file, ".prev"); }
-fs::path checkpoint_marker(const fs::path& file) { return with_suffix(file, ".done"); }
-fs::path checkpoint_staging(const fs::path& file) { return with_suffix(file, ".tmp"); }
+fs::path previous_checkpoint(const fs::path& file) {
+  return with_suffix(file, ".prev");
+}
+fs::path checkpoint_marker(const fs::path& file) {
+  return with_suffix(file, ".done");
+}
+fs::path checkpoint_staging(const fs::path& file) {
+  return with_suffix(file, ".tmp");
+}
 
 nlohmann::json run_identity(const nlohmann::json& resolved_config, const nlohmann::json& fingerprints) {
   nlohmann::json config = resolved_config;
@@ -81,9 +92,10 @@ nlohmann::json run_identity(const nlohmann::json& resolved_config, const nlohman
   return {{"config", config}, {"fingerprints", fingerprints}};
 }
 
-std::optional<std::string> identity_difference(const nlohmann::json& saved, const nlohmann::json& current) {
+std::optional<std::string> identity_difference(const nlohmann::json& saved, const nlohmann::json& current,
+                                               std::string_view saved_name, std::string_view current_name) {
   std::vector<std::string> all;
-  differences(saved, current, "", &all);
+  differences(saved, current, "", {saved_name, current_name}, &all);
   if (all.empty()) return std::nullopt;
   return fmt::format("{}", fmt::join(all, "; "));
 }
@@ -124,15 +136,16 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
   comm_.broadcast(std::as_writable_bytes(std::span<int64_t>(sizes)), 0);
   specs.push_back({"state", io::CheckpointType::kUint8, {sizes[0]}});
   specs.push_back({"masks", io::CheckpointType::kUint8, {sizes[1]}});
-  for (const auto& slab : slabs) specs.push_back({slab.name, io::CheckpointType::kFloat32, slab.global_shape});
+  for (const auto& slab : slabs)
+    specs.push_back({slab.name, io::CheckpointType::kFloat32, slab.global_shape});
 
   // Rank 0 creates the file with every dataset allocated; all ranks learn where each dataset lies.
   std::vector<int64_t> places_flat(specs.size() * 5, 0);
   agree_on_errors(comm_, [&] {
     if (comm_.rank() != 0) return;
     cleanup_ = std::make_unique<interrupt::CleanupOnStop>(staging);
-    const auto places = io::create_checkpoint_file(
-        staging, {io::kCheckpointVersion, next_block, blocks_, run_id_}, specs);
+    const auto places =
+        io::create_checkpoint_file(staging, {io::kCheckpointVersion, next_block, blocks_, run_id_}, specs);
     for (size_t i = 0; i < specs.size(); ++i) {
       const auto& p = places.at(specs[i].name);
       const int64_t values[5] = {p.offset, p.bytes, p.unit_bytes, p.crc_offset, p.units};
@@ -151,7 +164,8 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
     std::vector<std::byte> bytes;
     std::vector<float> floats;
     std::span<const std::byte> data() const {
-      return floats.empty() ? std::span<const std::byte>(bytes) : std::as_bytes(std::span<const float>(floats));
+      return floats.empty() ? std::span<const std::byte>(bytes)
+                            : std::as_bytes(std::span<const float>(floats));
     }
   };
   std::vector<Job> jobs;
@@ -168,12 +182,14 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
     const auto t0 = std::chrono::steady_clock::now();
     try {
       const int fd = ::open(staging.c_str(), O_WRONLY | O_CLOEXEC);
-      SYMPRUNE_CHECK(fd >= 0, "checkpoint {}: cannot open for writing: {}", staging.string(), std::strerror(errno));
+      SYMPRUNE_CHECK(fd >= 0, "checkpoint {}: cannot open for writing: {}", staging.string(),
+                     std::strerror(errno));
       try {
         for (const auto& job : jobs) {
           io::write_checkpoint_units(fd, staging, job.place, job.first_unit, job.data());
           bytes_written_ += static_cast<int64_t>(job.data().size());
-          fault::at("checkpoint_write:" + std::to_string(next_block), rank);  // tests: a kill in the middle of a checkpoint's writing
+          fault::at("checkpoint_write:" + std::to_string(next_block),
+                    rank);  // tests: a kill in the middle of a checkpoint's writing
         }
         SYMPRUNE_CHECK(::fdatasync(fd) == 0, "checkpoint {}: fdatasync failed: {}", staging.string(),
                        std::strerror(errno));
@@ -181,7 +197,8 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
         ::close(fd);
         throw;
       }
-      SYMPRUNE_CHECK(::close(fd) == 0, "checkpoint {}: close failed: {}", staging.string(), std::strerror(errno));
+      SYMPRUNE_CHECK(::close(fd) == 0, "checkpoint {}: close failed: {}", staging.string(),
+                     std::strerror(errno));
     } catch (const std::exception& e) {
       writer_error_ = e.what();
     }
@@ -231,7 +248,8 @@ void Checkpointer::mark_complete(const nlohmann::json& marker) {
 }
 
 std::vector<float> read_checkpoint_rows(const io::CheckpointReader& reader, const std::string& name,
-                                        const std::vector<int64_t>& global_shape, int64_t first_row, int64_t rows) {
+                                        const std::vector<int64_t>& global_shape, int64_t first_row,
+                                        int64_t rows) {
   SYMPRUNE_CHECK(reader.has(name), "checkpoint {}: dataset {} is missing", reader.path().string(), name);
   const auto shape = reader.shape(name);
   SYMPRUNE_CHECK(shape == global_shape, "checkpoint {}: dataset {} has shape [{}], this run needs [{}]",
@@ -255,7 +273,8 @@ ResumePoint read_point(const fs::path& file) {
   std::vector<std::byte> state(static_cast<size_t>(state_shape.at(0)));
   reader.read_units("state", 0, state);
   try {
-    point.state = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(state.data()), state.size()));
+    point.state =
+        nlohmann::json::parse(std::string(reinterpret_cast<const char*>(state.data()), state.size()));
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint {}: its state is not valid JSON: {}", file.string(), e.what());
   }
@@ -284,9 +303,9 @@ ResumePoint read_point(const fs::path& file) {
 
 }  // namespace
 
-std::optional<ResumePoint> load_resume_point(dist::Communicator& comm, const std::string& resume,
-                                             const fs::path& checkpoint, const nlohmann::json& identity,
-                                             const std::function<void(const io::CheckpointReader&)>& restore) {
+std::optional<ResumePoint> load_resume_point(
+    dist::Communicator& comm, const std::string& resume, const fs::path& checkpoint,
+    const nlohmann::json& identity, const std::function<void(const io::CheckpointReader&)>& restore) {
   const bool automatic = resume == "auto";
   const fs::path newest = automatic ? checkpoint : fs::path(resume);
   std::vector<fs::path> candidates;
@@ -314,7 +333,8 @@ std::optional<ResumePoint> load_resume_point(dist::Communicator& comm, const std
     // A checkpoint of another run is an error, not something to skip: its previous one is of that run too.
     const nlohmann::json saved = point->state.value("identity", nlohmann::json());
     if (const auto diff = identity_difference(saved, identity))
-      fail("checkpoint {} was made by a different run and cannot continue this one: {}", file.string(), *diff);
+      fail("checkpoint {} was made by a different run and cannot continue this one: {}", file.string(),
+           *diff);
     try {
       agree_on_errors(comm, [&] {
         const io::CheckpointReader reader(file);
@@ -327,8 +347,8 @@ std::optional<ResumePoint> load_resume_point(dist::Communicator& comm, const std
       log::warn("{}; trying the previous checkpoint", e.what());
       continue;
     }
-    log::info("resuming from checkpoint {}: blocks 1..{} of {} were done", file.string(), point->header.next_block,
-              point->header.blocks);
+    log::info("resuming from checkpoint {}: blocks 1..{} of {} were done", file.string(),
+              point->header.next_block, point->header.blocks);
     return point;
   }
   fail("no usable checkpoint to resume from: {}", fmt::join(problems, "; "));

@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -55,8 +56,10 @@ std::filesystem::path checkpoint_staging(const std::filesystem::path& file);   /
 nlohmann::json run_identity(const nlohmann::json& resolved_config, const nlohmann::json& fingerprints);
 
 // Every field (dotted path) where `saved` and `current` differ, as "FIELD: the checkpoint has X, this run
-// has Y", joined by "; ", or nullopt when equal.
-std::optional<std::string> identity_difference(const nlohmann::json& saved, const nlohmann::json& current);
+// has Y" (the sides' names), joined by "; ", or nullopt when equal.
+std::optional<std::string> identity_difference(const nlohmann::json& saved, const nlohmann::json& current,
+                                               std::string_view saved_name = "the checkpoint",
+                                               std::string_view current_name = "this run");
 
 // One rank's rows of a [rows, ...] float dataset.
 struct CheckpointSlab {
@@ -92,7 +95,7 @@ class Checkpointer {
   // Rank 0, after the run's outputs are complete: writes FILE.done (marker) and removes FILE and FILE.prev.
   void mark_complete(const nlohmann::json& marker);
 
-  double write_seconds() const { return write_seconds_; }  // background writing, summed
+  double write_seconds() const { return write_seconds_; }   // background writing, summed
   int64_t bytes_written() const { return bytes_written_; }  // this rank's
 
  private:

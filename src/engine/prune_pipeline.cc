@@ -177,6 +177,38 @@ model::PerplexityProgress eval_progress(const char* which, Clock::time_point sta
   };
 }
 
+// Every rank must run one command on the same inputs: ranks started with other options (an MPMD launch, a
+// per-node recipe) or finding other data (node-local copies) would otherwise mix their rows silently, or
+// wait forever in collectives that only some of them call. Collective: rank 0's identity against each
+// rank's, an Error on every rank naming the lowest differing rank and each differing field.
+void check_every_rank_runs_the_same(dist::Communicator& comm, const nlohmann::json& identity) {
+  if (comm.size() == 1) return;
+  std::string root = identity.dump();
+  int64_t length = static_cast<int64_t>(root.size());
+  comm.broadcast(std::as_writable_bytes(std::span<int64_t>(&length, 1)), 0);
+  root.resize(static_cast<size_t>(length));
+  comm.broadcast(std::as_writable_bytes(std::span<char>(root.data(), root.size())), 0);
+  agree_on_errors(comm, [&] {
+    const auto diff = identity_difference(nlohmann::json::parse(root), identity, "rank 0",
+                                          fmt::format("rank {}", comm.rank()));
+    if (diff)
+      fail(
+          "the ranks were not started with the same options and inputs ({}): every rank must run the same "
+          "command on the same model and data",
+          *diff);
+  });
+}
+
+// What check_every_rank_runs_the_same compares: the resolved configuration and the inputs' fingerprints,
+// but not what may differ per node (CPU threads; where the model and data were found, as the fingerprints
+// compare their contents).
+nlohmann::json rank_identity(const RunPlan& plan, const nlohmann::json& fingerprints) {
+  nlohmann::json config = plan.config;
+  for (const char* key : {"threads", "model", "model_dir", "model_source", "calib", "eval"})
+    config.erase(key);
+  return {{"config", config}, {"fingerprints", fingerprints}};
+}
+
 // Stops every rank at the same point: a signal on any rank stops all (core/interrupt.h).
 void stopping_point(dist::Communicator& comm) {
   agree_on_interrupts(comm);
@@ -381,6 +413,8 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
 
   // --- Validate and resolve (every rank; the output is locked by rank 0).
   RunPlan plan = plan_run(c, comm);
+  check_every_rank_runs_the_same(comm,
+                                 rank_identity(plan, plan.identity_without_calibration.at("fingerprints")));
   model::DecoderModel& model = *plan.model;
   const io::ModelConfig& mc = model.config();
   result.model_dir = plan.resolved.is_synthetic() ? fs::path(plan.resolved.display()) : plan.resolved.dir;
@@ -401,6 +435,7 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
   if (plan.needs_stats) {
     const auto t = Clock::now();
     agree_on_errors(comm, [&] { calib = load_calibration_windows(c, plan, comm); });
+    check_every_rank_runs_the_same(comm, {{"calibration", calib.fingerprint}});
     result.calibration_fingerprint = calib.fingerprint;
     result.config["calib_format"] = calib.format;
     result.timings.calibration = seconds_since(t);

@@ -19,8 +19,8 @@
 #include "dist/partition.h"
 #include "engine/checkpoint.h"
 #include "engine/collective_errors.h"
-#include "io/calibration.h"
 #include "io/atomic_file.h"
+#include "io/calibration.h"
 #include "io/checkpoint_file.h"
 #include "io/text_file.h"
 #include "model/fingerprint.h"
@@ -160,8 +160,8 @@ void check_report_beside_checkpoints(const PruneConfig& c) {
   };
   const fs::path report = resolved(c.report);
   const fs::path lock = newest.parent_path() / io::hidden_name(newest.filename().string(), ".lock");
-  for (const auto& f : {newest, previous_checkpoint(newest), checkpoint_marker(newest),
-                        checkpoint_staging(newest), lock})
+  for (const auto& f :
+       {newest, previous_checkpoint(newest), checkpoint_marker(newest), checkpoint_staging(newest), lock})
     SYMPRUNE_CHECK(resolved(f) != report,
                    "--report {} is the checkpoint's file {}, which the run replaces or removes; write the "
                    "report elsewhere",
@@ -208,6 +208,21 @@ bool completed_before(const PruneConfig& c, RunPlan& r) {
         "{} marks a finished run with a different configuration or inputs: {}; remove it (or choose another "
         "--checkpoint) to run this one",
         marker.string(), *diff);
+  // "Nothing to do" only while --out still holds the finished run's model (it may have been moved, or
+  // --out may name a new directory).
+  if (!c.out.empty()) {
+    std::string run_id;
+    try {
+      run_id = nlohmann::json::parse(io::read_text_file(c.out / io::kProvenanceFile, "provenance"))
+                   .value("run_id", std::string());
+    } catch (const std::exception&) {
+    }
+    SYMPRUNE_CHECK(!run_id.empty() && run_id == saved.value("run_id", std::string()),
+                   "{} marks this run as finished, but --out {} does not hold its pruned model (no {} with "
+                   "its run id {}): remove the marker to run again",
+                   marker.string(), c.out.string(), io::kProvenanceFile,
+                   saved.value("run_id", std::string("?")));
+  }
   r.already_complete = true;
   return true;
 }

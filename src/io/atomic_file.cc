@@ -34,6 +34,9 @@ void write_all(int fd, const void* data, size_t size, const fs::path& path) {
 void check_output_file_directory(const fs::path& path) {
   const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
   SYMPRUNE_CHECK(fs::is_directory(parent), "{}: directory {} does not exist", path.string(), parent.string());
+  // Checked before long work, not only when the file is written (EROFS holds for root too).
+  SYMPRUNE_CHECK(::access(parent.c_str(), W_OK | X_OK) == 0, "{}: cannot write in directory {}: {}",
+                 path.string(), parent.string(), std::strerror(errno));
   // The file is replaced by a rename, which would put a regular file in place of a device such as
   // /dev/null (as root) or of a FIFO.
   std::error_code ec;

@@ -15,9 +15,9 @@ namespace symprune::io {
 void write_all(int fd, const void* data, size_t size, const std::filesystem::path& path);
 
 // Throws symprune::Error "<path>: directory <dir> does not exist" unless the directory that is to hold
-// the file `path` exists, and an Error when `path` exists as something other than a regular file or a
-// symbolic link (a device, FIFO or socket, which the rename into place would replace).
-// write_file_atomically checks it; callers may check it early, before long work.
+// the file `path` exists, an Error when that directory cannot be written, and an Error when `path` exists as
+// something other than a regular file or a symbolic link (a device, FIFO or socket, which the rename into
+// place would replace). write_file_atomically checks it; callers may check it early, before long work.
 void check_output_file_directory(const std::filesystem::path& path);
 
 // "." + name + suffix: the names symprune gives its files beside an output (".out.tmp-XXXXXX", ".out.lock").

@@ -156,6 +156,18 @@ std::vector<int32_t> read_token_file(const std::filesystem::path& path, int widt
                  8 * width, width);
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   const size_t count = static_cast<size_t>(size) / static_cast<size_t>(width);
+  if (by_name && width == 2 && count >= 4 && count % 2 == 0) {
+    // uint32 ids below 65536 read as uint16 put a 0 at every odd position: `symprune calib --out` writes
+    // uint32, and a .bin name alone says uint16.
+    bool odd_all_zero = true;
+    for (size_t i = 1; i < count && odd_all_zero; i += 2) odd_all_zero = p[2 * i] == 0 && p[2 * i + 1] == 0;
+    SYMPRUNE_CHECK(
+        !odd_all_zero,
+        "{}: read as uint16 token ids (the .bin default), every second id is 0, as when the file "
+        "holds uint32 ids (what `symprune calib --out` writes); give --calib-format tokens-u32 (or "
+        "tokens-u16 to read it as uint16 anyway)",
+        path.string());
+  }
   std::vector<int32_t> ids(count);
   for (size_t i = 0; i < count; ++i) {
     uint64_t id = 0;

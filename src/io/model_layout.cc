@@ -106,8 +106,8 @@ void check_no_extra_layers(const ModelConfig& config, const TensorSource& model,
   fail(
       "{}: num_hidden_layers is {} but the weights hold {} layers (tensor '{}' in {} is in layer {}); the "
       "layers past {} would be left unpruned",
-      config_name(config), config.num_layers, held, *first, model.location(*first),
-      first_layer, config.num_layers);
+      config_name(config), config.num_layers, held, *first, model.location(*first), first_layer,
+      config.num_layers);
 }
 
 }  // namespace
@@ -175,6 +175,12 @@ Tensor load_model_tensor(const TensorSource& model, const ModelConfig& config, s
 }
 
 void validate_model_tensors(const ModelConfig& config, const TensorSource& model) {
+  // The last block first: a config.json claiming more layers than the files hold (num_hidden_layers 10^18)
+  // fails here, before a list of every layer's tensors is built.
+  if (config.num_layers > 0)
+    for (const auto& expected : expected_block_tensors(config, config.num_layers - 1))
+      SYMPRUNE_CHECK(!expected.required || stored_tensor_name(model, expected.name).has_value(), "{}",
+                     describe_missing(model, config, expected.name));
   std::set<std::string> used;
   for (const auto& expected : expected_tensors(config)) {
     const auto stored = stored_tensor_name(model, expected.name);
@@ -186,7 +192,8 @@ void validate_model_tensors(const ModelConfig& config, const TensorSource& model
     SYMPRUNE_CHECK(info.shape == expected.shape, "tensor '{}' in {} has shape {} but {} implies {}", *stored,
                    model.location(*stored), shape_to_string(info.shape), config_name(config),
                    shape_to_string(expected.shape));
-    SYMPRUNE_CHECK(is_weight_dtype(info.dtype), "{}: tensor '{}': unsupported dtype {} (supported: F32, F16, BF16)",
+    SYMPRUNE_CHECK(is_weight_dtype(info.dtype),
+                   "{}: tensor '{}': unsupported dtype {} (supported: F32, F16, BF16)",
                    model.location(*stored), info.name, dtype_name(info.dtype));
     used.insert(*stored);
   }

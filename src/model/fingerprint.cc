@@ -56,8 +56,8 @@ void hash_data_samples(const std::filesystem::path& path, uint64_t begin, uint64
     const uint64_t bytes = std::min(kSampleBytes, end - offset);
     in.seekg(static_cast<std::streamoff>(offset));
     in.read(sample.data(), static_cast<std::streamsize>(bytes));
-    SYMPRUNE_CHECK(in.gcount() == static_cast<std::streamsize>(bytes), "{}: read failed at byte {} while fingerprinting",
-                   path.string(), offset);
+    SYMPRUNE_CHECK(in.gcount() == static_cast<std::streamsize>(bytes),
+                   "{}: read failed at byte {} while fingerprinting", path.string(), offset);
     hash.update(sample.data(), bytes);
   };
   for (uint64_t offset = begin; offset < end; offset += kSampleStride) hash_at(offset);

@@ -631,6 +631,12 @@ def _(env, tmp):
     return calib_prune(env, tmp, tmp / "stories.bin")
 
 
+@trigger("E-CAL-TOKENS-LOOK-LIKE-U32")
+def _(env, tmp):
+    np.arange(1, 1001, dtype="<u4").tofile(tmp / "tokens.bin")  # as `symprune calib --out` writes
+    return calib_prune(env, tmp, tmp / "tokens.bin")
+
+
 @trigger("E-CAL-TOKEN-RANGE")
 def _(env, tmp):
     np.full(1000, 7, dtype="<u2").tofile(tmp / "tokens.bin")
@@ -920,6 +926,19 @@ def _(env, tmp):
                 "--report", tmp / "reports")
 
 
+@trigger("E-REPORT-NOT-REGULAR")
+def _(env, tmp):
+    os.mkfifo(tmp / "fifo")  # as /dev/null would be, without touching the system's
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "pruned", "--report", tmp / "fifo")
+
+
+@trigger("E-REPORT-IS-CHECKPOINT")
+def _(env, tmp):
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "pruned", "--checkpoint", tmp / "run.h5", "--report", tmp / "run.h5.done")
+
+
 # --- Checkpoints ---------------------------------------------------------------------------------
 
 def checkpointed(env, tmp, *extra, fault=None):
@@ -953,9 +972,16 @@ def _(env, tmp):
 
 @trigger("E-CKPT-UNWRITABLE")
 def _(env, tmp):
-    point, unmount = read_only_directory(tmp)
+    (tmp / "run.h5.tmp").mkdir()  # where the checkpoint is staged
     return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
-                tmp / "pruned", "--checkpoint", point / "run.h5", cleanup=unmount)
+                tmp / "pruned", "--checkpoint", tmp / "run.h5")
+
+
+@trigger("E-REPORT-DIR-UNWRITABLE")
+def _(env, tmp):
+    point, unmount = read_only_directory(tmp)
+    return Case("eval", "--model", env.model, "--text", env.second, "--seqlen", "64", "--max-chunks", "2",
+                "--report", point / "report.json", cleanup=unmount)
 
 
 @trigger("E-CKPT-DISK-FULL")
@@ -988,6 +1014,14 @@ def _(env, tmp):
     subprocess.run([BIN, *map(str, args)], capture_output=True, check=True)
     shutil.rmtree(tmp / "pruned")
     args[args.index("0.5")] = "0.6"
+    return Case(*args)
+
+
+@trigger("E-CKPT-MARKER-NO-OUTPUT")
+def _(env, tmp):
+    args = checkpointed(env, tmp, "--resume", "auto")
+    subprocess.run([BIN, *map(str, args)], capture_output=True, check=True)
+    shutil.rmtree(tmp / "pruned")  # the finished run's output is gone
     return Case(*args)
 
 

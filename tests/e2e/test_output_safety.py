@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -44,9 +45,9 @@ def listing(root):
 class Run:
     """symprune in the background; wait_for(text) blocks until stderr shows it."""
 
-    def __init__(self, args, env=None):
+    def __init__(self, args, env=None, preexec_fn=None):
         self.proc = subprocess.Popen([BIN, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env={**os.environ, **(env or {})})
+                                     text=True, env={**os.environ, **(env or {})}, preexec_fn=preexec_fn)
         self.lines = []
         self.seen = threading.Condition()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -178,6 +179,27 @@ def test_sigint_during_the_run_leaves_nothing_and_exits_130(stories, tmp_path):
     assert listing(tmp_path) == []  # no output, no report, no staging directory, no lock
 
 
+def test_sighup_ignored_at_start_stays_ignored_as_under_nohup(stories, tmp_path):
+    out = tmp_path / "out"
+    run = Run(prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64"),
+              preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    run.wait_for("block 1/5 done")
+    run.proc.send_signal(signal.SIGHUP)  # the terminal of a nohup run closing
+    assert run.finish() == 0, run.stderr
+    assert "SIGHUP" not in run.stderr and (out / "model.safetensors").exists()
+
+
+def test_report_into_a_fifo_or_device_is_refused_before_any_work(stories, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for args in (prune_args(stories, tmp_path / "out", "--report", fifo),
+                 ["calib", "--tokenizer", stories.model, "--calib", stories.first, "--nsamples", "2", "--seqlen",
+                  "8", "--out", fifo]):
+        proc = symprune(*args, check=False)
+        assert proc.returncode == 1 and f"{fifo} exists and is not a regular file" in proc.stderr, proc.stderr
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and listing(tmp_path) == ["fifo"]
+
+
 def test_sigterm_while_writing_removes_the_staging_directory(stories, tmp_path):
     out = tmp_path / "out"
     run = Run(prune_args(stories, out), env={"SYMPRUNE_FAULT": "before_install:sleep=60"})
@@ -254,6 +276,9 @@ def test_negative_seed_follows_python(stories, tmp_path):
     (["--nsamples", "0x10"], "'0x10' is not an integer"),
     (["--alpha", "nan"], "'nan' is not a number"),
     (["--sparsity", "inf"], "'inf' is not a finite number"),
+    # CLI11 reads an empty number as 0: a dense copy, or wanda turned into magnitude by --alpha "".
+    (["--sparsity", ""], "--sparsity: an empty value is not a number"),
+    (["--alpha", ""], "--alpha: an empty value is not a number"),
     (["--nsamples", "100000000"], "of memory is available: lower --nsamples or --seqlen"),
 ])
 def test_bad_numbers_are_refused_with_a_message(stories, tmp_path, args, message):

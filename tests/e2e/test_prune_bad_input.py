@@ -1,7 +1,10 @@
 """`symprune prune` on bad input: a clear error naming the problem, a non-zero exit (1 for every
 error symprune itself detects), no crash, and nothing written — no --out directory, no report, no
 temporary left beside them, the input model untouched."""
+import json
 import os
+import shutil
+import time
 
 import pytest
 
@@ -205,3 +208,18 @@ def test_report_directory_is_checked_before_pruning(stories, tmp_path):
     assert "block 1/" not in proc.stderr  # no block was pruned
     assert not out.exists()
     assert tree_digest(stories.model) == stories.digest
+
+
+def test_a_config_claiming_far_more_layers_than_stored_fails_at_once(stories, tmp_path):
+    # Used to build a list of every claimed layer's tensors first: gigabytes, then the OOM killer.
+    model = tmp_path / "model"
+    shutil.copytree(stories.model, model)
+    config = json.loads((model / "config.json").read_text())
+    config["num_hidden_layers"] = 4611686018427387904
+    (model / "config.json").write_text(json.dumps(config))
+    start = time.time()
+    proc = symprune("prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                    tmp_path / "out", check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "missing tensor 'model.layers.4611686018427387903." in proc.stderr, proc.stderr
+    assert time.time() - start < 30 and not (tmp_path / "out").exists()

@@ -115,3 +115,41 @@ def test_sigterm_while_the_output_is_written_stops_every_rank_without_output(sto
     assert proc.returncode != 0, stderr
     assert "interrupted by SIGTERM" in stderr, stderr
     assert listing(tmp_path) == [], listing(tmp_path)
+
+
+@pytest.mark.parametrize("second_rank_args,differing", [
+    (["--sparsity", "0.7"], "config.sparsity: rank 0 has 0.5, rank 1 has 0.7"),
+    (["--checkpoint", "CKPT"], "config.checkpoint: rank 0 has null, rank 1 has"),
+    (["--calib", "SECOND"], "calibration: rank 0 has"),
+    (["--sparsity", "half"], "[rank 1/2] its command line differs from rank 0's and ends the run"),
+])
+def test_ranks_started_with_other_options_or_data_are_refused(stories, tmp_path, have_mpirun, second_rank_args,
+                                                             differing):
+    """An MPMD launch (or per-node files) giving ranks other options or data must not mix rows silently
+    (other sparsity, calibration) or hang (a checkpoint on one rank only, a command line only one rank
+    refuses)."""
+    first = ["--model", stories.model, *RUN, "--calib", stories.first, "--out", tmp_path / "o"]
+    second = list(first)
+    for option, value in zip(second_rank_args[::2], second_rank_args[1::2]):
+        value = {"CKPT": tmp_path / "c.h5", "SECOND": stories.second}.get(value, value)
+        if option in second:
+            second[second.index(option) + 1] = value
+        else:
+            second += [option, value]
+    command = [MPIEXEC, "--oversubscribe", "--allow-run-as-root", "-n", "1", DIST, *map(str, first), ":",
+               "-n", "1", DIST, *map(str, second)]
+    start = time.time()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1"})
+    assert proc.returncode == 1, proc.stderr
+    assert differing in proc.stderr, proc.stderr
+    assert time.time() - start < 60
+    assert listing(tmp_path) == [], listing(tmp_path)
+
+
+def test_comm_nccl_on_cpus_is_a_clear_error(stories, tmp_path, have_mpirun):
+    proc = mpirun(2, "--model", stories.model, "--calib", stories.first, *RUN, "--out", tmp_path / "o",
+                  "--device", "cpu", "--comm", "nccl", timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "--comm nccl all-reduces GPU memory, one GPU per node-local rank, but this run is on the cpu" in proc.stderr
+    assert proc.stderr.count("--comm nccl all-reduces") == 1 and listing(tmp_path) == []

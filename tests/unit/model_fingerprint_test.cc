@@ -1,7 +1,5 @@
 // model_fingerprint: equal for equal directories, different for other weights of the same shapes (a
 // fine-tune), which a checkpoint must not resume on.
-#include "model/fingerprint.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -9,6 +7,7 @@
 #include <fstream>
 #include <string>
 
+#include "model/fingerprint.h"
 #include "support/test_support.h"
 
 namespace symprune::model {
