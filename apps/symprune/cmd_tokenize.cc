@@ -63,6 +63,8 @@ void add_tokenize(CLI::App& app) {
     }
     const std::string input =
         file->count() ? io::read_text_file(options->text_file, "text file (--text-file)") : options->text;
+    // --text-file's rule for --text too: bytes that are not UTF-8 are refused, not tokenized as bytes.
+    SYMPRUNE_CHECK(file->count() || io::is_valid_utf8(input), "--text: not valid UTF-8");
     const auto ids = tokenizer->encode(input, !options->no_bos);
     if (options->count) {
       std::printf("%zu\n", ids.size());

@@ -312,14 +312,19 @@ std::optional<ResumePoint> load_resume_point(
   std::error_code ec;
   for (const auto& f : {newest, previous_checkpoint(newest)})
     if (fs::exists(f, ec)) candidates.push_back(f);
+  // The errors below are every rank's (they read the same files): agreed, so that every rank ends with one
+  // message instead of an abort per rank.
   if (candidates.empty()) {
-    SYMPRUNE_CHECK(automatic, "--resume {}: no such checkpoint (nor {})", resume,
-                   previous_checkpoint(newest).string());
+    agree_on_errors(comm, [&] {
+      SYMPRUNE_CHECK(automatic, "--resume {}: no such checkpoint (nor {})", resume,
+                     previous_checkpoint(newest).string());
+    });
     log::info("--resume auto: no checkpoint at {}: starting from the first block", checkpoint.string());
     return std::nullopt;
   }
   std::vector<std::string> problems;
   for (const auto& file : candidates) {
+    const char* next = &file != &candidates.back() ? "; trying the previous checkpoint" : "";
     std::optional<ResumePoint> point;
     try {
       agree_on_errors(comm, [&] { point = read_point(file); });
@@ -327,14 +332,16 @@ std::optional<ResumePoint> load_resume_point(
       throw;
     } catch (const Error& e) {  // CollectiveError with ranks > 1
       problems.push_back(e.what());
-      log::warn("{}; trying the previous checkpoint", e.what());
+      log::warn("{}{}", e.what(), next);
       continue;
     }
     // A checkpoint of another run is an error, not something to skip: its previous one is of that run too.
     const nlohmann::json saved = point->state.value("identity", nlohmann::json());
-    if (const auto diff = identity_difference(saved, identity))
-      fail("checkpoint {} was made by a different run and cannot continue this one: {}", file.string(),
-           *diff);
+    agree_on_errors(comm, [&] {
+      if (const auto diff = identity_difference(saved, identity))
+        fail("checkpoint {} was made by a different run and cannot continue this one: {}", file.string(),
+             *diff);
+    });
     try {
       agree_on_errors(comm, [&] {
         const io::CheckpointReader reader(file);
@@ -344,14 +351,15 @@ std::optional<ResumePoint> load_resume_point(
       throw;
     } catch (const Error& e) {
       problems.push_back(e.what());
-      log::warn("{}; trying the previous checkpoint", e.what());
+      log::warn("{}{}", e.what(), next);
       continue;
     }
     log::info("resuming from checkpoint {}: blocks 1..{} of {} were done", file.string(),
               point->header.next_block, point->header.blocks);
     return point;
   }
-  fail("no usable checkpoint to resume from: {}", fmt::join(problems, "; "));
+  agree_on_errors(comm, [&] { fail("no usable checkpoint to resume from: {}", fmt::join(problems, "; ")); });
+  return std::nullopt;  // not reached: agree_on_errors threw
 }
 
 }  // namespace symprune::engine

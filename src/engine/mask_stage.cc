@@ -53,23 +53,36 @@ Mask gather_mask(dist::Communicator& comm, Mask own, int64_t total_rows, int64_t
   return whole;
 }
 
-// Σ_t (a_r·x_t)² per row of A over the rows x_t of X (both in the backend's memory): one sgemm (A Xᵀ),
-// fp32 products, fp64 sums on the host.
-std::vector<double> row_sample_energy(Backend& backend, const Tensor& a, const Tensor& x) {
-  const int64_t rows = a.dim(0), k = x.dim(0);
+// Σ_t (a_r·x_t)² per row of A over the rows x_t of X (both in the backend's memory), for A = rows
+// [row_begin, row_begin + a.rows) of a matrix: fp32 products, fp64 sums on the host. The products are sgemms
+// (A Xᵀ) of kEnergyBlockRows rows aligned to the whole matrix's row index, the rows this rank lacks being
+// zero, so that each row's products come from a GEMM of one shape, at one position, however the rows are
+// split over ranks: BLAS picks its kernels, and so the rounding, by shape (with a few tokens OpenBLAS's
+// small-matrix kernels gave other last bits for another row count).
+constexpr int64_t kEnergyBlockRows = 256;
+
+std::vector<double> row_sample_energy(Backend& backend, const Tensor& a, const Tensor& x, int64_t row_begin) {
+  const int64_t rows = a.dim(0), n = a.dim(1), k = x.dim(0);
   std::vector<double> out(static_cast<size_t>(rows), 0.0);
   if (rows == 0 || k == 0) return out;
-  Tensor product;
-  backend.linear(a, x, nullptr, product);
-  Tensor copy;
-  const Tensor& host = backend.host_view(product, copy);
-  for (int64_t r = 0; r < rows; ++r) {
-    double sum = 0.0;
-    for (int64_t t = 0; t < k; ++t) {
-      const double v = host[r * k + t];
-      sum += v * v;
+  const int64_t row_end = row_begin + rows;
+  Tensor block, product, copy;
+  for (int64_t first = row_begin / kEnergyBlockRows * kEnergyBlockRows; first < row_end;
+       first += kEnergyBlockRows) {
+    const int64_t lo = std::max(first, row_begin), hi = std::min(first + kEnergyBlockRows, row_end);
+    if (lo != first || hi != first + kEnergyBlockRows || block.empty())
+      block = backend.to_backend(Tensor({kEnergyBlockRows, n}), a.dtype());  // zeros
+    backend.copy_rows(a, lo - row_begin, block, lo - first, hi - lo);
+    backend.linear(block, x, nullptr, product);
+    const Tensor& host = backend.host_view(product, copy);
+    for (int64_t r = lo; r < hi; ++r) {
+      double sum = 0.0;
+      for (int64_t t = 0; t < k; ++t) {
+        const double v = host[(r - first) * k + t];
+        sum += v * v;
+      }
+      out[static_cast<size_t>(r - row_begin)] = sum;
     }
-    out[static_cast<size_t>(r)] = sum;
   }
   return out;
 }
@@ -97,7 +110,9 @@ bool refine_skips(const std::string& skip, const std::string& linear) {
 
 double sample_energy(dist::Communicator& comm, Backend& backend, const Tensor& rows, int64_t total_rows,
                      const Tensor& samples) {
-  return std::max(ordered_row_sum(comm, row_sample_energy(backend, rows, samples), total_rows), 0.0);
+  const int64_t row_begin = dist::partition(total_rows, comm.size(), comm.rank()).begin;
+  return std::max(ordered_row_sum(comm, row_sample_energy(backend, rows, samples, row_begin), total_rows),
+                  0.0);
 }
 
 std::optional<double> reconstruction_error(dist::Communicator& comm, Backend& backend,

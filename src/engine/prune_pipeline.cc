@@ -408,7 +408,7 @@ PruneResult prune_model(const PruneConfig& c, const ProgressFn& progress) {
 
 PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const ProgressFn& progress) {
   const auto start = Clock::now();
-  set_cpu_threads(c.threads);
+  agree_on_errors(comm, [&] { set_cpu_threads(c.threads); });  // one message, not one abort per rank
   PruneResult result;
 
   // --- Validate and resolve (every rank; the output is locked by rank 0).
@@ -652,6 +652,12 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     result.timings.checkpoint += checkpointer->finish();
     result.timings.checkpoint_background += checkpointer->write_seconds();
   }
+  // From here the checkpoint holds every block: a stop while writing or evaluating ends with
+  // kCheckpointedExitCode too, so that a requeued job resumes (and writes and evaluates again).
+  const bool every_block_saved = checkpointer && checkpointer->latest() == model.num_blocks();
+  const std::string every_block_saved_note =
+      fmt::format("blocks 1..{0} of {0} are saved in checkpoint {1}; continue with --resume auto",
+                  model.num_blocks(), c.checkpoint.string());
 
   // --- Output: each rank writes its shards, rank 0 the rest.
   if (plan.writes_model) {
@@ -668,8 +674,13 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     std::map<std::string, std::string> extra_files;
     if (plan.resolved.is_synthetic())
       extra_files["config.json"] = io::synthetic_config_json(*plan.resolved.synthetic).dump(2) + "\n";
-    write_pruned_model(comm, model.tensors(), plan.resolved.dir, plan.out ? &*plan.out : nullptr, masks,
-                       extra_files, provenance);
+    try {
+      write_pruned_model(comm, model.tensors(), plan.resolved.dir, plan.out ? &*plan.out : nullptr, masks,
+                         extra_files, provenance);
+    } catch (const interrupt::Interrupted& e) {
+      if (!every_block_saved) throw;
+      throw interrupt::Interrupted(e.signal(), every_block_saved_note, kCheckpointedExitCode);
+    }
     result.timings.write = seconds_since(t);
     log::info("wrote {}", c.out.string());
   }
@@ -677,13 +688,13 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
   // --- Evaluation: final norm, head and NLL of every rank's chunks, gathered in chunk order.
   std::optional<interrupt::Interrupted> interrupted;
   if (plan.evaluate) {
-    const auto t = Clock::now();
-    const auto dense_local = dense_eval->local_chunk_nll(eval_progress("dense", t));
-    result.timings.eval_dense += seconds_since(t);
-    stopping_point(comm);
-    const auto dense = gather_perplexity(comm, *dense_eval, dense_local, &result.communication.eval);
-    result.perplexity = PerplexityPair{dense.perplexity, 0.0, dense.seqlen, dense.chunks};
     try {
+      const auto t = Clock::now();
+      const auto dense_local = dense_eval->local_chunk_nll(eval_progress("dense", t));
+      result.timings.eval_dense += seconds_since(t);
+      stopping_point(comm);
+      const auto dense = gather_perplexity(comm, *dense_eval, dense_local, &result.communication.eval);
+      result.perplexity = PerplexityPair{dense.perplexity, 0.0, dense.seqlen, dense.chunks};
       log::info("scoring the pruned model's evaluation chunks");
       fault::at("pruned_eval", comm.rank());
       const auto tp = Clock::now();
@@ -697,7 +708,8 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     } catch (const interrupt::Interrupted& e) {
       // The model is complete: keep it, and say in the report what is missing.
       interrupted = e;
-      result.incomplete = "pruned evaluation interrupted by " + interrupt::signal_name(e.signal());
+      result.incomplete = std::string(result.perplexity ? "pruned" : "dense and pruned") +
+                          " evaluation interrupted by " + interrupt::signal_name(e.signal());
     }
   }
   result.timings.total = earlier_total + seconds_since(start);  // all attempts, like the other timings
@@ -729,8 +741,10 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
   if (interrupted) {
     throw interrupt::Interrupted(
         interrupted->signal(),
-        fmt::format("the pruned model {} is complete, but its evaluation was not finished{}", c.out.string(),
-                    c.report.empty() ? "" : "; the report says so"));
+        fmt::format("the pruned model {} is complete, but its evaluation was not finished{}{}",
+                    c.out.string(), c.report.empty() ? "" : "; the report says so",
+                    every_block_saved ? "; " + every_block_saved_note : std::string()),
+        every_block_saved ? kCheckpointedExitCode : 0);
   }
   return result;
 }

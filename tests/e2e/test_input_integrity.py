@@ -5,6 +5,7 @@ garbage, on the stories260K model.
 - text that is not UTF-8, holds NULs, is a directory, a device or a /proc file is named for what it is;
 - a config that undercounts the layers is refused; unused tensors in other dtypes are copied through."""
 import json
+import os
 import shutil
 import struct
 import subprocess
@@ -124,6 +125,8 @@ def test_garbage_evaluation_text_is_refused(stories, tmp_path):
                  f"{text}: evaluation text (--eval) is not UTF-8 text", hint)
     expect_error(symprune("tokenize", "--tokenizer", stories.model, "--text-file", text, check=False),
                  f"{text}: text file (--text-file) is not UTF-8 text", hint)
+    expect_error(symprune("tokenize", "--tokenizer", stories.model, "--text", os.fsdecode(b"\xff\xfe"),
+                          check=False), "--text: not valid UTF-8")
     assert not (tmp_path / "pruned").exists()
 
 

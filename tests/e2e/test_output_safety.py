@@ -258,6 +258,27 @@ def test_interrupted_pruned_evaluation_keeps_the_model_and_marks_the_report(stor
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "r.json"]
 
 
+@pytest.mark.parametrize("fault,stage", [("before_install:sleep=60", "block 5/5 done"),
+                                         ("pruned_eval:sleep=60", "scoring the pruned model's evaluation chunks")])
+def test_a_signal_after_the_last_block_with_a_checkpoint_exits_75_and_resumes(stories, tmp_path, fault, stage):
+    """The checkpoint holds every block by then: the stop is a saved one (75, what the Slurm scripts requeue
+    on), and --resume auto writes and evaluates again."""
+    out, report, checkpoint = tmp_path / "out", tmp_path / "r.json", tmp_path / "run.h5"
+    args = prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64", "--report", report,
+                      "--checkpoint", checkpoint, "--resume", "auto")
+    run = Run(args, env={"SYMPRUNE_FAULT": fault})
+    run.wait_for(stage)
+    run.proc.send_signal(signal.SIGUSR1)
+    assert run.finish() == 75, run.stderr
+    assert f"blocks 1..5 of 5 are saved in checkpoint {checkpoint}; continue with --resume auto" in run.stderr
+    assert checkpoint.exists() and not (tmp_path / "run.h5.done").exists()
+    resumed = symprune(*args)
+    assert "resuming from checkpoint" in resumed.stderr
+    r = read_json(report)
+    assert "incomplete" not in r and r["perplexity"]["pruned"] > 1
+    assert (tmp_path / "run.h5.done").exists() and (out / "model.safetensors").exists()
+
+
 # --- numbers and usability -------------------------------------------------------------------------
 
 def test_negative_seed_follows_python(stories, tmp_path):

@@ -10,8 +10,9 @@ import pytest
 from conftest import mpirun
 from prune_support import output_digest, symprune
 
-# 6 chunks: R = 4 gets 2,1,2,1; the reconstruction error reads 16 of the 64 positions of each window.
-CALIB = ["--nsamples", "16", "--seqlen", "64", "--micro-batch", "3", "--recon-tokens", "256"]
+# 6 chunks: R = 4 gets 2,1,2,1; the reconstruction error reads 2 of the 64 positions of each window (a
+# product with so few tokens takes BLAS's small-matrix kernels, whose rounding depends on the row count).
+CALIB = ["--nsamples", "16", "--seqlen", "64", "--micro-batch", "3", "--recon-tokens", "24"]
 
 CASES = {
     "magnitude": ["--method", "magnitude", "--sparsity", "0.5"],

@@ -153,3 +153,19 @@ def test_comm_nccl_on_cpus_is_a_clear_error(stories, tmp_path, have_mpirun):
     assert proc.returncode == 1, proc.stderr
     assert "--comm nccl all-reduces GPU memory, one GPU per node-local rank, but this run is on the cpu" in proc.stderr
     assert proc.stderr.count("--comm nccl all-reduces") == 1 and listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--threads", "100000"], "--threads 100000: use 0 (automatic: one per CPU) or 1.."),
+    (["--resume", "NODIR/x.h5"], "--resume NODIR/x.h5: no such checkpoint"),
+])
+def test_errors_every_rank_finds_end_them_with_one_message_not_an_abort(stories, tmp_path, have_mpirun, extra,
+                                                                        message):
+    extra = [str(tmp_path / "nodir" / "x.h5") if a == "NODIR/x.h5" else a for a in extra]
+    message = message.replace("NODIR", str(tmp_path / "nodir"))
+    args = ["--model", stories.model, "--calib", stories.first, *RUN, "--out", tmp_path / "o"]
+    args = [a for a in args if a not in ("--threads", "1")] + extra
+    proc = mpirun(3, *args, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count(message) == 1 and "MPI_ABORT" not in proc.stderr, proc.stderr
+    assert listing(tmp_path) == []
