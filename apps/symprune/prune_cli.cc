@@ -8,6 +8,7 @@
 
 #include "cli_checks.h"
 #include "core/accel.h"
+#include "core/log.h"
 #include "engine/checkpoint.h"
 #include "recipe_config.h"
 
@@ -74,6 +75,44 @@ void add_switch(CLI::App* sub, std::deque<Switch>& switches, const std::string& 
   s.on_option->excludes(s.off_option);
 }
 
+// Options given (on the command line or in a recipe) that this configuration does not read are said, so
+// that a mistyped --method or a forgotten --refine does not pass for the run that was asked for.
+void warn_about_unread_options(const CLI::App& command, const engine::PruneConfig& c) {
+  const bool dsnot_family = c.refine == "dsnot" || c.refine == "r2dsnot";
+  const bool r2 = c.refine == "r2dsnot";
+  const struct {
+    const char* option;
+    bool read;
+    const char* reader;
+  } rules[] = {
+      {"--p", c.method == "lp", "--method lp"},
+      {"--strategy", c.method == "lp", "--method lp"},
+      {"--beta", c.method == "stochria", "--method stochria"},
+      {"--method-seed", c.method == "stochria", "--method stochria"},
+      {"--refine-skip", c.refine != "none", "a refinement (--refine)"},
+      {"--max-cycles", c.refine != "none", "a refinement (--refine)"},
+      {"--refine-threshold", dsnot_family, "--refine dsnot or r2dsnot"},
+      {"--var-power", dsnot_family, "--refine dsnot or r2dsnot"},
+      {"--same-sign", dsnot_family, "--refine dsnot or r2dsnot"},
+      {"--grow-relative", r2, "--refine r2dsnot"},
+      {"--no-grow-relative", r2, "--refine r2dsnot"},
+      {"--prune-relative", r2, "--refine r2dsnot"},
+      {"--no-prune-relative", r2, "--refine r2dsnot"},
+      {"--reg-p", r2, "--refine r2dsnot"},
+      {"--gamma-grow", r2, "--refine r2dsnot"},
+      {"--gamma-prune", r2, "--refine r2dsnot"},
+      {"--refine-alpha", r2, "--refine r2dsnot"},
+      {"--calib-format", !c.calib.empty(), "--calib"},
+      {"--eval-seqlen", !c.eval.empty(), "--eval"},
+      {"--eval-max-chunks", !c.eval.empty(), "--eval"},
+      {"--recon-tokens", c.recon_error, "the reconstruction error (on by default; off by --no-recon-error)"},
+      {"--checkpoint-every", !c.checkpoint.empty(), "--checkpoint"},
+  };
+  for (const auto& rule : rules)
+    if (!rule.read && command.get_option(rule.option)->count() > 0)
+      log::warn("{} is not used: only {} reads it", rule.option, rule.reader);
+}
+
 }  // namespace
 
 engine::PruneConfig parsed_prune_config(PruneCliOptions& o, int local_rank) {
@@ -86,6 +125,7 @@ engine::PruneConfig parsed_prune_config(PruneCliOptions& o, int local_rank) {
   c.checkpoint = o.checkpoint;
   if (o.recipe_option->count() > 0) c.input_files.push_back(o.recipe_option->as<std::string>());
   c.backend = &accel::backend_for_device(o.device, local_rank);
+  if (log::is_root()) warn_about_unread_options(*o.command, c);
   return c;
 }
 
@@ -128,6 +168,7 @@ void print_prune_result(const engine::PruneConfig& c, const engine::PruneResult&
 
 void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
   PruneCliOptions* o = &options;
+  o->command = sub;
   engine::PruneConfig& c = o->config;
   sub->add_option("--model", c.model, "model directory, short name (llama2-7b) or Hugging Face repo id")
       ->required();

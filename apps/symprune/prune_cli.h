@@ -32,6 +32,7 @@ struct PruneCliOptions {
   CLI::Option* alpha_option = nullptr;
   CLI::Option* sparsity_option = nullptr;
   CLI::Option* recipe_option = nullptr;
+  CLI::App* command = nullptr;  // the subcommand holding these options
   std::deque<Switch> switches;  // the flags' storage (a deque: elements never move)
 };
 

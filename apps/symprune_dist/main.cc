@@ -143,9 +143,18 @@ int main(int argc, char** argv) {
     if (root) std::fprintf(stderr, "symprune_dist: error: %s\n", e.what());
     return 1;
   } catch (const std::bad_alloc&) {
+    if (size == 1) {
+      std::fprintf(stderr, "symprune_dist: error: out of memory\n");
+      return 1;
+    }
     std::fprintf(stderr, "symprune_dist: [rank %d/%d] error: out of memory\n", rank, size);
     world->abort(1);
   } catch (const std::exception& e) {
+    // A single rank ends like symprune: nobody waits for it.
+    if (size == 1) {
+      std::fprintf(stderr, "symprune_dist: error: %s\n", e.what());
+      return 1;
+    }
     // Only this rank knows: say it, then end every rank (they may be waiting for this one).
     std::fprintf(stderr, "symprune_dist: [rank %d/%d] error: %s\n", rank, size, e.what());
     world->abort(1);

@@ -143,18 +143,39 @@ void check_stat_vector(const std::vector<double>& values, int64_t expected, cons
                    label(options), field, i, values[i]);
 }
 
+// Scores are fp32 and saturate at FLT_MAX: an activation factor beyond it (only an extreme alpha gives one)
+// would turn its column's or row's scores into ties, and the mask into an arbitrary one.
+void check_factor_fits_scores(double factor, double norm, int64_t index, const char* side, double alpha,
+                              const ScoreOptions& options) {
+  SYMPRUNE_CHECK(
+      factor <= static_cast<double>(FLT_MAX),
+      "{}: --alpha {} gives {}^alpha = {:g} for {} {}, beyond the range of fp32 scores (which would "
+      "all tie at the maximum): use a smaller --alpha",
+      label(options), alpha, norm, factor, side, index);
+}
+
 // a_c^α for every input column (all 1 when α = 0, where stats may be absent).
-std::vector<double> input_factors(const ActivationStats* stats, double alpha, int64_t n) {
+std::vector<double> input_factors(const ActivationStats* stats, double alpha, int64_t n,
+                                  const ScoreOptions& options) {
   std::vector<double> factors(static_cast<size_t>(n), 1.0);
   if (alpha == 0.0) return factors;
-  for (int64_t c = 0; c < n; ++c) factors[static_cast<size_t>(c)] = power(stats->input_norm(c), alpha);
+  for (int64_t c = 0; c < n; ++c) {
+    factors[static_cast<size_t>(c)] = power(stats->input_norm(c), alpha);
+    check_factor_fits_scores(factors[static_cast<size_t>(c)], stats->input_norm(c), c, "input column", alpha,
+                             options);
+  }
   return factors;
 }
 
-std::vector<double> output_factors(const ActivationStats* stats, double alpha, int64_t m) {
+std::vector<double> output_factors(const ActivationStats* stats, double alpha, int64_t m,
+                                   const ScoreOptions& options) {
   std::vector<double> factors(static_cast<size_t>(m), 1.0);
   if (alpha == 0.0) return factors;
-  for (int64_t r = 0; r < m; ++r) factors[static_cast<size_t>(r)] = power(stats->output_norm(r), alpha);
+  for (int64_t r = 0; r < m; ++r) {
+    factors[static_cast<size_t>(r)] = power(stats->output_norm(r), alpha);
+    check_factor_fits_scores(factors[static_cast<size_t>(r)], stats->output_norm(r), r, "output row", alpha,
+                             options);
+  }
   return factors;
 }
 
@@ -430,7 +451,7 @@ ScorePlan plan_scores(ScoreMethod method, int64_t m, int64_t n, const Activation
   check_score_stats(method, m, n, stats, options);
   const double alpha = resolved_alpha(method, options);
   const auto zeros = [](int64_t count) { return std::vector<double>(static_cast<size_t>(count), 0.0); };
-  const auto a = [&] { return input_factors(stats, alpha, n); };
+  const auto a = [&] { return input_factors(stats, alpha, n, options); };
   ScorePlan plan;
   switch (method) {
     case ScoreMethod::kMagnitude:
@@ -442,13 +463,13 @@ ScorePlan plan_scores(ScoreMethod method, int64_t m, int64_t n, const Activation
       plan.column_term = a();
       return plan;
     case ScoreMethod::kOWanda:
-      plan.row_term = output_factors(stats, alpha, m);
+      plan.row_term = output_factors(stats, alpha, m, options);
       plan.column_term = zeros(n);
       return plan;
     case ScoreMethod::kSymWanda:
     case ScoreMethod::kSymWandaSq:
       plan.form = method == ScoreMethod::kSymWanda ? ScorePlan::kProduct : ScorePlan::kHypot;
-      plan.row_term = output_factors(stats, alpha, m);
+      plan.row_term = output_factors(stats, alpha, m, options);
       plan.column_term = a();
       return plan;
     case ScoreMethod::kSymmetric:

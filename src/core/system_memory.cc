@@ -1,6 +1,7 @@
 #include "core/system_memory.h"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -55,6 +56,24 @@ std::optional<uint64_t> available_memory_bytes() {
   const auto a = mem_available(), b = cgroup_remaining();
   if (a && b) return std::min(*a, *b);
   return a ? a : b;
+}
+
+std::optional<uint64_t> address_space_left_bytes() {
+  if (const char* forced = std::getenv("SYMPRUNE_ADDRESS_SPACE_LEFT"))
+    return static_cast<uint64_t>(std::strtoull(forced, nullptr, 10));
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  uint64_t mapped = 0;
+  while (std::getline(in, line)) {
+    if (!line.starts_with("VmSize:")) continue;
+    std::istringstream fields(line.substr(7));
+    uint64_t kib = 0;
+    if (fields >> kib) mapped = kib * 1024;
+  }
+  const uint64_t cap = static_cast<uint64_t>(limit.rlim_cur);
+  return cap > mapped ? cap - mapped : 0;
 }
 
 std::string format_bytes(double bytes) {

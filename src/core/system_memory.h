@@ -12,6 +12,11 @@ namespace symprune {
 // neither can be read. SYMPRUNE_MEMORY_AVAILABLE (bytes) overrides it, for tests.
 std::optional<uint64_t> available_memory_bytes();
 
+// Under an address-space limit (RLIMIT_AS, `ulimit -v`): the limit minus this process's mapped size
+// (VmSize), else nullopt. Mappings count against it, not memory in use. SYMPRUNE_ADDRESS_SPACE_LEFT (bytes)
+// overrides it, for tests.
+std::optional<uint64_t> address_space_left_bytes();
+
 // "12.3 GiB"
 std::string format_bytes(double bytes);
 

@@ -654,7 +654,14 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
   }
   // From here the checkpoint holds every block: a stop while writing or evaluating ends with
   // kCheckpointedExitCode too, so that a requeued job resumes (and writes and evaluates again).
-  const bool every_block_saved = checkpointer && checkpointer->latest() == model.num_blocks();
+  // A run resumed after its last block saves nothing new: its own checkpoint (FILE, or FILE.prev when FILE
+  // was unusable; --resume auto finds either again) already holds every block.
+  const auto is_own_checkpoint = [&](const fs::path& file) {
+    return file == c.checkpoint || file == previous_checkpoint(c.checkpoint);
+  };
+  const bool every_block_saved =
+      checkpointer && (checkpointer->latest() == model.num_blocks() ||
+                       (first_block == model.num_blocks() && is_own_checkpoint(*result.resumed_from)));
   const std::string every_block_saved_note =
       fmt::format("blocks 1..{0} of {0} are saved in checkpoint {1}; continue with --resume auto",
                   model.num_blocks(), c.checkpoint.string());

@@ -82,7 +82,10 @@ void write_shard(const io::TensorSource& source, const io::TensorSource::Shard& 
 
 // Every other top-level file of the input directory, byte-identical (the index too: same shards, same
 // weight_map); symprune's own provenance file of an input that is a symprune output is replaced.
-std::vector<std::string> copy_other_files(const fs::path& input_dir, const fs::path& tmp) {
+std::vector<std::string> copy_other_files(const fs::path& input_dir, const fs::path& tmp,
+                                          const std::vector<io::TensorSource::Shard>& shards) {
+  std::set<std::string> weight_files;
+  for (const auto& shard : shards) weight_files.insert(shard.file);
   std::vector<std::string> written;
   for (const auto& entry : fs::directory_iterator(input_dir)) {
     const std::string name = entry.path().filename().string();
@@ -90,7 +93,14 @@ std::vector<std::string> copy_other_files(const fs::path& input_dir, const fs::p
       log::warn("{}: subdirectory not copied to the pruned model", entry.path().string());
       continue;
     }
-    if (name.ends_with(".safetensors") || name == io::kProvenanceFile) continue;
+    if (name == io::kProvenanceFile || weight_files.count(name) > 0) continue;
+    if (name.ends_with(".safetensors")) {
+      // Not the model's weights (e.g. consolidated.safetensors beside the shards): copied, it could be
+      // taken for an unpruned model.
+      log::warn("{}: not one of the model's weight files, not copied to the pruned model",
+                entry.path().string());
+      continue;
+    }
     if (is_other_weight_file(name)) {
       log::warn("{}: other weight format, not copied to the pruned model", entry.path().string());
       continue;
@@ -188,7 +198,7 @@ std::vector<std::string> write_pruned_model(dist::Communicator& comm, const io::
     if (!root) return;
     try {
       if (!input_dir.empty()) {
-        for (auto& name : copy_other_files(input_dir, tmp)) written.push_back(std::move(name));
+        for (auto& name : copy_other_files(input_dir, tmp, shards)) written.push_back(std::move(name));
       } else if (source.indexed()) {
         io::write_file_atomically(tmp / "model.safetensors.index.json", index_json(source, shards));
         written.push_back("model.safetensors.index.json");
@@ -201,6 +211,8 @@ std::vector<std::string> write_pruned_model(dist::Communicator& comm, const io::
       written.push_back(io::kProvenanceFile);
       fault::at("before_install");
       interrupt::check();
+      out->check_no_running_run_inside();
+      out->check_inputs_unchanged();
       staging->install();
     } catch (const interrupt::Interrupted&) {
       throw;

@@ -93,6 +93,21 @@ void check_memory(int64_t nsamples, int64_t seqlen, int64_t calib_tokens, int64_
   const double d = static_cast<double>(hidden_size);
   const double needed = static_cast<double>(calib_tokens) * (2.0 * d + 1.0) * sizeof(float) +
                         static_cast<double>(eval_tokens) * 2.0 * d * sizeof(float);
+  // Under `ulimit -v` mappings count: OpenBLAS maps a 128 MiB buffer per thread at its first product and,
+  // when that fails, retries forever at full CPU. So the limit is checked here, with room for them.
+  if (const auto left = address_space_left_bytes()) {
+    // Measured on stories260K: a run maps about 160 MiB (1 thread) and 430 MiB (2 threads) after this point:
+    // buffers of the threads calling BLAS, heaps of the threads allocating, and the helper threads'.
+    const int threads = cpu_threads();
+    const double blas = static_cast<double>(threads) * kBlasThreadAddressSpace + (64 << 20);
+    if (needed + blas > static_cast<double>(*left))
+      fail(
+          "the address-space limit (ulimit -v) leaves {} to this run, but it needs about {}: {} of hidden "
+          "states and {} of BLAS buffers and heaps for its {} threads: raise or remove ulimit -v (it limits "
+          "mappings, not memory in use), or lower --threads, --nsamples or --seqlen",
+          format_bytes(static_cast<double>(*left)), format_bytes(needed + blas), format_bytes(needed),
+          format_bytes(blas), threads);
+  }
   const auto available = available_memory_bytes();
   if (!available || needed <= static_cast<double>(*available)) return;
   if (eval_tokens == 0 ||
@@ -189,7 +204,7 @@ void check_checkpoint_options(const PruneConfig& c) {
 
 // Whether --resume finds the completion marker of this very run (then there is nothing to do); a marker of
 // another run is an error.
-bool completed_before(const PruneConfig& c, RunPlan& r) {
+bool completed_before(const PruneConfig& c, RunPlan& r, bool root) {
   if (c.resume.empty()) return false;
   const fs::path marker = checkpoint_marker(c.resume == "auto" ? c.checkpoint : fs::path(c.resume));
   std::error_code ec;
@@ -224,6 +239,21 @@ bool completed_before(const PruneConfig& c, RunPlan& r) {
                    saved.value("run_id", std::string("?")));
   }
   r.already_complete = true;
+  // A run killed between writing the marker and removing its checkpoints left them behind: remove them now
+  // (only this run's: their header names the marker's run id).
+  if (root && c.resume == "auto") {
+    // Under the checkpoint's lock (no other run is using these files); a killed run's lock files go too.
+    const io::PathLock checkpoint_lock(c.checkpoint, "--checkpoint");
+    if (!c.out.empty()) io::release_stale_output_lock(c.out, "--out");
+    const std::string finished = saved.value("run_id", std::string());
+    for (const auto& f :
+         {c.checkpoint, previous_checkpoint(c.checkpoint), checkpoint_staging(c.checkpoint)}) {
+      if (const auto header = io::peek_checkpoint_header(f); header && header->run_id == finished) {
+        fs::remove(f, ec);
+        if (!ec) log::info("removed {}, left by this run after it had finished", f.string());
+      }
+    }
+  }
   return true;
 }
 
@@ -250,14 +280,21 @@ bool written_by_this_run(const PruneConfig& c) {
 
 // The checkpoint's directory must take files, and hold the new checkpoint beside the previous one.
 void check_checkpoint_space(const fs::path& file, int64_t checkpoint_bytes) {
-  const fs::path staging = checkpoint_staging(file);
-  const int fd = ::open(staging.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  // A probe of its own name: FILE.tmp may be another run's checkpoint in the making.
+  const fs::path dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  std::string probe = (dir / io::hidden_name(file.filename().string(), ".probe-XXXXXX")).string();
+  const int fd = ::mkstemp(probe.data());
   SYMPRUNE_CHECK(fd >= 0, "--checkpoint {}: cannot write checkpoints there ({}: {})", file.string(),
-                 staging.string(), std::strerror(errno));
+                 dir.string(), std::strerror(errno));
   ::close(fd);
   std::error_code ec;
-  fs::remove(staging, ec);
-  const fs::path dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  fs::remove(probe, ec);
+  // FILE.tmp is replaced by each checkpoint (a killed run's is harmless), but only if it is a file.
+  const fs::path staging = checkpoint_staging(file);
+  const auto staging_status = fs::symlink_status(staging, ec);
+  SYMPRUNE_CHECK(!fs::exists(staging_status) || fs::is_regular_file(staging_status),
+                 "--checkpoint {}: cannot write checkpoints there ({}: {})", file.string(), staging.string(),
+                 fs::is_directory(staging_status) ? "Is a directory" : "not a regular file");
   std::optional<uint64_t> available;
   if (const char* forced = std::getenv("SYMPRUNE_DISK_AVAILABLE")) {
     available = std::strtoull(forced, nullptr, 10);
@@ -267,14 +304,16 @@ void check_checkpoint_space(const fs::path& file, int64_t checkpoint_bytes) {
   // Peak: the newest, the previous and the one being written; existing ones are among them.
   int existing = 0;
   for (const auto& f : {file, previous_checkpoint(file)}) existing += fs::exists(f, ec) ? 1 : 0;
-  const double needed = static_cast<double>(checkpoint_bytes) * (3 - existing);
+  // HDF5's metadata and the state add a little to the hidden states and masks.
+  const double one = static_cast<double>(checkpoint_bytes) * 1.02 + 256.0 * 1024;
+  const double needed = one * (3 - existing);
   if (!available || needed <= static_cast<double>(*available)) return;
   fail(
       "--checkpoint {}: a checkpoint takes up to about {} (hidden states and masks), and the previous one is "
       "kept while the next is written, so {} needs {} free, but has {}: free space, choose another "
       "directory, "
       "write fewer (--checkpoint-every) or lower --nsamples",
-      file.string(), format_bytes(static_cast<double>(checkpoint_bytes)), dir.string(), format_bytes(needed),
+      file.string(), format_bytes(one), dir.string(), format_bytes(needed),
       format_bytes(static_cast<double>(*available)));
 }
 
@@ -474,7 +513,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
 
   // Outputs are checked (and --out locked, by rank 0) before any block is read: no input may be
   // overwritten, and a path that cannot work must not fail after hours of pruning.
-  if (completed_before(c, r)) return;
+  if (completed_before(c, r, comm.rank() == 0)) return;
   const int64_t eval_chunks_total =
       r.evaluate ? (c.eval_max_chunks > 0
                         ? std::min<int64_t>(static_cast<int64_t>(r.eval_tokens.size()) / eval_seqlen,

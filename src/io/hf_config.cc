@@ -78,19 +78,34 @@ void check_positive(int64_t value, const char* key, const std::string& source) {
   SYMPRUNE_CHECK(value > 0, "{}: \"{}\" must be positive, got {}", source, key, value);
 }
 
-std::optional<RopeScaling> parse_rope_scaling(const nlohmann::json& json, const std::string& source) {
-  if (!json.contains("rope_scaling") || json["rope_scaling"].is_null()) return std::nullopt;
-  const auto& rs = json["rope_scaling"];
-  SYMPRUNE_CHECK(rs.is_object(), "{}: \"rope_scaling\" must be an object or null, got {}", source, rs.dump());
+bool same_scaling(const std::optional<RopeScaling>& a, const std::optional<RopeScaling>& b) {
+  if (!a || !b) return !a && !b;
+  return a->type == b->type && a->factor == b->factor && a->low_freq_factor == b->low_freq_factor &&
+         a->high_freq_factor == b->high_freq_factor &&
+         a->original_max_position_embeddings == b->original_max_position_embeddings;
+}
+
+// The scaling part of a RoPE object (`name`: "rope_scaling" or "rope_parameters"); nullopt for none.
+std::optional<RopeScaling> parse_rope_object(const nlohmann::json& rs, const char* name,
+                                             const std::string& source) {
   const Fields f(rs, source);
   // Newer files write "rope_type", older ones "type"; transformers accepts both.
-  std::string type = f.string("rope_type", f.string("type", ""));
-  if (type.empty() || type == "default") return std::nullopt;
-  SYMPRUNE_CHECK(type == "llama3", "{}: rope_scaling type '{}' is not supported (supported: llama3, or none)",
-                 source, type);
+  const std::string type = f.string("rope_type", f.string("type", ""));
+  if (type.empty()) {
+    // transformers refuses a scaling without its type; read as none, the model would run unscaled.
+    for (const auto& [key, value] : rs.items())
+      SYMPRUNE_CHECK(key == "rope_theta" || key == "partial_rotary_factor",
+                     "{}: {} has \"{}\" but no \"rope_type\" (or \"type\"): say which RoPE scaling it is "
+                     "(supported: llama3, or default for none)",
+                     source, name, key);
+    return std::nullopt;
+  }
+  if (type == "default") return std::nullopt;
+  SYMPRUNE_CHECK(type == "llama3", "{}: {} type '{}' is not supported (supported: llama3, or none)", source,
+                 name, type);
   for (const char* key :
        {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
-    SYMPRUNE_CHECK(f.has(key), "{}: rope_scaling of type llama3 needs \"{}\"", source, key);
+    SYMPRUNE_CHECK(f.has(key), "{}: {} of type llama3 needs \"{}\"", source, name, key);
   }
   RopeScaling out;
   out.type = type;
@@ -98,16 +113,65 @@ std::optional<RopeScaling> parse_rope_scaling(const nlohmann::json& json, const 
   out.low_freq_factor = f.number("low_freq_factor", 1.0);
   out.high_freq_factor = f.number("high_freq_factor", 4.0);
   out.original_max_position_embeddings = f.integer("original_max_position_embeddings", 8192);
-  SYMPRUNE_CHECK(out.factor > 0, "{}: rope_scaling factor must be positive, got {}", source, out.factor);
-  SYMPRUNE_CHECK(out.low_freq_factor > 0, "{}: rope_scaling low_freq_factor must be positive, got {}", source,
+  SYMPRUNE_CHECK(out.factor > 0, "{}: {} factor must be positive, got {}", source, name, out.factor);
+  SYMPRUNE_CHECK(out.low_freq_factor > 0, "{}: {} low_freq_factor must be positive, got {}", source, name,
                  out.low_freq_factor);
   // The llama3 formula divides by (high_freq_factor - low_freq_factor).
   SYMPRUNE_CHECK(out.high_freq_factor > out.low_freq_factor,
-                 "{}: rope_scaling high_freq_factor ({}) must be greater than low_freq_factor ({})", source,
+                 "{}: {} high_freq_factor ({}) must be greater than low_freq_factor ({})", source, name,
                  out.high_freq_factor, out.low_freq_factor);
-  check_positive(out.original_max_position_embeddings, "rope_scaling.original_max_position_embeddings",
-                 source);
+  SYMPRUNE_CHECK(out.original_max_position_embeddings > 0,
+                 "{}: \"{}.original_max_position_embeddings\" must be positive, got {}", source, name,
+                 out.original_max_position_embeddings);
   return out;
+}
+
+// RoPE settings. transformers before 5 writes "rope_theta" and "rope_scaling" {"rope_type" or "type", ...};
+// transformers 5 writes "rope_parameters" {"rope_type", "rope_theta", ...} instead. Both are read (the
+// default theta 10000 applies only when neither names one); a file holding both must agree.
+void parse_rope(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
+  // transformers rotates only part of each head for partial_rotary_factor < 1; symprune rotates all of it.
+  const auto check_full_rotation = [&](const Fields& fields, const char* where) {
+    if (fields.has("partial_rotary_factor"))
+      SYMPRUNE_CHECK(fields.number("partial_rotary_factor", 1.0) == 1.0,
+                     "{}: {}partial_rotary_factor {} is not supported (only 1: RoPE on the whole head)",
+                     c.source, where, fields.number("partial_rotary_factor", 1.0));
+  };
+  check_full_rotation(f, "");
+  const std::optional<double> legacy_theta =
+      f.has("rope_theta") ? std::optional<double>(f.number("rope_theta", 0.0)) : std::nullopt;
+  std::optional<RopeScaling> legacy_scaling;
+  const bool has_legacy_scaling = json.contains("rope_scaling") && !json["rope_scaling"].is_null();
+  if (has_legacy_scaling) {
+    SYMPRUNE_CHECK(json["rope_scaling"].is_object(), "{}: \"rope_scaling\" must be an object or null, got {}",
+                   c.source, json["rope_scaling"].dump());
+    legacy_scaling = parse_rope_object(json["rope_scaling"], "rope_scaling", c.source);
+  }
+  c.rope_theta = legacy_theta.value_or(10000.0);
+  c.rope_scaling = legacy_scaling;
+  if (!json.contains("rope_parameters") || json["rope_parameters"].is_null()) return;
+
+  const auto& rp = json["rope_parameters"];
+  SYMPRUNE_CHECK(rp.is_object(), "{}: \"rope_parameters\" must be an object or null, got {}", c.source,
+                 rp.dump());
+  for (const auto& [key, value] : rp.items())
+    SYMPRUNE_CHECK(!value.is_object(),
+                   "{}: rope_parameters per attention type (\"{}\": {{...}}) are not supported for llama",
+                   c.source, key);
+  const Fields p(rp, c.source);
+  check_full_rotation(p, "rope_parameters.");
+  if (p.has("rope_theta")) {
+    const double theta = p.number("rope_theta", 0.0);
+    SYMPRUNE_CHECK(!legacy_theta || *legacy_theta == theta,
+                   "{}: \"rope_theta\" ({}) and rope_parameters.rope_theta ({}) disagree", c.source,
+                   *legacy_theta, theta);
+    c.rope_theta = theta;
+  }
+  const std::optional<RopeScaling> scaling = parse_rope_object(rp, "rope_parameters", c.source);
+  SYMPRUNE_CHECK(!has_legacy_scaling || same_scaling(legacy_scaling, scaling),
+                 "{}: \"rope_scaling\" and \"rope_parameters\" describe different RoPE scalings ({} and {})",
+                 c.source, json["rope_scaling"].dump(), rp.dump());
+  c.rope_scaling = scaling;
 }
 
 void parse_llama(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
@@ -121,8 +185,7 @@ void parse_llama(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
   c.num_kv_heads = f.integer("num_key_value_heads", c.num_heads);
   c.max_position_embeddings = f.integer("max_position_embeddings", 2048);
   c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
-  c.rope_theta = f.number("rope_theta", 10000.0);
-  c.rope_scaling = parse_rope_scaling(json, c.source);
+  parse_rope(f, json, c);
   c.attention_bias = f.boolean("attention_bias", false);
   c.mlp_bias = f.boolean("mlp_bias", false);
   c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);

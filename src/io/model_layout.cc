@@ -174,6 +174,39 @@ Tensor load_model_tensor(const TensorSource& model, const ModelConfig& config, s
   return model.load_f32(*stored);
 }
 
+namespace {
+
+// A float tensor that config.json leaves out of the model. A linear's bias, or any parameter of a layer,
+// means that the model computed would not be the checkpoint's (config.json without "attention_bias", a norm
+// the architecture lacks): refused. Other leftovers are named.
+void check_float_leftover(const ModelConfig& config, const TensorSource& model, const std::string& name,
+                          const std::set<std::string>& used) {
+  if (name.ends_with(".bias")) {
+    const std::string weight = name.substr(0, name.size() - 5) + ".weight";
+    if (used.count(weight) > 0) {
+      const char* key = config.family == ModelFamily::kOpt        ? "enable_bias"
+                        : name.find(".mlp.") != std::string::npos ? "mlp_bias"
+                                                                  : "attention_bias";
+      fail(
+          "{}: tensor '{}' is the bias of '{}', but {} describes that linear without a bias (\"{}\" is false "
+          "or "
+          "absent): the model would be computed without it; set \"{}\": true if the checkpoint's linears "
+          "have "
+          "biases",
+          model.location(name), name, weight, config_name(config), key, key);
+    }
+  }
+  SYMPRUNE_CHECK(!layer_of(name).has_value(),
+                 "{}: tensor '{}' is not part of the {} model that {} describes: the model would be computed "
+                 "without it (is config.json the one of this checkpoint?)",
+                 model.location(name), name, config.model_type, config_name(config));
+  if (log::is_root())
+    log::warn("{}: tensor '{}' is not used by the model: ignored, and copied unchanged to a pruned model",
+              model.location(name), name);
+}
+
+}  // namespace
+
 void validate_model_tensors(const ModelConfig& config, const TensorSource& model) {
   // The last block first: a config.json claiming more layers than the files hold (num_hidden_layers 10^18)
   // fails here, before a list of every layer's tensors is built.
@@ -200,14 +233,20 @@ void validate_model_tensors(const ModelConfig& config, const TensorSource& model
   const std::vector<std::string> names = model.names();
   check_no_extra_layers(config, model, names);
   for (const auto& name : names) {
+    if (used.count(name) > 0) continue;
     const TensorInfo& info = model.info(name);
-    // Float leftovers (rotary inv_freq) are routine; an integer or F64 one is worth a word, as transformers
-    // gives one when it loads such a checkpoint.
-    if (used.count(name) == 0 && !is_weight_dtype(info.dtype)) {
-      log::warn(
-          "{}: tensor '{}' ({}) is not used by the model: ignored, and copied unchanged to a pruned model",
-          model.location(name), name, dtype_name(info.dtype));
+    // Rotary inv_freq buffers are routine leftovers; an integer or F64 tensor is worth a word, as
+    // transformers gives one when it loads such a checkpoint.
+    if (!is_weight_dtype(info.dtype)) {
+      if (log::is_root())
+        log::warn(
+            "{}: tensor '{}' ({}) is not used by the model: ignored, and copied unchanged to a pruned model",
+            model.location(name), name, dtype_name(info.dtype));
+      continue;
     }
+    // A tied model's stored head is the embedding (transformers ties it the same way).
+    if (name.ends_with("inv_freq") || (config.tie_word_embeddings && name == "lm_head.weight")) continue;
+    check_float_leftover(config, model, name, used);
   }
 }
 

@@ -133,7 +133,35 @@ std::string read_small_file(const fs::path& p) {
   return text;
 }
 
+// Who holds the lock file `lock` ("pid N"), when a running process holds it; nullopt when it is free (a
+// killed run's lock file) or missing.
+std::optional<std::string> lock_holder(const fs::path& lock) {
+  const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  if (!held) return std::nullopt;
+  const std::string holder = read_small_file(lock);
+  return holder.empty() ? std::string("pid unknown") : holder;
+}
+
 }  // namespace
+
+void OutputDirectory::check_no_running_run_inside() const {
+  if (!existed_) return;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(path_, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(".") || !name.ends_with(".lock")) continue;
+    if (const auto holder = lock_holder(it->path()))
+      fail(
+          "{} {} holds {}, the lock of a running symprune run ({}): replacing it would remove that run's "
+          "files; "
+          "wait for it to finish or choose another {}",
+          option_, as_given_.string(), it->path().string(), *holder, option_);
+  }
+}
 
 void InputFootprint::add_model_directory(const fs::path& dir) {
   std::error_code ec;
@@ -141,6 +169,7 @@ void InputFootprint::add_model_directory(const fs::path& dir) {
   directories_.push_back({real, "input model directory"});
   for (const auto& entry : fs::directory_iterator(real, ec)) {
     std::error_code entry_ec;
+    if (const auto s = stamp(entry.path())) model_files_.push_back(*s);
     if (!entry.is_symlink(entry_ec)) continue;
     const fs::path target = fs::canonical(entry.path(), entry_ec);
     if (entry_ec || is_within(target, real)) continue;
@@ -150,6 +179,28 @@ void InputFootprint::add_model_directory(const fs::path& dir) {
     const bool known = std::any_of(directories_.begin(), directories_.end(),
                                    [&](const Protected& d) { return d.path == holder; });
     if (!known) directories_.push_back({holder, "directory holding the input model's files"});
+  }
+}
+
+std::optional<InputFootprint::FileStamp> InputFootprint::stamp(const fs::path& file) {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;  // follows links
+  return FileStamp{file, static_cast<uintmax_t>(st.st_size),
+                   static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
+                   static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_dev)};
+}
+
+void InputFootprint::check_model_unchanged() const {
+  for (const auto& before : model_files_) {
+    const auto now = stamp(before.path);
+    SYMPRUNE_CHECK(
+        now && *now == before,
+        "{} was {} while this run was reading the model: the pruned copy could mix the old and the "
+        "new contents, so it is not written; run again on the model as it is now",
+        before.path.string(),
+        !now                                                         ? "removed"
+        : now->inode != before.inode || now->device != before.device ? "replaced"
+                                                                     : "modified");
   }
 }
 
@@ -219,9 +270,13 @@ PathLock::~PathLock() {
   ::close(fd_);
 }
 
+void release_stale_output_lock(const fs::path& out, std::string_view option) {
+  const PathLock lock(resolved_path(out), option);
+}
+
 OutputDirectory::OutputDirectory(const fs::path& out, const InputFootprint& inputs, bool force,
                                  std::string option)
-    : as_given_(out) {
+    : option_(option), as_given_(out), inputs_(inputs) {
   SYMPRUNE_CHECK(!out.empty(), "{}: no output directory given", option);
   check_not_dangling(out, option);
   path_ = resolved_path(out);
@@ -242,6 +297,7 @@ OutputDirectory::OutputDirectory(const fs::path& out, const InputFootprint& inpu
                  "{} {} exists and was not written by symprune (it has no {}): --force replaces only "
                  "symprune outputs; remove it yourself or choose another {}",
                  option, out.string(), kProvenanceFile, option);
+  check_no_running_run_inside();
 }
 
 std::unique_ptr<StagedDirectory> OutputDirectory::stage() const {
@@ -258,6 +314,11 @@ void check_output_file(const fs::path& file, const InputFootprint& inputs, std::
   SYMPRUNE_CHECK(!fs::is_directory(resolved, ec), "{} {} is a directory; give a file name", option,
                  file.string());
   inputs.check_output(resolved, option, file);
+  // E.g. another run's checkpoint: that run holds the lock beside it.
+  if (const auto holder =
+          lock_holder(resolved.parent_path() / hidden_name(resolved.filename().string(), ".lock")))
+    fail("{} {} is being written by another symprune run ({}); wait for it to finish or choose another path",
+         option, file.string(), *holder);
   if (out_dir != nullptr)
     SYMPRUNE_CHECK(!is_within(resolved, out_dir->path()),
                    "{} {} is inside the output directory {}, which the run replaces; write it elsewhere",

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,7 +42,22 @@ class InputFootprint {
   void check_output(const std::filesystem::path& resolved, std::string_view option,
                     const std::filesystem::path& as_given) const;
 
+  // Throws when a file of the model directory changed since add_model_directory (size, modification time
+  // or the file itself): weights are read until the output is written, and a copy made over the input
+  // during the run would mix masks of the old weights with the new ones.
+  void check_model_unchanged() const;
+
  private:
+  struct FileStamp {
+    std::filesystem::path path;
+    uintmax_t size = 0;
+    int64_t modified_ns = 0;
+    uint64_t inode = 0, device = 0;
+    bool operator==(const FileStamp&) const = default;
+  };
+  static std::optional<FileStamp> stamp(const std::filesystem::path& file);
+  std::vector<FileStamp> model_files_;
+
   struct Protected {
     std::filesystem::path path;
     std::string what;  // "input model directory", ...
@@ -66,6 +82,10 @@ class PathLock {
   std::unique_ptr<interrupt::CleanupOnStop> cleanup_;  // a process stopped at once removes it too
 };
 
+// Takes and releases the lock of an output that this run does not write (a finished run found again): fails
+// like OutputDirectory when another run holds it, and removes a lock file left by a killed run.
+void release_stale_output_lock(const std::filesystem::path& out, std::string_view option);
+
 class OutputDirectory {
  public:
   // Checks `out` (see above), takes the lock and cleans up after interrupted runs. `option` names the
@@ -78,11 +98,18 @@ class OutputDirectory {
   bool existed() const { return existed_; }
   // A staging directory beside the output; install it with StagedDirectory::install().
   std::unique_ptr<StagedDirectory> stage() const;
+  // Throws when the directory to be replaced holds the lock of a running run (e.g. its checkpoint was
+  // placed there): checked when the run starts and again just before installing.
+  void check_no_running_run_inside() const;
+  // InputFootprint::check_model_unchanged of the inputs given to the constructor (before installing).
+  void check_inputs_unchanged() const { inputs_.check_model_unchanged(); }
 
  private:
+  std::string option_;
   std::filesystem::path as_given_;
   std::filesystem::path path_;
   bool existed_ = false;
+  InputFootprint inputs_;
   std::unique_ptr<PathLock> lock_;
 };
 

@@ -18,6 +18,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "io/atomic_file.h"
 #include "io/json_util.h"
 
@@ -383,6 +384,14 @@ SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
       model.location_.emplace(tensor, it->second);
     }
     SYMPRUNE_CHECK(!model.files_.empty(), "{}: weight_map is empty", index.string());
+    // A tensor that a shard holds but the index does not list is still the shard's: kept, so that a pruned
+    // copy of the shard loses nothing (the copied index stays as it was).
+    for (size_t i = 0; i < model.files_.size(); ++i)
+      for (const auto& info : model.files_[i]->tensors())
+        if (model.location_.emplace(info.name, i).second && log::is_root())
+          log::warn(
+              "{}: tensor '{}' is not listed in {}: read from this shard, and kept there in a pruned copy",
+              model.files_[i]->path().string(), info.name, index.string());
     return model;
   }
 

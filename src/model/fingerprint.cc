@@ -43,11 +43,13 @@ std::string read_prefix(const std::filesystem::path& path, uint64_t max_bytes) {
   return data;
 }
 
-// Samples of the tensor data from `begin` to `end`: kSampleBytes at every kSampleStride and the last
-// kSampleBytes, so weights of another value (a fine-tune of the same shapes) change the fingerprint while
-// a 7B model costs about 800 reads of 4 KiB.
+// The tensor data from `begin` to `end`: all of it up to kWholeBytes (a fraction of a second), else
+// kSampleBytes at every kSampleStride and the last kSampleBytes, so weights of another value (a fine-tune of
+// the same shapes) change the fingerprint while a 7B model costs about 800 reads of 4 KiB.
 void hash_data_samples(const std::filesystem::path& path, uint64_t begin, uint64_t end, Fnv1a& hash) {
-  constexpr uint64_t kSampleBytes = 4096, kSampleStride = uint64_t{16} << 20;
+  constexpr uint64_t kWholeBytes = uint64_t{256} << 20;
+  const uint64_t kSampleBytes = end - begin <= kWholeBytes ? uint64_t{1} << 20 : 4096;
+  const uint64_t kSampleStride = end - begin <= kWholeBytes ? kSampleBytes : uint64_t{16} << 20;
   if (end <= begin) return;
   std::ifstream in(path, std::ios::binary);
   SYMPRUNE_CHECK(in.good(), "{}: cannot open for fingerprinting", path.string());
@@ -61,7 +63,7 @@ void hash_data_samples(const std::filesystem::path& path, uint64_t begin, uint64
     hash.update(sample.data(), bytes);
   };
   for (uint64_t offset = begin; offset < end; offset += kSampleStride) hash_at(offset);
-  if (end - begin > kSampleBytes) hash_at(end - kSampleBytes);
+  if (end - begin > kSampleBytes && kSampleStride > kSampleBytes) hash_at(end - kSampleBytes);
 }
 
 }  // namespace

@@ -117,6 +117,26 @@ def started_until_first_checkpoint(job, tmp_path, fault):
     return proc
 
 
+def test_a_second_run_on_a_running_runs_checkpoint_is_refused_and_harms_nothing(job, reference, tmp_path):
+    # Its check that checkpoints can be written there used to create and remove FILE.tmp: the first run's
+    # checkpoint in the making, which then could not be installed.
+    ckpt, staging = tmp_path / "run.h5", tmp_path / "run.h5.tmp"
+    command = [BIN, "prune", *map(str, job), "--out", str(tmp_path / "out"), "--checkpoint", str(ckpt)]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "SYMPRUNE_FAULT": "checkpoint_write:2:sleep=4"})
+    deadline = time.time() + 60
+    while not (ckpt.exists() and staging.exists()) and time.time() < deadline:
+        time.sleep(0.02)
+    assert staging.exists()
+    second = symprune("prune", *job, "--out", tmp_path / "other", "--checkpoint", ckpt, "--resume", "auto",
+                      check=False)
+    assert second.returncode == 1 and "is being written by another symprune run" in second.stderr, second.stderr
+    assert staging.exists()
+    _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 0, stderr
+    assert output_digest(tmp_path / "out") == reference[0] and not (tmp_path / "other").exists()
+
+
 def test_sigusr1_saves_the_next_block_and_exits_75(job, reference, tmp_path):
     # The first checkpoint is installed at the end of block 2 (1-based), just before block 3 starts: the
     # signal lands at that boundary or during block 3 (held 2 s), and the run stops after it.
@@ -150,6 +170,18 @@ def test_a_finished_run_is_not_redone(job, reference, tmp_path):
     # The same checkpoint path with other options: that is another run, refused.
     other = resume(replaced(job, "--sparsity", "0.6"), tmp_path, check=False)
     assert other.returncode == 1 and "config.sparsity: the checkpoint has 0.5, this run has 0.6" in other.stderr
+
+
+def test_checkpoints_left_by_a_kill_after_the_marker_are_removed_by_the_next_start(job, reference, tmp_path):
+    proc = symprune("prune", *job, "--out", tmp_path / "out", "--checkpoint", tmp_path / "run.h5", "--resume",
+                    "auto", "--report", tmp_path / "report.json", check=False,
+                    env={"SYMPRUNE_FAULT": "marker_written:exit=137"})
+    assert proc.returncode == 137 and (tmp_path / "run.h5.done").exists() and (tmp_path / "run.h5").exists()
+    assert output_digest(tmp_path / "out") == reference[0]
+    proc = resume(job, tmp_path)
+    assert "already complete" in proc.stdout
+    assert f"removed {tmp_path / 'run.h5'}, left by this run after it had finished" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "report.json", "run.h5.done"]
 
 
 def copy_state(tmp_path, name):

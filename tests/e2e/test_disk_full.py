@@ -70,6 +70,17 @@ def test_prune_out_file_too_large(stories, tmp_path, limit):
     assert tree_digest(stories.model) == stories.digest
 
 
+def test_prune_checkpoint_file_too_large(stories, tmp_path):
+    # HDF5 1.10 crashed at exit (SIGSEGV, a raw HDF5 message before it) after failing to finish the file.
+    proc = run(["prune", "--model", stories.model, "--method", "wanda", "--sparsity", "0.5", "--calib",
+                stories.first, "--nsamples", "4", "--seqlen", "64", "--out", tmp_path / "pruned", "--checkpoint",
+                tmp_path / "c.h5"], fsize=150 << 10)
+    expect_failure(proc, TOO_LARGE, tmp_path / "c.h5", "cannot write its")
+    assert "HDF5" not in proc.stderr and "errno" not in proc.stderr, proc.stderr
+    # The last checkpoint that fitted stays, to resume from once there is room; nothing else.
+    assert listing(tmp_path) == ["c.h5"], "partial checkpoint or output left behind"
+
+
 def test_prune_force_keeps_existing_out_when_write_fails(stories, tmp_path):
     out = tmp_path / "pruned"
     out.mkdir()

@@ -75,6 +75,13 @@ def copy_model(env, tmp, name="model"):
     return dst
 
 
+def config_prune(env, tmp, **changes):
+    """A prune of a copy of the model whose config.json has `changes`."""
+    model = copy_model(env, tmp)
+    edit_config(model, **changes)
+    return prune(env, tmp, model=model)
+
+
 def edit_config(model, **changes):
     path = model / "config.json"
     config = json.loads(path.read_text())
@@ -361,9 +368,7 @@ def _(env, tmp):
 
 @trigger("E-ST-SHAPE-MISMATCH")
 def _(env, tmp):
-    model = copy_model(env, tmp)
-    edit_config(model, intermediate_size=176)
-    return prune(env, tmp, model=model)
+    return config_prune(env, tmp, intermediate_size=176)
 
 
 # --- non-finite weights and activations ------------------------------------------------------------
@@ -413,65 +418,63 @@ def _(env, tmp):
 
 @trigger("E-CFG-NO-MODEL-TYPE")
 def _(env, tmp):
-    model = copy_model(env, tmp)
-    edit_config(model, model_type=None)
-    return prune(env, tmp, model=model)
+    return config_prune(env, tmp, model_type=None)
 
 
 @trigger("E-CFG-MODEL-TYPE")
 def _(env, tmp):
-    model = copy_model(env, tmp)
-    edit_config(model, model_type="gpt_neox")
-    return prune(env, tmp, model=model)
+    return config_prune(env, tmp, model_type="gpt_neox")
 
 
 @trigger("E-CFG-NOT-INTEGER")
 def _(env, tmp):
-    model = copy_model(env, tmp)
-    edit_config(model, num_hidden_layers="five")
-    return prune(env, tmp, model=model)
+    return config_prune(env, tmp, num_hidden_layers="five")
 
 
 @trigger("E-CFG-NOT-POSITIVE")
 def _(env, tmp):
-    model = copy_model(env, tmp)
-    edit_config(model, hidden_size=0)
-    return prune(env, tmp, model=model)
+    return config_prune(env, tmp, hidden_size=0)
 
 
 @trigger("E-CFG-EXTRA-LAYERS")
 def _(env, tmp):
-    model = copy_model(env, tmp)
-    edit_config(model, num_hidden_layers=4)
-    return prune(env, tmp, model=model)
+    return config_prune(env, tmp, num_hidden_layers=4)
 
 
 @trigger("E-CFG-HEADS")
 def _(env, tmp):
-    model = copy_model(env, tmp)
-    edit_config(model, num_attention_heads=7)
-    return prune(env, tmp, model=model)
+    return config_prune(env, tmp, num_attention_heads=7)
 
 
 @trigger("E-CFG-KV-HEADS")
 def _(env, tmp):
-    model = copy_model(env, tmp)
-    edit_config(model, num_key_value_heads=3)
-    return prune(env, tmp, model=model)
+    return config_prune(env, tmp, num_key_value_heads=3)
 
 
 @trigger("E-CFG-ACTIVATION")
 def _(env, tmp):
-    model = copy_model(env, tmp)
-    edit_config(model, hidden_act="gelu")
-    return prune(env, tmp, model=model)
+    return config_prune(env, tmp, hidden_act="gelu")
 
 
 @trigger("E-CFG-ROPE-SCALING")
 def _(env, tmp):
-    model = copy_model(env, tmp)
-    edit_config(model, rope_scaling={"type": "yarn", "factor": 4.0})
-    return prune(env, tmp, model=model)
+    return config_prune(env, tmp, rope_scaling={"type": "yarn", "factor": 4.0})
+
+
+@trigger("E-CFG-ROPE-NO-TYPE")
+def _(env, tmp):
+    return config_prune(env, tmp, rope_scaling={"factor": 4.0})
+
+
+@trigger("E-CFG-ROPE-DISAGREE")
+def _(env, tmp):
+    return config_prune(env, tmp, rope_theta=10000.0,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+
+
+@trigger("E-CFG-ROPE-PARTIAL")
+def _(env, tmp):
+    return config_prune(env, tmp, partial_rotary_factor=0.5)
 
 
 # --- tokenizers ------------------------------------------------------------------------------------
@@ -671,7 +674,23 @@ def _(env, tmp):
     return calib_prune(env, tmp, env.first, "--nsamples", "100000000", "--seqlen", "64")
 
 
+@trigger("E-CAL-ADDRESS-SPACE")
+def _(env, tmp):
+    # As under `ulimit -v`, where the BLAS library used to spin forever (checked by hand with a real limit;
+    # sanitizer builds cannot run under one).
+    case = calib_prune(env, tmp, env.first)
+    case.env = {"SYMPRUNE_ADDRESS_SPACE_LEFT": str(200 << 20)}
+    return case
+
+
 # --- prune options ---------------------------------------------------------------------------------
+
+@trigger("E-OPT-THREADS-ADDRESS-SPACE")
+def _(env, tmp):
+    case = prune(env, tmp, "--threads", str(4 * os.cpu_count()))  # more than the BLAS threads started
+    case.env = {"SYMPRUNE_ADDRESS_SPACE_LEFT": str(100 << 20)}
+    return case
+
 
 @trigger("E-OPT-SPARSITY-RANGE")
 def _(env, tmp):
@@ -886,6 +905,36 @@ def _(env, tmp):
                 tmp / "pruned", cleanup=lock.close)
 
 
+def held_lock(path):
+    """A lock file held as a running run holds it (closed by the case's cleanup)."""
+    lock = open(path, "w")
+    lock.write("pid 4242\n")
+    lock.flush()
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return lock
+
+
+@trigger("E-OUT-FORCE-RUNNING")
+def _(env, tmp):
+    # An earlier output that another run, still running, keeps its checkpoint in.
+    out = tmp / "pruned"
+    out.mkdir()
+    (out / "symprune_provenance.json").write_text(json.dumps({"tool": "symprune"}))
+    (out / "run.h5").write_bytes(b"checkpoint")
+    lock = held_lock(out / ".run.h5.lock")
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out", out,
+                "--force", cleanup=lock.close)
+
+
+@trigger("E-OUT-FILE-LOCKED")
+def _(env, tmp):
+    # --report names another running run's checkpoint.
+    (tmp / "run.h5").write_bytes(b"checkpoint")
+    lock = held_lock(tmp / ".run.h5.lock")
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "pruned", "--report", tmp / "run.h5", cleanup=lock.close)
+
+
 @trigger("E-OUT-DANGLING-LINK")
 def _(env, tmp):
     (tmp / "pruned").symlink_to(tmp / "scratch" / "pruned")
@@ -1085,6 +1134,11 @@ for _id, _args in [("E-REFINE-METHOD", ["--refine", "dsnoot"]),
                    ("E-REFINE-GAMMA-PRUNE", ["--refine", "r2dsnot", "--gamma-prune=-1"]),
                    ("E-REFINE-ALPHA", ["--refine", "r2dsnot", "--refine-alpha=-0.5"])]:
     trigger(_id)(lambda env, tmp, _args=_args: refine_prune(env, tmp, *_args))
+
+
+@trigger("E-OPT-ALPHA-OVERFLOW")
+def _(env, tmp):
+    return calib_prune(env, tmp, env.first, *CALIB, "--alpha", "1000")
 
 
 @trigger("E-REFINE-NO-CALIB")

@@ -67,7 +67,9 @@ def test_single_file_with_pickle_like_header_length(stories, tmp_path):
         str(model / "model.safetensors")).keys()
 
 
-def test_sharded_model_with_pickle_like_header_lengths(stories, tmp_path):
+def two_shard_layout(stories, tmp_path):
+    """A model directory holding the stories260K files but its weights, the weights, and a split of their
+    names into two shards (to be written by the test)."""
     model = tmp_path / "model"
     model.mkdir()
     for path in stories.model.iterdir():
@@ -76,6 +78,11 @@ def test_sharded_model_with_pickle_like_header_lengths(stories, tmp_path):
     tensors = load_file(str(stories.model / "model.safetensors"))
     names = sorted(tensors)
     shards = {"model-00001-of-00002.safetensors": names[:24], "model-00002-of-00002.safetensors": names[24:]}
+    return model, tensors, shards
+
+
+def test_sharded_model_with_pickle_like_header_lengths(stories, tmp_path):
+    model, tensors, shards = two_shard_layout(stories, tmp_path)
     weight_map = {}
     for (shard, members), length in zip(shards.items(), (0x10380, 0x20480)):
         save_file({n: tensors[n] for n in members}, str(model / shard), metadata={"format": "pt"})
@@ -217,3 +224,75 @@ def test_unused_non_float_tensors_are_copied_through(stories, tmp_path):
     load = subprocess.run([sys.executable, "-c", script, str(tmp_path / "pruned")], capture_output=True, text=True)
     assert load.returncode == 0, load.stderr
     assert "torch.Size([1, 3, 512])" in load.stdout
+
+
+def with_extra_tensors(stories, tmp_path, extra, **config_changes):
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    tensors = load_file(str(model / "model.safetensors"))
+    save_file({**tensors, **extra}, str(model / "model.safetensors"), metadata={"format": "pt"})
+    if config_changes:
+        config = json.loads((model / "config.json").read_text())
+        config.update(config_changes)
+        (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+@pytest.mark.parametrize("extra,message", [
+    # Biases without "attention_bias": true were dropped: the logits of another model, without a word.
+    ({f"model.layers.0.self_attn.{p}_proj.bias": np.ones(64, np.float32) for p in "qkv"},
+     "tensor 'model.layers.0.self_attn.k_proj.bias' is the bias of 'model.layers.0.self_attn.k_proj.weight', but "
+     "{config} describes that linear without a bias (\"attention_bias\" is false or absent)"),
+    ({"model.layers.1.mlp.down_proj.bias": np.ones(64, np.float32)}, "(\"mlp_bias\" is false or absent)"),
+    # A parameter of another architecture (Qwen3's per-head norms).
+    ({"model.layers.0.self_attn.q_norm.weight": np.ones(8, np.float32)},
+     "tensor 'model.layers.0.self_attn.q_norm.weight' is not part of the llama model that {config} describes: "
+     "the model would be computed without it"),
+])
+def test_float_tensors_the_config_leaves_out_are_refused(stories, tmp_path, extra, message):
+    model = with_extra_tensors(stories, tmp_path, extra)
+    message = message.format(config=model / "config.json")
+    for command in (["logits", "--model", model, "--ids", "1,403", "--out", tmp_path / "l.f32"],
+                    ["eval", "--model", model, "--text", stories.second, "--seqlen", "64"],
+                    ["prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                     tmp_path / "pruned"]):
+        expect_error(symprune(*command, check=False), message)
+    assert not (tmp_path / "pruned").exists() and not (tmp_path / "l.f32").exists()
+
+
+def test_other_unused_float_tensors_are_named_and_copied(stories, tmp_path):
+    extra = {"model.extra_scale": np.full(4, 2.0, np.float32)}
+    model = with_extra_tensors(stories, tmp_path, extra)
+    proc = prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model)
+    assert proc.returncode == 0, proc.stderr
+    assert "tensor 'model.extra_scale' is not used by the model: ignored, and copied unchanged" in proc.stderr
+    pruned = load_file(str(tmp_path / "pruned" / "model.safetensors"))
+    assert pruned["model.extra_scale"].tobytes() == extra["model.extra_scale"].tobytes()
+
+
+def test_a_shard_keeps_tensors_its_index_does_not_list(stories, tmp_path):
+    """The pruned shard used to lose a tensor the index left out; weight files that are not the model's are
+    named and not copied."""
+    model, tensors, shards = two_shard_layout(stories, tmp_path)
+    inv_freq = "model.layers.0.self_attn.rotary_emb.inv_freq"
+    weight_map = {}
+    for shard, members in shards.items():
+        weight_map.update({n: shard for n in members})
+        if shard.startswith("model-00001"):
+            tensors[inv_freq] = np.ones(4, np.float32)
+            members = [*members, inv_freq]
+        save_file({n: tensors[n] for n in members}, str(model / shard), metadata={"format": "pt"})
+    index = json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map})
+    (model / "model.safetensors.index.json").write_text(index)
+    save_file({"w": np.ones(4, np.float32)}, str(model / "consolidated.safetensors"))
+
+    proc = prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model)
+    assert proc.returncode == 0, proc.stderr
+    shard = model / "model-00001-of-00002.safetensors"
+    assert f"{shard}: tensor '{inv_freq}' is not listed in {model / 'model.safetensors.index.json'}" in proc.stderr
+    assert f"{model / 'consolidated.safetensors'}: not one of the model's weight files, not copied" in proc.stderr
+    pruned = tmp_path / "pruned"
+    with safe_open(str(pruned / shard.name), "np") as f:
+        assert sorted(f.keys()) == sorted([*shards[shard.name], inv_freq])
+        assert f.get_tensor(inv_freq).tobytes() == np.ones(4, np.float32).tobytes()
+    assert (pruned / "model.safetensors.index.json").read_text() == index
+    assert not (pruned / "consolidated.safetensors").exists()

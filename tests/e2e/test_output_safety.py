@@ -227,6 +227,29 @@ def test_a_second_signal_stops_at_once_and_cleans_up(stories, tmp_path):
     assert listing(tmp_path) == []
 
 
+@pytest.mark.parametrize("change", ["weights", "config"])
+def test_a_model_changed_during_the_run_is_not_written_mixed(stories, tmp_path, change):
+    # A copy over the input during the run used to give new weights under old masks (and the new config).
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    out = tmp_path / "out"
+    args = prune_args(stories, out)
+    args[args.index("--model") + 1] = str(model)
+    run = Run(args, env={"SYMPRUNE_FAULT": "before_install:sleep=3"})
+    run.wait_for("block 5/5 done")
+    if change == "weights":
+        data = bytearray((model / "model.safetensors").read_bytes())
+        data[-4:] = bytes(4)  # same size, one weight changed, in place (as cp does)
+        with open(model / "model.safetensors", "r+b") as f:
+            f.write(data)
+    else:
+        config = model / "config.json"
+        config.write_text(config.read_text().replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 0.5'))
+    assert run.finish() == 1
+    name = "model.safetensors" if change == "weights" else "config.json"
+    assert f"{model / name} was modified while this run was reading the model" in run.stderr, run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
 def test_sigkill_leaves_a_staging_directory_that_the_next_run_removes(stories, tmp_path):
     out = tmp_path / "out"
     run = Run(prune_args(stories, out), env={"SYMPRUNE_FAULT": "before_install:sleep=60"})
@@ -258,9 +281,12 @@ def test_interrupted_pruned_evaluation_keeps_the_model_and_marks_the_report(stor
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "r.json"]
 
 
-@pytest.mark.parametrize("fault,stage", [("before_install:sleep=60", "block 5/5 done"),
-                                         ("pruned_eval:sleep=60", "scoring the pruned model's evaluation chunks")])
-def test_a_signal_after_the_last_block_with_a_checkpoint_exits_75_and_resumes(stories, tmp_path, fault, stage):
+@pytest.mark.parametrize("fault,stage,resumed_stage", [
+    ("before_install:sleep=60", "block 5/5 done", "resuming from checkpoint"),
+    ("pruned_eval:sleep=60", "scoring the pruned model's evaluation chunks",
+     "scoring the pruned model's evaluation chunks")])
+def test_a_signal_after_the_last_block_with_a_checkpoint_exits_75_and_resumes(stories, tmp_path, fault, stage,
+                                                                              resumed_stage):
     """The checkpoint holds every block by then: the stop is a saved one (75, what the Slurm scripts requeue
     on), and --resume auto writes and evaluates again."""
     out, report, checkpoint = tmp_path / "out", tmp_path / "r.json", tmp_path / "run.h5"
@@ -272,6 +298,13 @@ def test_a_signal_after_the_last_block_with_a_checkpoint_exits_75_and_resumes(st
     assert run.finish() == 75, run.stderr
     assert f"blocks 1..5 of 5 are saved in checkpoint {checkpoint}; continue with --resume auto" in run.stderr
     assert checkpoint.exists() and not (tmp_path / "run.h5.done").exists()
+    # Stopped again after resuming at the end: nothing new was saved, and yet the stop is a saved one.
+    again = Run(args, env={"SYMPRUNE_FAULT": fault})
+    again.wait_for(resumed_stage)
+    again.proc.send_signal(signal.SIGUSR1)
+    assert again.finish() == 75, again.stderr
+    assert "resuming from checkpoint" in again.stderr
+    assert f"blocks 1..5 of 5 are saved in checkpoint {checkpoint}; continue with --resume auto" in again.stderr
     resumed = symprune(*args)
     assert "resuming from checkpoint" in resumed.stderr
     r = read_json(report)

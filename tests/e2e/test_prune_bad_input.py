@@ -223,3 +223,18 @@ def test_a_config_claiming_far_more_layers_than_stored_fails_at_once(stories, tm
     assert proc.returncode == 1, proc.stderr
     assert "missing tensor 'model.layers.4611686018427387903." in proc.stderr, proc.stderr
     assert time.time() - start < 30 and not (tmp_path / "out").exists()
+
+
+def test_options_the_run_does_not_read_are_named(stories, tmp_path):
+    # A mistyped --method or a forgotten --refine must not pass silently for the run that was meant.
+    proc = symprune("prune", "--model", stories.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                    tmp_path / "out", "--p", "2", "--beta", "0.5", "--max-cycles", "3", "--no-grow-relative",
+                    "--eval-seqlen", "32", "--checkpoint-every", "2")
+    for option, reader in [("--p", "--method lp"), ("--beta", "--method stochria"),
+                           ("--max-cycles", "a refinement (--refine)"), ("--no-grow-relative", "--refine r2dsnot"),
+                           ("--eval-seqlen", "--eval"), ("--checkpoint-every", "--checkpoint")]:
+        assert f"{option} is not used: only {reader} reads it" in proc.stderr, proc.stderr
+    # The options a run reads are not named.
+    quiet = symprune("prune", "--model", stories.model, "--method", "lp", "--p", "2", "--alpha", "0", "--sparsity",
+                     "0.5", "--out", tmp_path / "lp")
+    assert "is not used" not in quiet.stderr, quiet.stderr

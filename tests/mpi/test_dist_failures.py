@@ -169,3 +169,14 @@ def test_errors_every_rank_finds_end_them_with_one_message_not_an_abort(stories,
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.count(message) == 1 and "MPI_ABORT" not in proc.stderr, proc.stderr
     assert listing(tmp_path) == []
+
+
+def test_one_rank_ends_an_error_like_symprune_not_with_an_abort(stories, tmp_path, have_mpirun):
+    report = tmp_path / "nodir" / "r.json"
+    proc = mpirun(1, "--model", stories.model, "--calib", stories.first, *RUN, "--out", tmp_path / "o", "--report",
+                  report, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "symprune_dist: error: " in proc.stderr
+    assert f"{report}: directory {tmp_path / 'nodir'} does not exist" in proc.stderr
+    assert "MPI_ABORT" not in proc.stderr and "[rank 0/1]" not in proc.stderr, proc.stderr
+    assert listing(tmp_path) == []

@@ -124,6 +124,60 @@ TEST(HfConfig, Llama3WithRopeScalingAndGqa) {
   EXPECT_FALSE(parse_config(j, "cfg").rope_scaling.has_value());
 }
 
+// transformers 5 writes RoPE settings as "rope_parameters" (theta and scaling together); read as the older
+// keys are, never ignored (theta 500000 read as the default 10000 gives another model without a word).
+TEST(HfConfig, RopeParametersOfTransformers5) {
+  json j = llama31_8b();
+  json params = j["rope_scaling"];
+  params["rope_theta"] = 500000.0;
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = params;
+  const ModelConfig c = parse_config(j, "cfg");
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->type, "llama3");
+  EXPECT_DOUBLE_EQ(c.rope_scaling->factor, 8.0);
+  EXPECT_EQ(c.rope_scaling->original_max_position_embeddings, 8192);
+
+  j["rope_theta"] = nullptr;  // written as null beside rope_parameters
+  EXPECT_DOUBLE_EQ(parse_config(j, "cfg").rope_theta, 500000.0);
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  const ModelConfig d = parse_config(j, "cfg");
+  EXPECT_DOUBLE_EQ(d.rope_theta, 1000000.0);
+  EXPECT_FALSE(d.rope_scaling.has_value());
+
+  // Both spellings in one file must agree.
+  json both = llama31_8b();
+  both["rope_parameters"] = both["rope_scaling"];
+  both["rope_parameters"]["rope_theta"] = 500000.0;
+  EXPECT_DOUBLE_EQ(parse_config(both, "cfg").rope_theta, 500000.0);
+  both["rope_parameters"]["rope_theta"] = 10000.0;
+  expect_error(both, {"\"rope_theta\" (500000) and rope_parameters.rope_theta (10000) disagree"});
+  both["rope_parameters"]["rope_theta"] = 500000.0;
+  both["rope_parameters"]["factor"] = 4.0;
+  expect_error(both, {"\"rope_scaling\" and \"rope_parameters\" describe different RoPE scalings"});
+
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 2.0}};
+  expect_error(j, {"rope_parameters type 'yarn' is not supported (supported: llama3, or none)"});
+  j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
+  expect_error(j, {"rope_parameters per attention type (\"full_attention\": {...}) are not supported"});
+}
+
+TEST(HfConfig, RopeScalingWithoutItsTypeOrOnPartOfTheHeadIsRefused) {
+  json j = llama2_7b();
+  j["rope_scaling"] = {{"factor", 4.0}};  // transformers refuses it too; it used to run unscaled
+  expect_error(j, {"rope_scaling has \"factor\" but no \"rope_type\" (or \"type\")"});
+  j["rope_scaling"] = json::object();
+  EXPECT_FALSE(parse_config(j, "cfg").rope_scaling.has_value());
+  j["partial_rotary_factor"] = 0.5;
+  expect_error(j, {"partial_rotary_factor 0.5 is not supported (only 1: RoPE on the whole head)"});
+  j["partial_rotary_factor"] = 1.0;
+  EXPECT_NO_THROW(parse_config(j, "cfg"));
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.25}};
+  expect_error(j, {"rope_parameters.partial_rotary_factor 0.25 is not supported"});
+}
+
 TEST(HfConfig, LlamaDefaultsFollowTransformers) {
   const ModelConfig c = parse_config(
       json::parse(

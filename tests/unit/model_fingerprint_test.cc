@@ -40,7 +40,7 @@ class ModelFingerprintTest : public ::testing::Test {
 };
 
 TEST_F(ModelFingerprintTest, EqualForEqualDirectoriesAndChangedByOtherWeightsOfTheSameShapes) {
-  // 12 MiB of data: samples at its start and its last 4 KiB.
+  // 12 MiB of data: hashed whole.
   const int64_t floats = int64_t{3} << 20;
   write_model(floats, 0.5f);
   const std::string base = model_fingerprint(dir_);
@@ -52,6 +52,9 @@ TEST_F(ModelFingerprintTest, EqualForEqualDirectoriesAndChangedByOtherWeightsOfT
   write_model(floats, 0.5f, 7, 1.0f);  // one weight in the first sample
   EXPECT_NE(model_fingerprint(dir_), base);
   write_model(floats, 0.5f, floats - 1, 1.0f);  // the last weight
+  EXPECT_NE(model_fingerprint(dir_), base);
+  // Up to 256 MiB of data is hashed whole: a weight between where samples would be counts too.
+  write_model(floats, 0.5f, floats / 2 + 12345, 1.0f);
   EXPECT_NE(model_fingerprint(dir_), base);
 }
 

@@ -607,6 +607,33 @@ TEST(Scores, HugeScoresAreClampedToFiniteFloat) {
   EXPECT_FLOAT_EQ(s[1], 10.0f);
 }
 
+TEST(ScoreErrors, AnAlphaBeyondTheFloatRangeIsRefusedNotTied) {
+  const Tensor w = fixture_weight();
+  ActivationStats st;
+  st.n_seqs = 1;
+  st.in_sumsq = {100.0, 100.0, 1.0e-4, 100.0};  // norms 10, 10, 0.01, 10
+  st.out_sumsq = {4.0, 4.0, 4.0};               // norms 2
+  ScoreOptions o;
+  o.matrix_name = "model.layers.0.mlp.up_proj";
+  o.alpha = 38.0;  // 10^38 fits fp32
+  EXPECT_NO_THROW(score(ScoreMethod::kWanda, w, &st, o));
+  o.alpha = 39.0;  // 10^39 does not: every score of columns 0, 1 and 3 would tie at FLT_MAX
+  try {
+    score(ScoreMethod::kWanda, w, &st, o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("model.layers.0.mlp.up_proj: --alpha 39 gives 10^alpha = 1e+39 for input "
+                                    "column 0, beyond the range of fp32 scores"));
+  }
+  o.alpha = 200.0;  // 2^200 for every output row
+  try {
+    score(ScoreMethod::kOWanda, w, &st, o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("for output row 0, beyond the range of fp32 scores"));
+  }
+}
+
 TEST(ScoreErrors, NonFiniteWeightNamesMatrixAndPosition) {
   Tensor w = fixture_weight();
   w[6] = std::numeric_limits<float>::quiet_NaN();

@@ -12,6 +12,7 @@
 
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/system_memory.h"
 
 namespace symprune {
 namespace {
@@ -386,6 +387,18 @@ void set_cpu_threads(int n) {
                  "--threads {}: use 0 (automatic: one per CPU) or 1..{} (4 x the {} CPUs of this machine)", n,
                  max_cpu_threads(), max_cpu_threads() / 4);
   if (n == 0) return;
+  // Each BLAS thread started maps its 128 MiB buffer at once, and under `ulimit -v` a failing mapping is
+  // retried forever at full CPU (the process cannot even exit): checked before the threads start.
+  const int started = openblas_get_num_threads();
+  if (const auto left = address_space_left_bytes(); left && n > started) {
+    const double needed = static_cast<double>(n - started) * kBlasThreadAddressSpace;
+    SYMPRUNE_CHECK(
+        needed <= static_cast<double>(*left),
+        "--threads {}: the address-space limit (ulimit -v) leaves {} to this run, but starting {} more "
+        "BLAS threads maps about {} (128 MiB of buffer and 64 MiB of heap for each): raise or remove "
+        "ulimit -v (it limits mappings, not memory in use), or give fewer --threads",
+        n, format_bytes(static_cast<double>(*left)), n - started, format_bytes(needed));
+  }
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
 }
