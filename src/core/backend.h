@@ -179,11 +179,11 @@ int64_t copy_rows_width(const Tensor& src, int64_t src_row, const Tensor& dst, i
 
 // The process-wide CPU backend (OpenBLAS sgemm for every matrix product, OpenMP for the rest).
 Backend& cpu_backend();
-// Threads used by the CPU backend (OpenMP and OpenBLAS); 0 leaves the defaults (one per CPU). Throws
-// symprune::Error (naming --threads) outside 0..max_cpu_threads().
 // Address space one CPU thread takes under `ulimit -v`: OpenBLAS's 128 MiB buffer (mapped when the
 // thread starts, or at the first product for the calling thread) and a 64 MiB malloc arena.
 inline constexpr double kBlasThreadAddressSpace = 192.0 * (1 << 20);
+// Threads used by the CPU backend (OpenMP and OpenBLAS); 0 leaves the defaults (one per CPU). Throws
+// symprune::Error (naming --threads) outside 0..max_cpu_threads().
 void set_cpu_threads(int n);
 int max_cpu_threads();
 int cpu_threads();

@@ -202,6 +202,19 @@ void check_checkpoint_options(const PruneConfig& c) {
         checkpoint_marker(c.checkpoint).string());
 }
 
+// The run id in the provenance file of the output directory `out`; empty when there is none (no such file,
+// not JSON, written before run ids).
+std::string output_run_id(const fs::path& out) {
+  std::error_code ec;
+  if (!fs::exists(out / io::kProvenanceFile, ec)) return {};
+  try {
+    return nlohmann::json::parse(io::read_text_file(out / io::kProvenanceFile, "provenance"))
+        .value("run_id", std::string());
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
 // Whether --resume finds the completion marker of this very run (then there is nothing to do); a marker of
 // another run is an error.
 bool completed_before(const PruneConfig& c, RunPlan& r, bool root) {
@@ -226,12 +239,7 @@ bool completed_before(const PruneConfig& c, RunPlan& r, bool root) {
   // "Nothing to do" only while --out still holds the finished run's model (it may have been moved, or
   // --out may name a new directory).
   if (!c.out.empty()) {
-    std::string run_id;
-    try {
-      run_id = nlohmann::json::parse(io::read_text_file(c.out / io::kProvenanceFile, "provenance"))
-                   .value("run_id", std::string());
-    } catch (const std::exception&) {
-    }
+    const std::string run_id = output_run_id(c.out);
     SYMPRUNE_CHECK(!run_id.empty() && run_id == saved.value("run_id", std::string()),
                    "{} marks this run as finished, but --out {} does not hold its pruned model (no {} with "
                    "its run id {}): remove the marker to run again",
@@ -263,15 +271,7 @@ bool completed_before(const PruneConfig& c, RunPlan& r, bool root) {
 bool written_by_this_run(const PruneConfig& c) {
   if (c.resume.empty() || c.out.empty()) return false;
   const fs::path newest = c.resume == "auto" ? c.checkpoint : fs::path(c.resume);
-  std::error_code ec;
-  if (!fs::exists(c.out / io::kProvenanceFile, ec)) return false;
-  std::string run_id;
-  try {
-    run_id = nlohmann::json::parse(io::read_text_file(c.out / io::kProvenanceFile, "provenance"))
-                 .value("run_id", std::string());
-  } catch (const std::exception&) {
-    return false;
-  }
+  const std::string run_id = output_run_id(c.out);
   if (run_id.empty()) return false;
   for (const auto& f : {newest, previous_checkpoint(newest)})
     if (const auto header = io::peek_checkpoint_header(f); header && header->run_id == run_id) return true;

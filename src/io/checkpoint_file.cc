@@ -153,22 +153,32 @@ std::map<std::string, CheckpointDatasetPlace> create_checkpoint_file(
     const fs::path& path, const CheckpointHeader& header,
     const std::vector<CheckpointDatasetSpec>& datasets) {
   quiet_hdf5();
-  int64_t bytes = 64 * 1024;  // superblock, attributes and object headers: a few KiB in practice
+  // Each dataset's size and checksum units; the offsets come when HDF5 allocates them.
+  std::map<std::string, CheckpointDatasetPlace> places;
+  int64_t file_bytes = 64 * 1024;  // superblock, attributes and object headers: a few KiB in practice
   for (const auto& spec : datasets) {
+    CheckpointDatasetPlace p;
     int64_t elements = 1;
-    for (int64_t dim : spec.shape) elements *= dim;
-    const int64_t units = spec.type == CheckpointType::kFloat32 ? std::max<int64_t>(1, spec.shape.at(0))
-                                                                : elements / kByteUnit + 1;
-    bytes += elements * element_bytes(spec.type) + units * 4 + 4096;
+    for (int64_t s : spec.shape) elements *= s;
+    p.bytes = elements * element_bytes(spec.type);
+    if (spec.type == CheckpointType::kFloat32) {
+      SYMPRUNE_ASSERT(!spec.shape.empty() && spec.shape[0] > 0, "dataset {} needs rows", spec.name);
+      p.unit_bytes = p.bytes / spec.shape[0];
+    } else {
+      SYMPRUNE_ASSERT(spec.shape.size() == 1, "byte dataset {} must be one-dimensional", spec.name);
+      p.unit_bytes = kByteUnit;
+    }
+    p.units = p.unit_bytes > 0 ? (p.bytes + p.unit_bytes - 1) / p.unit_bytes : 0;
+    places[spec.name] = p;
+    file_bytes += p.bytes + p.units * 4 + 4096;
   }
-  reserve_file_space(path, bytes);
+  reserve_file_space(path, file_bytes);
   // The latest format: object headers and the superblock carry checksums of their own, so a flipped bit
   // in the metadata is an HDF5 error on open rather than a silently wrong attribute.
   Plist fapl{H5Pcreate(H5P_FILE_ACCESS)};
   H5Pset_libver_bounds(fapl.id, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
   const hid_t file_id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id);
   SYMPRUNE_CHECK(file_id >= 0, "checkpoint {}: cannot create the file: {}", path.string(), hdf5_error());
-  std::map<std::string, CheckpointDatasetPlace> places;
   try {
     write_string_attribute(file_id, "format", kCheckpointFormat, path);
     write_int_attribute(file_id, "version", header.version, path);
@@ -197,22 +207,10 @@ std::map<std::string, CheckpointDatasetPlace> create_checkpoint_file(
       return static_cast<int64_t>(offset);
     };
     for (const auto& spec : datasets) {
-      CheckpointDatasetPlace p;
-      int64_t elements = 1;
-      for (int64_t s : spec.shape) elements *= s;
-      p.bytes = elements * element_bytes(spec.type);
-      if (spec.type == CheckpointType::kFloat32) {
-        SYMPRUNE_ASSERT(!spec.shape.empty() && spec.shape[0] > 0, "dataset {} needs rows", spec.name);
-        p.unit_bytes = p.bytes / spec.shape[0];
-      } else {
-        SYMPRUNE_ASSERT(spec.shape.size() == 1, "byte dataset {} must be one-dimensional", spec.name);
-        p.unit_bytes = kByteUnit;
-      }
-      p.units = p.unit_bytes > 0 ? (p.bytes + p.unit_bytes - 1) / p.unit_bytes : 0;
+      CheckpointDatasetPlace& p = places.at(spec.name);
       p.offset = create(spec.name, spec.type == CheckpointType::kFloat32 ? H5T_IEEE_F32LE : H5T_STD_U8LE,
                         spec.shape, p.unit_bytes);
       p.crc_offset = create(spec.name + kCrcSuffix, H5T_STD_U32LE, {p.units}, 0);
-      places[spec.name] = p;
     }
   } catch (...) {
     H5Fclose(file_id);

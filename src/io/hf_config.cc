@@ -78,13 +78,6 @@ void check_positive(int64_t value, const char* key, const std::string& source) {
   SYMPRUNE_CHECK(value > 0, "{}: \"{}\" must be positive, got {}", source, key, value);
 }
 
-bool same_scaling(const std::optional<RopeScaling>& a, const std::optional<RopeScaling>& b) {
-  if (!a || !b) return !a && !b;
-  return a->type == b->type && a->factor == b->factor && a->low_freq_factor == b->low_freq_factor &&
-         a->high_freq_factor == b->high_freq_factor &&
-         a->original_max_position_embeddings == b->original_max_position_embeddings;
-}
-
 // The scaling part of a RoPE object (`name`: "rope_scaling" or "rope_parameters"); nullopt for none.
 std::optional<RopeScaling> parse_rope_object(const nlohmann::json& rs, const char* name,
                                              const std::string& source) {
@@ -168,7 +161,7 @@ void parse_rope(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
     c.rope_theta = theta;
   }
   const std::optional<RopeScaling> scaling = parse_rope_object(rp, "rope_parameters", c.source);
-  SYMPRUNE_CHECK(!has_legacy_scaling || same_scaling(legacy_scaling, scaling),
+  SYMPRUNE_CHECK(!has_legacy_scaling || legacy_scaling == scaling,
                  "{}: \"rope_scaling\" and \"rope_parameters\" describe different RoPE scalings ({} and {})",
                  c.source, json["rope_scaling"].dump(), rp.dump());
   c.rope_scaling = scaling;

@@ -189,10 +189,8 @@ void check_float_leftover(const ModelConfig& config, const TensorSource& model, 
                                                                   : "attention_bias";
       fail(
           "{}: tensor '{}' is the bias of '{}', but {} describes that linear without a bias (\"{}\" is false "
-          "or "
-          "absent): the model would be computed without it; set \"{}\": true if the checkpoint's linears "
-          "have "
-          "biases",
+          "or absent): the model would be computed without it; set \"{}\": true if the checkpoint's "
+          "linears have biases",
           model.location(name), name, weight, config_name(config), key, key);
     }
   }

@@ -157,8 +157,7 @@ void OutputDirectory::check_no_running_run_inside() const {
     if (const auto holder = lock_holder(it->path()))
       fail(
           "{} {} holds {}, the lock of a running symprune run ({}): replacing it would remove that run's "
-          "files; "
-          "wait for it to finish or choose another {}",
+          "files; wait for it to finish or choose another {}",
           option_, as_given_.string(), it->path().string(), *holder, option_);
   }
 }

@@ -43,27 +43,28 @@ std::string read_prefix(const std::filesystem::path& path, uint64_t max_bytes) {
   return data;
 }
 
-// The tensor data from `begin` to `end`: all of it up to kWholeBytes (a fraction of a second), else
-// kSampleBytes at every kSampleStride and the last kSampleBytes, so weights of another value (a fine-tune of
+// The tensor data from `begin` to `end`: all of it up to kWholeBytes (a fraction of a second), else 4 KiB
+// at every 16 MiB and the last 4 KiB, so weights of another value (a fine-tune of
 // the same shapes) change the fingerprint while a 7B model costs about 800 reads of 4 KiB.
 void hash_data_samples(const std::filesystem::path& path, uint64_t begin, uint64_t end, Fnv1a& hash) {
   constexpr uint64_t kWholeBytes = uint64_t{256} << 20;
-  const uint64_t kSampleBytes = end - begin <= kWholeBytes ? uint64_t{1} << 20 : 4096;
-  const uint64_t kSampleStride = end - begin <= kWholeBytes ? kSampleBytes : uint64_t{16} << 20;
   if (end <= begin) return;
+  const bool whole = end - begin <= kWholeBytes;  // read in 1 MiB pieces, one after the other
+  const uint64_t sample_bytes = whole ? uint64_t{1} << 20 : 4096;
+  const uint64_t stride = whole ? sample_bytes : uint64_t{16} << 20;
   std::ifstream in(path, std::ios::binary);
   SYMPRUNE_CHECK(in.good(), "{}: cannot open for fingerprinting", path.string());
-  std::vector<char> sample(kSampleBytes);
+  std::vector<char> sample(sample_bytes);
   const auto hash_at = [&](uint64_t offset) {
-    const uint64_t bytes = std::min(kSampleBytes, end - offset);
+    const uint64_t bytes = std::min(sample_bytes, end - offset);
     in.seekg(static_cast<std::streamoff>(offset));
     in.read(sample.data(), static_cast<std::streamsize>(bytes));
     SYMPRUNE_CHECK(in.gcount() == static_cast<std::streamsize>(bytes),
                    "{}: read failed at byte {} while fingerprinting", path.string(), offset);
     hash.update(sample.data(), bytes);
   };
-  for (uint64_t offset = begin; offset < end; offset += kSampleStride) hash_at(offset);
-  if (end - begin > kSampleBytes && kSampleStride > kSampleBytes) hash_at(end - kSampleBytes);
+  for (uint64_t offset = begin; offset < end; offset += stride) hash_at(offset);
+  if (!whole) hash_at(end - sample_bytes);
 }
 
 }  // namespace
