@@ -25,11 +25,13 @@ binaries=("$build/tests/symprune_gpu_tests" "$build/bench/cuda_kernels_bench" "$
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
 cp "${binaries[@]}" "$bundle/bin/"
-# Everything ldd resolves, except the C runtime (newer on the GPU machine's image) and CUDA's own
-# libraries (the GPU machine has them, and cuBLAS/NCCL alone are far over the carry limit).
+# Everything ldd resolves, except the C runtime (newer on the GPU machine's image: glibc's libresolv, libnss,
+# ... bind private symbols of this machine's libc) and CUDA's own libraries (the GPU machine has them, and
+# cuBLAS/NCCL alone are far over the carry limit).
 ldd "${binaries[@]}" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | librt.so.* | ld-linux*.so.* | libstdc++.so.* | \
+      libresolv.so.* | libnss_*.so.* | libanl.so.* | libutil.so.* | libmvec.so.* | \
       libgcc_s.so.* | libcuda.so.* | libcudart.so.* | libcublas*.so.* | libnccl.so.* | libnvidia*)
       ;;
     *) cp -L "$lib" "$bundle/lib/" ;;

@@ -13,10 +13,13 @@
 #   bash scripts/gpu_checks.sh BUNDLE (a directory or its .tar.xz) [--skip-sanitizer] [--skip-bench]
 #                                     [--steps tests,memcheck,racecheck,kernels_bench,prune_bench,prune_70b]
 #
-# The device tool ends a command after 10 minutes, and everything together may take longer: run the steps
-# in separate calls, the deliverables first, e.g. `--steps tests,kernels_bench,prune_bench`, then
-# `--steps prune_70b,memcheck`, then `--steps racecheck`. Each step is ended after STEP_TIMEOUT seconds (default
-# 540) so that a hang costs one step, not the call's results.
+# The device tool ends a command after 10 minutes, and everything together takes longer: one heavy step
+# per call, the deliverables first: `STEP_TIMEOUT=280 ... --steps tests,kernels_bench`, then
+# `--steps prune_bench`, then `--steps prune_70b`, then `--steps memcheck` and `--steps racecheck` (name
+# the kind nvidia-h100-x1 for these: compute-sanitizer refuses the device under gVisor, where H200s have
+# been seen). Each step is ended after STEP_TIMEOUT seconds (default 540) so that a hang costs one step,
+# not the call's results. Before any step the script checks that every library is found and that symprune
+# sees a device (exit 3 otherwise).
 set -uo pipefail
 usage="usage: gpu_checks.sh BUNDLE_DIR|BUNDLE.tar.xz [--skip-sanitizer] [--skip-bench] [--steps LIST]"
 bundle="${1:?$usage}"
@@ -34,7 +37,7 @@ while (($# > 0)); do
     --skip-sanitizer) steps="${steps/,memcheck,/,}" steps="${steps/,racecheck,/,}" ;;
     --skip-bench) steps="${steps/,kernels_bench,/,}" steps="${steps/,prune_bench,/,}" steps="${steps/,prune_70b,/,}" ;;
     --steps)
-      [[ $# -ge 2 && $2 =~ ^[a-z_]+(,[a-z_]+)*$ ]] || {
+      [[ $# -ge 2 && $2 =~ ^[a-z0-9_]+(,[a-z0-9_]+)*$ ]] || {
         echo "gpu_checks: --steps needs a comma-separated list without spaces of $all_steps" >&2
         exit 2
       }
@@ -52,16 +55,38 @@ step_timeout="${STEP_TIMEOUT:-540}"
 out="${OUT:-$PWD/gpu-results}"
 mkdir -p "$out"
 
-# CUDA's libraries: the toolkit's, then those of the pip packages PyTorch brings (NCCL is only there).
+# CUDA's libraries: the toolkit's, then those of the pip packages PyTorch brings (NCCL is only there, under
+# /opt/torch, which may be a mount of its own). Only the bundle's binaries get them with the bundle's
+# Debian libraries (libssl, libz, libgomp, ...): `native` prefixes their commands, and the Python steps,
+# whose PyTorch has libraries of its own, call symprune through bin/symprune.sh, which sets them.
 cuda_dirs=""
 for dir in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
   [[ -d $dir ]] && cuda_dirs="$cuda_dirs:$dir"
 done
 while read -r lib; do cuda_dirs="$cuda_dirs:$(dirname "$lib")"; done < <(
-  find / -xdev \( -name 'libnccl.so.2' -o -name 'libcublas.so.13' -o -name 'libcublasLt.so.13' \) 2>/dev/null | sort -u)
-export LD_LIBRARY_PATH="$bundle/lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  find /usr/local /usr/lib /usr/lib64 /opt \( -name 'libnccl.so.2' -o -name 'libcublas.so.13' -o -name 'libcublasLt.so.13' \) \
+    2>/dev/null | sort -u)
+native_libs="$bundle/lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+native=(env "LD_LIBRARY_PATH=$native_libs")
+printf '#!/usr/bin/env bash\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$native_libs" "$bundle/bin/symprune" >"$bundle/bin/symprune.sh"
+chmod +x "$bundle/bin/symprune.sh"
 export PATH="/usr/local/cuda/bin:$PATH"
 export SYMPRUNE_DATA="$bundle/data"  # the end-to-end device test's stories260K and text
+
+# Every library found, and a device seen, before any step: otherwise every step fails (exit 127) or every
+# gpu test skips, and the call's minutes are lost.
+missing="$("${native[@]}" ldd "$bundle"/bin/symprune "$bundle"/bin/symprune_gpu_tests "$bundle"/bin/cuda_kernels_bench |
+  grep 'not found' | sort -u)"
+if [[ -n $missing ]]; then
+  echo "gpu_checks: libraries not found (searched $native_libs):" >&2
+  echo "$missing" >&2
+  exit 3
+fi
+if ! "${native[@]}" "$bundle/bin/symprune" info | grep -q '^CUDA devices: [1-9]'; then
+  echo "gpu_checks: symprune sees no CUDA device:" >&2
+  "${native[@]}" "$bundle/bin/symprune" info >&2
+  exit 3
+fi
 
 summary=()
 step() {  # step NAME COMMAND...: runs it with output to $out/NAME.log, records the outcome
@@ -76,20 +101,24 @@ step() {  # step NAME COMMAND...: runs it with output to $out/NAME.log, records 
   return 0
 }
 
-{ nvidia-smi; echo; cat "$bundle/commit"; ldd "$bundle/bin/symprune_gpu_tests"; } >"$out/environment.log" 2>&1
-"$bundle/bin/symprune" info >>"$out/environment.log" 2>&1
-wanted tests && step gpu_tests "$bundle/bin/symprune_gpu_tests" --gtest_output="xml:$out/gpu_tests.xml"
-wanted memcheck && step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$bundle/bin/symprune_gpu_tests" \
-  --gtest_filter='KernelTest.*:CudaDeviceTest.*:DevicePruningOpsTest.*:LowPrecisionTest.*:DsnotKernelTest.*'
-wanted racecheck && step racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$bundle/bin/symprune_gpu_tests" \
-  --gtest_filter='KernelTest.*:DsnotKernelTest.*'
-wanted kernels_bench && step kernels_bench "$bundle/bin/cuda_kernels_bench" --json "$out/cuda_kernels_bench.json" \
-  --markdown "$out/cuda_kernels_bench.md"
+{ nvidia-smi; echo; cat "$bundle/commit"; "${native[@]}" ldd "$bundle/bin/symprune_gpu_tests"; } >"$out/environment.log" 2>&1
+"${native[@]}" "$bundle/bin/symprune" info >>"$out/environment.log" 2>&1
+# The gpu tests and the sanitizers run one test suite per process (scripts/gtest_per_suite.sh): a sticky
+# CUDA error costs its suite only. rc 4: all passed, but some test skipped.
+per_suite="$(dirname "${BASH_SOURCE[0]}")/gtest_per_suite.sh"
+sanitized='KernelTest.*:CudaDeviceTest.*:DevicePruningOpsTest.*:LowPrecisionTest.*:DsnotKernelTest.*:*CudaBackendModelTest.*'
+wanted tests && step gpu_tests "${native[@]}" bash "$per_suite" "$out/gpu_tests" '*' "$bundle/bin/symprune_gpu_tests"
+wanted memcheck && step memcheck "${native[@]}" bash "$per_suite" "$out/memcheck" "$sanitized" \
+  "$bundle/bin/symprune_gpu_tests" compute-sanitizer --tool memcheck --error-exitcode 3
+wanted racecheck && step racecheck "${native[@]}" bash "$per_suite" "$out/racecheck" 'KernelTest.*:DsnotKernelTest.*' \
+  "$bundle/bin/symprune_gpu_tests" compute-sanitizer --tool racecheck --error-exitcode 3
+wanted kernels_bench && step kernels_bench "${native[@]}" "$bundle/bin/cuda_kernels_bench" \
+  --json "$out/cuda_kernels_bench.json" --markdown "$out/cuda_kernels_bench.md"
 wanted prune_bench && step prune_bench python3 "$(dirname "${BASH_SOURCE[0]}")/../bench/cuda_prune_bench.py" \
-  --symprune "$bundle/bin/symprune" --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda --dtype bf16" \
+  --symprune "$bundle/bin/symprune.sh" --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda --dtype bf16" \
   --torch-args "--dtype fp16" --out "$out/cuda_prune_bench"
 wanted prune_70b && step prune_70b python3 "$(dirname "${BASH_SOURCE[0]}")/../bench/cuda_prune_bench.py" \
-  --symprune "$bundle/bin/symprune" --model llama2-70b --blocks "${PRUNE_70B_BLOCKS:-8}" --cases wanda-50 --no-torch \
+  --symprune "$bundle/bin/symprune.sh" --model llama2-70b --blocks "${PRUNE_70B_BLOCKS:-8}" --cases wanda-50 --no-torch \
   --symprune-args "--device cuda --dtype bf16" --out "$out/cuda_prune_bench_70b"
-wanted tests && grep -h -E '^\[  (PASSED|FAILED)|FAILED  \]' "$out"/gpu_tests.log | tail -n 20
+wanted tests && grep -h -E '^gtest_per_suite|^\[  FAILED  \]|^  ' "$out"/gpu_tests.log | tail -n 40
 printf '%s\n' "${summary[@]}"

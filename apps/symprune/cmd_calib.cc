@@ -68,6 +68,8 @@ void add_calib(CLI::App& app) {
   sub->add_flag("--json", options->json, "print the windows and the token fingerprint as JSON");
   sub->add_option("--out", options->out, "write the N×T token ids as little-endian uint32 to this file");
   sub->callback([options] {
+    SYMPRUNE_CHECK(options->vocab_size >= 0, "--vocab-size must be >= 0 (0: the tokenizer's), got {}",
+                   options->vocab_size);
     options->calib.file = options->calib_file;
     if (!options->out.empty()) {
       io::InputFootprint inputs;

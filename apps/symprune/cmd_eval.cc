@@ -45,22 +45,28 @@ void run_eval(const EvalOptions& o) {
   set_cpu_threads(o.threads);
   const io::ResolvedModel resolved = io::resolve_model(o.model);
   // The report is written last: a path that cannot work fails now, not after the whole evaluation.
+  const bool synthetic = resolved.is_synthetic();
+  SYMPRUNE_CHECK(!synthetic || !o.tokenizer.empty(),
+                 "{} has no tokenizer: give one with --tokenizer (its vocabulary must fit the model's)",
+                 o.model);
   if (!o.report.empty()) {
     io::InputFootprint inputs;
-    inputs.add_model_directory(resolved.dir);
+    if (!synthetic) inputs.add_model_directory(resolved.dir);
     inputs.add_file(o.text);
     inputs.add_file(o.tokenizer);
     io::check_output_file(o.report, inputs, "--report");
   }
   SYMPRUNE_CHECK(o.seqlen >= 2, "--seqlen must be at least 2, got {}", o.seqlen);
+  SYMPRUNE_CHECK(o.max_chunks >= 0, "--max-chunks must be >= 0 (0 = all), got {}", o.max_chunks);
+  SYMPRUNE_CHECK(o.batch >= 0, "--batch must be >= 0 (0 = automatic), got {}", o.batch);
   // Cheap checks before loading weights: tokenizer, text, sequence length.
   const auto tokenizer =
       io::load_tokenizer(o.tokenizer.empty() ? resolved.dir : std::filesystem::path(o.tokenizer));
   Backend& backend = accel::backend_for_device(o.device);
-  model::DecoderModel model = model::DecoderModel::open(resolved.dir, backend);
+  model::DecoderModel model = model::DecoderModel::open(resolved, backend);
   model.set_storage_dtype(model::resolve_storage_dtype(o.dtype, backend, model.stored_weight_dtype()));
   SYMPRUNE_CHECK(o.seqlen <= model.max_seq_len(), "--seqlen {} exceeds max_position_embeddings {} of {}",
-                 o.seqlen, model.max_seq_len(), (resolved.dir / "config.json").string());
+                 o.seqlen, model.max_seq_len(), model.config_file());
   const std::string text = io::read_text_file(o.text, "text file (--text)");
   if (!tokenizer->bos_id())
     log::warn("tokenizer ({}) has no BOS token; the text is evaluated without one", tokenizer->kind());
@@ -71,7 +77,7 @@ void run_eval(const EvalOptions& o) {
     SYMPRUNE_CHECK(
         tokens[i] >= 0 && tokens[i] < model.vocab_size(),
         "{}: token id {} at position {} from tokenizer {} is outside the model vocabulary of {} ({})", o.text,
-        tokens[i], i, tokenizer->kind(), model.vocab_size(), resolved.dir.string());
+        tokens[i], i, tokenizer->kind(), model.vocab_size(), synthetic ? o.model : resolved.dir.string());
   const int64_t total_chunks = static_cast<int64_t>(tokens.size()) / o.seqlen;
   log::info("{}: {} tokens, {} chunks of {} (evaluating {})", o.text, tokens.size(), total_chunks, o.seqlen,
             o.max_chunks > 0 ? std::min(o.max_chunks, total_chunks) : total_chunks);
@@ -112,10 +118,11 @@ void run_eval(const EvalOptions& o) {
         {"evaluated_tokens", result.evaluated_tokens},
         {"seqlen", result.seqlen},
         {"chunk_nll", result.chunk_nll},
-        {"model", resolved.dir.string()},
+        {"model", synthetic ? resolved.synthetic->canonical() : resolved.dir.string()},
         {"model_source", resolved.source},
         {"model_type", model.config().model_type},
-        {"model_fingerprint", model::model_fingerprint(resolved.dir)},
+        {"model_fingerprint",
+         synthetic ? resolved.synthetic->canonical() : model::model_fingerprint(resolved.dir)},
         {"text", o.text},
         {"tokenizer", tokenizer->kind()},
         {"bos_id", tokenizer->bos_id() ? nlohmann::json(*tokenizer->bos_id()) : nlohmann::json(nullptr)},

@@ -159,6 +159,12 @@ void print_prune_result(const engine::PruneConfig& c, const engine::PruneResult&
   std::printf("sparsity.total: %.6f (%lld of %lld weights, target %.4f, %s)\n", result.sparsity_total(),
               static_cast<long long>(result.pruned_total), static_cast<long long>(result.params_total),
               result.sparsity_target, result.mask_description.c_str());
+  // Weights that were zero before (a pruned model pruned again) make the written model sparser.
+  if (result.zeros_total && *result.zeros_total != result.pruned_total)
+    std::printf("sparsity.written: %.6f (%lld zeros in the written linears: %lld were zero already)\n",
+                static_cast<double>(*result.zeros_total) / static_cast<double>(result.params_total),
+                static_cast<long long>(*result.zeros_total),
+                static_cast<long long>(*result.zeros_total - result.pruned_total));
   if (result.perplexity) {
     std::printf("perplexity.dense: %.6f\n", result.perplexity->dense);
     std::printf("perplexity.pruned: %.6f\n", result.perplexity->pruned);

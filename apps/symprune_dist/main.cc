@@ -34,9 +34,8 @@ namespace {
 
 using namespace symprune;
 
-// "auto": NCCL when built with it and the run is on GPUs (a device-resident backend); MPI otherwise.
-std::unique_ptr<dist::Communicator> make_communicator(const std::string& kind, dist::MpiCommunicator& world,
-                                                      const Backend& backend) {
+// --comm's value, checked on each rank before any communicator is made.
+void check_comm_kind(const std::string& kind, const Backend& backend) {
   SYMPRUNE_CHECK(kind == "auto" || kind == "mpi" || kind == "nccl",
                  "--comm must be auto, mpi or nccl, got '{}'", kind);
   // Checked before NCCL starts: it would fail inside CUDA (no driver, no device) with a less helpful text.
@@ -47,9 +46,38 @@ std::unique_ptr<dist::Communicator> make_communicator(const std::string& kind, d
                  accel::device_count() > 0             ? std::string("--device cpu")
                  : accel::unavailable_reason().empty() ? std::string("no GPU")
                                                        : "no GPU: " + accel::unavailable_reason());
-  if (kind == "nccl" || (kind == "auto" && backend.device_resident() && dist::compiled_with_nccl()))
-    return dist::make_nccl_communicator(world, world.local_rank());
-  return nullptr;  // the MPI world itself
+  SYMPRUNE_CHECK(
+      kind != "nccl" || dist::compiled_with_nccl(),
+      "--comm nccl: this symprune_dist is built without NCCL (configure with -DSYMPRUNE_WITH_NCCL=ON); "
+      "use --comm mpi");
+}
+
+// Collective, after check_comm_kind passed on every rank. NCCL needs every rank on its own GPU (it refuses
+// two ranks of one communicator on one device) and built in; "auto" takes it only when every rank can,
+// "nccl" fails on every rank when some cannot, so all ranks make the same communicator.
+std::unique_ptr<dist::Communicator> make_communicator(const std::string& kind, dist::MpiCommunicator& world,
+                                                      const Backend& backend) {
+  if (kind == "mpi") return nullptr;  // the MPI world itself
+  // Per rank: 0 when it can run NCCL, -1 when it is not on a GPU (or NCCL is not built in), else the
+  // number of ranks on its node that share its GPUs.
+  std::vector<int64_t> unable(static_cast<size_t>(world.size()), 0);
+  if (!backend.device_resident() || !dist::compiled_with_nccl())
+    unable[static_cast<size_t>(world.rank())] = -1;
+  else if (world.local_size() > accel::device_count())
+    unable[static_cast<size_t>(world.rank())] = world.local_size();
+  world.all_reduce_sum(unable);
+  const auto first_unable = std::find_if(unable.begin(), unable.end(), [](int64_t u) { return u != 0; });
+  if (first_unable != unable.end()) {
+    // "nccl" on a rank off the GPU failed in check_comm_kind already, on that rank.
+    SYMPRUNE_CHECK(
+        kind == "auto",
+        "--comm nccl needs a GPU of its own for every rank (NCCL refuses two ranks on one GPU), but "
+        "rank {} shares its node's GPUs among {} ranks; use --comm mpi, or at most as many ranks per "
+        "node as GPUs",
+        first_unable - unable.begin(), *first_unable);
+    return nullptr;
+  }
+  return dist::make_nccl_communicator(world, accel::device_for_local_rank(world.local_rank()));
 }
 
 }  // namespace
@@ -128,8 +156,9 @@ int main(int argc, char** argv) {
     std::unique_ptr<dist::Communicator> nccl;
     engine::agree_on_errors(*world, [&] {
       config = app::parsed_prune_config(options, world->local_rank());
-      nccl = make_communicator(comm_kind, *world, *config.backend);
+      check_comm_kind(comm_kind, *config.backend);
     });
+    engine::agree_on_errors(*world, [&] { nccl = make_communicator(comm_kind, *world, *config.backend); });
     dist::Communicator& comm = nccl ? *nccl : *world;
     log::info("{} ranks over {} ({} node-local on this node), on {}", size, comm.name(), world->local_size(),
               config.backend->name());

@@ -26,7 +26,14 @@ std::vector<DeviceInfo> devices();
 // Why there are no devices (driver missing, ...) or empty; for `symprune info`.
 std::string unavailable_reason();
 
-// The backend for --device: "cpu"; "cuda" (CUDA device local_rank % device_count() is made current; an
+// The CUDA device of a node-local rank: local_rank % device_count(), so ranks share devices when there are
+// fewer devices than ranks (0 without devices). The device the backend and the NCCL communicator use.
+inline int device_for_local_rank(int local_rank) {
+  const int count = device_count();
+  return count > 0 ? local_rank % count : 0;
+}
+
+// The backend for --device: "cpu"; "cuda" (device_for_local_rank(local_rank) is made current; an
 // Error says why there is none); "auto" (cuda when a device is present, else cpu). Other names: Error.
 Backend& backend_for_device(std::string_view device, int local_rank = 0);
 

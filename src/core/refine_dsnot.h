@@ -11,7 +11,7 @@
 // e_r is accumulated in double (the reference sums in fp32), so threshold/sign decisions can differ from
 // the reference only at near-ties. Sorts are stable, ascending by (float value, column), NaN last.
 //
-// Deliberate differences from the reference code (none of them arises at realistic widths):
+// Deliberate differences from the reference code (none but the N:M prune pick arises at realistic widths):
 //  * Prune-candidate list: kept columns in ascending Wanda order, split into those with D <= 0 (also NaN)
 //    in that order followed by those with D > 0 in reversed order. The reference drops D == 0 columns
 //    and duplicates the first kept column instead (its reorder-helper bug); here D == 0 sits with the
@@ -32,7 +32,8 @@
 //  * N:M (always same-sign, per §5.3): p = the kept, not yet touched entry of g's M-block with the
 //    smallest Wanda score (ties: lowest column); "touched" = initially pruned or pruned by a swap, even if
 //    regrown later (the reference's S' = +inf). The reference uses the initial score S_init there, which
-//    equals the Wanda score when the initial mask is Wanda's. A block with no such entry stops the row.
+//    equals the Wanda score when the initial mask is Wanda's; with another initial method the picks differ
+//    at any width (README). A block with no such entry stops the row.
 //
 // R²-DSnoT (options.r2 set) keeps the cycle mechanics and changes only the two keys. With W̃ the
 // initially pruned matrix (kept entries of W) and R[r,c] = 1/‖W̃[r,:]‖₁ + 1/‖W̃[:,c]‖₁ (a zero norm

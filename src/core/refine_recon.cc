@@ -274,7 +274,9 @@ RowResult search_row(const float* w, std::span<uint8_t> pruned, const RowProduct
     diag[a] = pool.at(a, a);
     is_pruned[a] = pruned[static_cast<size_t>(pool.cols[a])];
     two_sign[a] = is_pruned[a] ? -2.0 : 2.0;
-    (is_pruned[a] ? pruned_list : kept_list).push_back(a);
+    // A weight that is zero (in a model pruned before) changes nothing whether pruned or kept: swapping it
+    // would only change how many weights of the row are zero.
+    if (x[a] != 0.0) (is_pruned[a] ? pruned_list : kept_list).push_back(a);
   }
   for (int cycle = 0; cycle < options.max_cycles; ++cycle) {
     for (size_t a = 0; a < p; ++a) own[a] = x[a] * x[a] * diag[a] + two_sign[a] * x[a] * g[a];
@@ -293,9 +295,9 @@ RowResult search_row(const float* w, std::span<uint8_t> pruned, const RowProduct
       const auto m = static_cast<size_t>(nm->m);
       for (size_t start = 0; start < p; start += m)
         for (size_t a = start; a < start + m; ++a)
-          if (is_pruned[a])
+          if (is_pruned[a] && x[a] != 0.0)
             for (size_t b = start; b < start + m; ++b)
-              if (!is_pruned[b]) consider(a, b);
+              if (!is_pruned[b] && x[b] != 0.0) consider(a, b);
     } else {
       shortlist(own, pruned_list, options.shortlist, grow);
       shortlist(own, kept_list, options.shortlist, keep);

@@ -29,7 +29,8 @@
 //     and evaluate the pairs with the cross term. Make the best swap if it lowers E_r by more than 1e-10 of
 //     the magnitude of its terms (rounding-level gains would only churn), else stop. Ties go to the lowest
 //     regrow column, then the lowest prune column. The pool is fixed per row: a regrown weight may be
-//     pruned again, a column outside the pool is never touched.
+//     pruned again, a column outside the pool is never touched. Weights that are zero (a model pruned
+//     before) take no part in swaps, so the row's zeros stay those of the initial mask.
 // Hence E_r never rises (up to fp64 rounding of the sums), the pruned count per row and the N:M pattern
 // never change, and the result is deterministic. Cost per row: O(n) for the pool, pool·n for step 2,
 // cycles·(pool + shortlist²) for step 3; the pool bounds the swaps a row makes (about pool/4 on the n = 4096

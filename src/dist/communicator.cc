@@ -1,5 +1,7 @@
 #include "dist/communicator.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace symprune::dist {
@@ -19,6 +21,21 @@ std::vector<size_t> gather_offsets(std::span<const int64_t> counts, int size, in
   SYMPRUNE_CHECK(gathered_bytes == offsets.back(), "all_gather_v: output has {} bytes, expected {}",
                  gathered_bytes, offsets.back());
   return offsets;
+}
+
+std::optional<RankFailure> first_failure(Communicator& comm, int64_t status, const std::string& message) {
+  std::vector<int64_t> statuses(static_cast<size_t>(comm.size()), 0);
+  statuses[static_cast<size_t>(comm.rank())] = status;
+  comm.all_reduce_sum(statuses);
+  const auto failed = std::find_if(statuses.begin(), statuses.end(), [](int64_t s) { return s != 0; });
+  if (failed == statuses.end()) return std::nullopt;
+  RankFailure failure{static_cast<int>(failed - statuses.begin()), *failed, message};
+  int64_t length = static_cast<int64_t>(message.size());
+  comm.broadcast(std::as_writable_bytes(std::span<int64_t>(&length, 1)), failure.rank);
+  failure.message.resize(static_cast<size_t>(length));
+  comm.broadcast(std::as_writable_bytes(std::span<char>(failure.message.data(), failure.message.size())),
+                 failure.rank);
+  return failure;
 }
 
 }  // namespace symprune::dist

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -62,6 +63,18 @@ class Communicator {
 // rank's part, with the total at the end (size + 1 entries).
 std::vector<size_t> gather_offsets(std::span<const int64_t> counts, int size, int rank, size_t local_bytes,
                                    size_t gathered_bytes);
+
+// A rank's failure, as every rank learns it from first_failure.
+struct RankFailure {
+  int rank = 0;
+  int64_t status = 0;
+  std::string message;
+};
+
+// Collective: each rank gives its status (0: fine) and, if not fine, its message. Returns, on every rank,
+// the lowest rank whose status is not 0 with its status and message, or nothing when all are fine. How
+// ranks that fail alone end together instead of leaving the others waiting in a collective.
+std::optional<RankFailure> first_failure(Communicator& comm, int64_t status, const std::string& message);
 
 // A single-process communicator: size 1, rank 0, every collective is the identity (a copy for the
 // gathers); send/recv have no peer and throw. Used by `symprune` (one process) and by tests.

@@ -26,20 +26,10 @@ void agree_on_errors(dist::Communicator& comm, const std::function<void()>& stag
     message = e.what();
   }
   // Per rank: 0 (fine), 1 (error), 2 + signal (interrupted).
-  std::vector<int64_t> status(static_cast<size_t>(comm.size()), 0);
-  status[static_cast<size_t>(comm.rank())] = signal ? 2 + signal : (message.empty() ? 0 : 1);
-  comm.all_reduce_sum(status);
-  int failed = -1;
-  for (int r = 0; r < comm.size() && failed < 0; ++r)
-    if (status[static_cast<size_t>(r)] != 0) failed = r;
-  if (failed < 0) return;
-  int64_t length = static_cast<int64_t>(message.size());
-  comm.broadcast(std::as_writable_bytes(std::span<int64_t>(&length, 1)), failed);
-  message.resize(static_cast<size_t>(length));
-  comm.broadcast(std::as_writable_bytes(std::span<char>(message.data(), message.size())), failed);
-  const int64_t s = status[static_cast<size_t>(failed)];
-  if (s >= 2) throw interrupt::Interrupted(static_cast<int>(s - 2));
-  throw CollectiveError(message);
+  const auto failure = dist::first_failure(comm, signal ? 2 + signal : (message.empty() ? 0 : 1), message);
+  if (!failure) return;
+  if (failure->status >= 2) throw interrupt::Interrupted(static_cast<int>(failure->status - 2));
+  throw CollectiveError(failure->message);
 }
 
 void agree_on_interrupts(dist::Communicator& comm) {

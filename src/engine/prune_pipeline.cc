@@ -84,6 +84,22 @@ std::string block_prefix(const io::ModelConfig& config, int64_t block) {
                                                   : "model.decoder.layers." + std::to_string(block) + ".";
 }
 
+// The written model's zeros per layer ("3.mlp.up_proj" -> its stored tensor's count) and in total.
+void record_written_zeros(const model::DecoderModel& model, const WrittenModel& written,
+                          PruneResult& result) {
+  int64_t total = 0;
+  for (LayerResult& layer : result.layers) {
+    const size_t dot = layer.name.find('.');
+    const std::string canonical = block_prefix(model.config(), std::stoll(layer.name.substr(0, dot))) +
+                                  layer.name.substr(dot + 1) + ".weight";
+    const auto stored = io::stored_tensor_name(model.tensors(), canonical);
+    SYMPRUNE_ASSERT(stored && written.zeros.contains(*stored), "no zero count for {}", canonical);
+    layer.zeros = written.zeros.at(*stored);
+    total += *layer.zeros;
+  }
+  result.zeros_total = total;
+}
+
 // This rank's calibration windows, embedded: H [windows · T, d] (rows first_window.. of the global N).
 struct Calibration {
   Tensor hidden;
@@ -231,6 +247,7 @@ nlohmann::json layer_json(const LayerResult& l) {
                       {"sparsity", l.sparsity},
                       {"pruned", l.pruned},
                       {"recon_error", optional_json(l.recon_error)},
+                      {"zeros", optional_json(l.zeros)},
                       {"refine", nullptr}};
   if (l.refine)
     j["refine"] = {{"swaps", l.refine->swaps},
@@ -249,6 +266,7 @@ LayerResult layer_from_json(const nlohmann::json& j) {
   l.sparsity = j.at("sparsity").get<double>();
   l.pruned = j.at("pruned").get<int64_t>();
   l.recon_error = json_optional<double>(j, "recon_error");
+  l.zeros = json_optional<int64_t>(j, "zeros");
   if (const auto& r = j.at("refine"); !r.is_null()) {
     RefineStats stats;
     stats.swaps = r.at("swaps").get<int64_t>();
@@ -382,7 +400,11 @@ nlohmann::json PruneResult::report() const {
        {{"total", sparsity_total()},
         {"target", sparsity_target},
         {"pruned", pruned_total},
-        {"params", params_total}}},
+        {"params", params_total},
+        {"zeros", optional_json(zeros_total)},
+        {"written", zeros_total && params_total > 0 ? nlohmann::json(static_cast<double>(*zeros_total) /
+                                                                     static_cast<double>(params_total))
+                                                    : nlohmann::json()}}},
       {"layers", layer_list},
       {"timings", timings_json(timings)},
       {"communication_bytes", communication_json(communication)},
@@ -682,8 +704,10 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     if (plan.resolved.is_synthetic())
       extra_files["config.json"] = io::synthetic_config_json(*plan.resolved.synthetic).dump(2) + "\n";
     try {
-      write_pruned_model(comm, model.tensors(), plan.resolved.dir, plan.out ? &*plan.out : nullptr, masks,
-                         extra_files, provenance);
+      const WrittenModel written =
+          write_pruned_model(comm, model.tensors(), plan.resolved.dir, plan.out ? &*plan.out : nullptr, masks,
+                             extra_files, provenance);
+      record_written_zeros(model, written, result);
     } catch (const interrupt::Interrupted& e) {
       if (!every_block_saved) throw;
       throw interrupt::Interrupted(e.signal(), every_block_saved_note, kCheckpointedExitCode);

@@ -119,6 +119,9 @@ struct LayerResult {
   // error of the initial mask (recon_error is then the refined mask's).
   std::optional<RefineStats> refine;
   std::optional<double> recon_error_initial;
+  // Zero entries of the weight as written: `pruned` plus the kept weights that were zero already (a model
+  // pruned before). Absent when no model was written.
+  std::optional<int64_t> zeros;
 };
 
 struct PerplexityPair {
@@ -153,7 +156,8 @@ struct PruneResult {
   double sparsity_total() const {
     return params_total > 0 ? static_cast<double>(pruned_total) / static_cast<double>(params_total) : 0.0;
   }
-  double sparsity_target = 0.0;  // ρ, or N/M
+  double sparsity_target = 0.0;        // ρ, or N/M
+  std::optional<int64_t> zeros_total;  // Σ LayerResult::zeros, when the model was written
   std::optional<PerplexityPair> perplexity;
   PruneTimings timings;
   CommunicationVolume communication;

@@ -55,10 +55,18 @@ void copy_file_checked(const fs::path& from, const fs::path& to) {
   ::close(in);
 }
 
+// Whether a stored float of `width` bytes (little-endian) is ±0: every bit but the sign is clear.
+bool is_zero_float(const std::byte* value, size_t width) {
+  for (size_t b = 0; b + 1 < width; ++b)
+    if (value[b] != std::byte{0}) return false;
+  return (value[width - 1] & std::byte{0x7f}) == std::byte{0};
+}
+
 // One shard of the copy: every tensor's stored bytes, with the pruned entries of masked tensors zeroed; one
-// tensor in memory at a time.
+// tensor in memory at a time. Adds the zero entries of each masked tensor as written to `zeros`.
 void write_shard(const io::TensorSource& source, const io::TensorSource::Shard& shard,
-                 const std::map<std::string, PackedMask>& masks, const fs::path& target) {
+                 const std::map<std::string, PackedMask>& masks, const fs::path& target,
+                 std::map<std::string, int64_t>& zeros) {
   std::vector<io::TensorToWrite> tensors;
   for (const auto& name : shard.tensors) {
     const io::TensorInfo& info = source.info(name);
@@ -75,8 +83,16 @@ void write_shard(const io::TensorSource& source, const io::TensorSource::Shard& 
     const size_t width = static_cast<size_t>(dtype_size(tensors[i].dtype));
     const PackedMask& mask = it->second;
     const int64_t count = mask.rows * mask.cols;
-    for (int64_t e = 0; e < count; ++e)
-      if (mask.pruned(e)) std::memset(bytes.data() + static_cast<size_t>(e) * width, 0, width);
+    int64_t& zero = zeros[tensors[i].name];
+    for (int64_t e = 0; e < count; ++e) {
+      std::byte* value = bytes.data() + static_cast<size_t>(e) * width;
+      if (mask.pruned(e)) {
+        std::memset(value, 0, width);
+        ++zero;
+      } else if (is_zero_float(value, width)) {
+        ++zero;
+      }
+    }
   });
 }
 
@@ -127,11 +143,11 @@ std::string index_json(const io::TensorSource& source, const std::vector<io::Ten
 
 }  // namespace
 
-std::vector<std::string> write_pruned_model(dist::Communicator& comm, const io::TensorSource& source,
-                                            const fs::path& input_dir, const io::OutputDirectory* out,
-                                            const std::map<std::string, PackedMask>& masks,
-                                            const std::map<std::string, std::string>& extra_files,
-                                            const nlohmann::json& provenance) {
+WrittenModel write_pruned_model(dist::Communicator& comm, const io::TensorSource& source,
+                                const fs::path& input_dir, const io::OutputDirectory* out,
+                                const std::map<std::string, PackedMask>& masks,
+                                const std::map<std::string, std::string>& extra_files,
+                                const nlohmann::json& provenance) {
   const bool root = comm.rank() == 0;
   SYMPRUNE_ASSERT(!root || out != nullptr, "rank 0 writes without an output directory");
   for (const auto& [name, mask] : masks) {
@@ -173,7 +189,9 @@ std::vector<std::string> write_pruned_model(dist::Communicator& comm, const io::
   // Shard i is written by rank i mod R: the same bytes whoever writes them. Every rank takes part in every
   // round, so that a signal on any rank stops all of them between shards (with several ranks the local
   // checks are off and only agreed stops count).
-  std::vector<std::string> written;
+  WrittenModel written;
+  std::map<std::string, int64_t> zeros;
+  for (const auto& entry : masks) zeros[entry.first] = 0;
   const size_t ranks = static_cast<size_t>(comm.size());
   for (size_t round = 0; round * ranks < shards.size(); ++round) {
     agree_on_interrupts(comm);
@@ -182,7 +200,7 @@ std::vector<std::string> write_pruned_model(dist::Communicator& comm, const io::
       if (i >= shards.size()) return;
       try {
         interrupt::check();
-        write_shard(source, shards[i], masks, tmp / shards[i].file);
+        write_shard(source, shards[i], masks, tmp / shards[i].file, zeros);
       } catch (const interrupt::Interrupted&) {
         throw;
       } catch (const Error& e) {
@@ -190,7 +208,13 @@ std::vector<std::string> write_pruned_model(dist::Communicator& comm, const io::
       }
     });
   }
-  for (const auto& shard : shards) written.push_back(shard.file);
+  for (const auto& shard : shards) written.files.push_back(shard.file);
+  // Each masked tensor is in one shard, written by one rank: the sum over ranks is its count.
+  std::vector<int64_t> zero_counts;
+  for (const auto& entry : zeros) zero_counts.push_back(entry.second);
+  comm.all_reduce_sum(zero_counts);
+  size_t next = 0;
+  for (const auto& entry : zeros) written.zeros[entry.first] = zero_counts[next++];
 
   fault::at("shards_written", comm.rank());
   agree_on_interrupts(comm);  // the last stop before the output is installed
@@ -198,17 +222,17 @@ std::vector<std::string> write_pruned_model(dist::Communicator& comm, const io::
     if (!root) return;
     try {
       if (!input_dir.empty()) {
-        for (auto& name : copy_other_files(input_dir, tmp, shards)) written.push_back(std::move(name));
+        for (auto& name : copy_other_files(input_dir, tmp, shards)) written.files.push_back(std::move(name));
       } else if (source.indexed()) {
         io::write_file_atomically(tmp / "model.safetensors.index.json", index_json(source, shards));
-        written.push_back("model.safetensors.index.json");
+        written.files.push_back("model.safetensors.index.json");
       }
       for (const auto& [name, contents] : extra_files) {
         io::write_file_atomically(tmp / name, contents);
-        written.push_back(name);
+        written.files.push_back(name);
       }
       io::write_provenance(tmp, provenance);
-      written.push_back(io::kProvenanceFile);
+      written.files.push_back(io::kProvenanceFile);
       fault::at("before_install");
       interrupt::check();
       out->check_no_running_run_inside();
@@ -220,8 +244,8 @@ std::vector<std::string> write_pruned_model(dist::Communicator& comm, const io::
       throw Error(as_target(e.what()));
     }
   });
-  std::sort(written.begin(), written.end());
-  written.erase(std::unique(written.begin(), written.end()), written.end());
+  std::sort(written.files.begin(), written.files.end());
+  written.files.erase(std::unique(written.files.begin(), written.files.end()), written.files.end());
   return written;
 }
 

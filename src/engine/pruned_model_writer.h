@@ -38,18 +38,24 @@ struct PackedMask {
   }
 };
 
+// What write_pruned_model wrote: the file names (relative to out, sorted) and, per masked tensor, how
+// many of its entries are zero in the copy (the pruned ones and the weights that were zero already; -0.0
+// counts), summed over ranks: the sparsity of the model as written.
+struct WrittenModel {
+  std::vector<std::string> files;
+  std::map<std::string, int64_t> zeros;
+};
+
 // Collective over `comm`. `source` holds the model's tensors (its shards() are the files written; shard i is
 // written by rank i mod R into the directory rank 0 stages, so outputs must be on a file system every rank
 // sees); `input_dir` (empty for a synthetic model) gives the other files to copy; `out` is rank 0's output
 // directory (nullptr on the other ranks). masks: stored tensor name → mask over that tensor's [rows,
 // cols]. `extra_files` (name → contents) are written too (a synthetic model's config.json), `provenance`
 // as io::kProvenanceFile. A failure on any rank fails every rank with its message and leaves nothing.
-// Returns the written file names (relative to out), sorted.
-std::vector<std::string> write_pruned_model(dist::Communicator& comm, const io::TensorSource& source,
-                                            const std::filesystem::path& input_dir,
-                                            const io::OutputDirectory* out,
-                                            const std::map<std::string, PackedMask>& masks,
-                                            const std::map<std::string, std::string>& extra_files,
-                                            const nlohmann::json& provenance);
+WrittenModel write_pruned_model(dist::Communicator& comm, const io::TensorSource& source,
+                                const std::filesystem::path& input_dir, const io::OutputDirectory* out,
+                                const std::map<std::string, PackedMask>& masks,
+                                const std::map<std::string, std::string>& extra_files,
+                                const nlohmann::json& provenance);
 
 }  // namespace symprune::engine

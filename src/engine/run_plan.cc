@@ -407,6 +407,16 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
     r.calib_format = c.calib == "synthetic"
                          ? "synthetic"
                          : io::resolve_calibration_format(c.calib, c.calib_format, model.vocab_size());
+  if (r.needs_stats && r.calib_format == "synthetic") {
+    // "synthetic" is a value, not a file name: say so where it could be taken for one.
+    if (std::filesystem::exists("synthetic"))
+      log::warn(
+          "--calib synthetic: uniformly random token ids; the file ./synthetic is not read (name it "
+          "./synthetic to calibrate on it)");
+    else if (!synthetic)
+      log::warn("--calib synthetic: calibrating {} on uniformly random token ids, not on text",
+                r.resolved.display());
+  }
   const bool token_input =
       r.calib_format == "tokens-u16" || r.calib_format == "tokens-u32" || r.calib_format == "synthetic";
   if ((r.needs_stats && !token_input) || !c.eval.empty()) {

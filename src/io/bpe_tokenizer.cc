@@ -616,6 +616,11 @@ std::optional<json> read_tokenizer_config(const std::filesystem::path& dir) {
   return config;
 }
 
+bool sets_add_bos_token_false(const json& tokenizer_config) {
+  const auto add_bos = tokenizer_config.find("add_bos_token");
+  return add_bos != tokenizer_config.end() && add_bos->is_boolean() && !add_bos->get<bool>();
+}
+
 std::optional<int32_t> lookup_token(const BpeConfig& config, const std::string& content) {
   for (const auto& t : config.added)
     if (t.content == content) return t.id;
@@ -628,10 +633,7 @@ std::optional<int32_t> lookup_token(const BpeConfig& config, const std::string& 
 void apply_tokenizer_config(BpeConfig& config, const std::optional<json>& tokenizer_config,
                             bool bos_decided) {
   if (tokenizer_config) {
-    const auto add_bos = tokenizer_config->find("add_bos_token");
-    const bool add_bos_false =
-        add_bos != tokenizer_config->end() && add_bos->is_boolean() && !add_bos->get<bool>();
-    if (!bos_decided && !add_bos_false)
+    if (!bos_decided && !sets_add_bos_token_false(*tokenizer_config))
       if (const auto bos = token_field(*tokenizer_config, "bos_token"))
         config.bos = lookup_token(config, *bos);
     if (const auto eos = token_field(*tokenizer_config, "eos_token")) config.eos = lookup_token(config, *eos);
@@ -907,6 +909,11 @@ std::unique_ptr<Tokenizer> load_gpt2_tokenizer_impl(const std::filesystem::path&
 }  // namespace
 
 // Wrong JSON types inside otherwise valid JSON surface as nlohmann/std exceptions; report them with the file.
+bool tokenizer_config_disables_bos(const std::filesystem::path& dir) {
+  const auto config = read_tokenizer_config(dir);
+  return config && sets_add_bos_token_false(*config);
+}
+
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::filesystem::path& tokenizer_json) {
   try {
     return load_hf_tokenizer_json_impl(tokenizer_json);

@@ -27,6 +27,23 @@ std::string read_text_file(const std::filesystem::path& path, uint64_t max_bytes
   return text;
 }
 
+namespace {
+
+// nlohmann's parse errors quote everything read so far ("last read: '...'"), a whole document on a long line:
+// keep the end of it, where the error is.
+std::string clipped_parse_error(std::string message) {
+  constexpr std::string_view kLastRead = "last read: '";
+  constexpr size_t kKeep = 60;
+  const size_t open = message.find(kLastRead);
+  const size_t close = message.rfind('\'');
+  if (open == std::string::npos || close == std::string::npos) return message;
+  const size_t begin = open + kLastRead.size();
+  if (close <= begin || close - begin <= kKeep) return message;
+  return message.substr(0, begin) + "..." + message.substr(close - kKeep);
+}
+
+}  // namespace
+
 nlohmann::json parse_json_text(std::string_view text, const std::string& source) {
   // Depth pre-scan (strings skipped, escapes honoured) so hostile nesting cannot overflow the stack.
   int depth = 0;
@@ -53,7 +70,7 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& source)
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
-    fail("{}: invalid JSON: {}", source, e.what());
+    fail("{}: invalid JSON: {}", source, clipped_parse_error(e.what()));
   }
 }
 

@@ -15,7 +15,8 @@ namespace {
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  explicit SentencePieceTokenizer(const std::filesystem::path& model_file) : path_(model_file) {
+  SentencePieceTokenizer(const std::filesystem::path& model_file, bool add_bos)
+      : path_(model_file), add_bos_(add_bos) {
     std::ifstream in(model_file, std::ios::binary);
     SYMPRUNE_CHECK(in.good(), "cannot open SentencePiece model {}", model_file.string());
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -41,7 +42,7 @@ class SentencePieceTokenizer final : public Tokenizer {
                    status.ToString());
     std::vector<int32_t> out;
     out.reserve(ids.size() + 1);
-    if (add_bos && processor_.bos_id() >= 0) out.push_back(processor_.bos_id());
+    if (add_bos && bos_id()) out.push_back(*bos_id());
     out.insert(out.end(), ids.begin(), ids.end());
     return out;
   }
@@ -61,7 +62,7 @@ class SentencePieceTokenizer final : public Tokenizer {
 
   std::optional<int32_t> bos_id() const override {
     const int id = processor_.bos_id();
-    return id >= 0 ? std::optional<int32_t>(id) : std::nullopt;
+    return add_bos_ && id >= 0 ? std::optional<int32_t>(id) : std::nullopt;
   }
   std::optional<int32_t> eos_id() const override {
     const int id = processor_.eos_id();
@@ -72,13 +73,15 @@ class SentencePieceTokenizer final : public Tokenizer {
 
  private:
   std::filesystem::path path_;
+  bool add_bos_ = true;  // false: tokenizer_config.json's add_bos_token is false
   sentencepiece::SentencePieceProcessor processor_;
 };
 
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::filesystem::path& model_file) {
-  return std::make_unique<SentencePieceTokenizer>(model_file);
+  return std::make_unique<SentencePieceTokenizer>(model_file,
+                                                  !tokenizer_config_disables_bos(model_file.parent_path()));
 }
 
 }  // namespace symprune::io

@@ -79,9 +79,17 @@ bool printable_ascii(unsigned char c) {
 // fixes them.
 std::string encoding_hint(std::string_view text, const fs::path& path, bool nul) {
   const std::string file = path.string();
+  // The converted copy keeps the file's extensions (c4.jsonl.gz -> c4.utf8.jsonl.gz), which pick its format.
+  const bool gz = path.extension() == ".gz";
+  const fs::path inner = gz ? path.stem() : path.filename();
+  const std::string converted =
+      (path.parent_path() / inner.stem()).string() + ".utf8" + inner.extension().string() + (gz ? ".gz" : "");
   const auto convert = [&](std::string_view what, std::string_view from) {
-    return fmt::format("it looks like {}; convert it with: iconv -f {} -t UTF-8 {} > {}.utf8", what, from,
-                       file, file);
+    if (gz)
+      return fmt::format("it looks like {}; convert it with: zcat {} | iconv -f {} -t UTF-8 | gzip > {}",
+                         what, file, from, converted);
+    return fmt::format("it looks like {}; convert it with: iconv -f {} -t UTF-8 {} > {}", what, from, file,
+                       converted);
   };
   if (text.starts_with("\xFF\xFE\0\0"sv)) return convert("UTF-32 (BOM FF FE 00 00)", "UTF-32");
   if (text.starts_with("\0\0\xFE\xFF"sv)) return convert("UTF-32 (BOM 00 00 FE FF)", "UTF-32");

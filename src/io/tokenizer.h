@@ -33,7 +33,11 @@ class Tokenizer {
 // config.json's vocab_size when present). A directory with none of them: error listing what was looked for.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& path);
 
-// BOS: the model's bos_id (LLaMA-2: 1).
+// Whether tokenizer_config.json in `dir` sets "add_bos_token": false (transformers then prepends no BOS).
+bool tokenizer_config_disables_bos(const std::filesystem::path& dir);
+
+// BOS: the model's bos_id (LLaMA-2: 1), none when tokenizer_config.json beside the file sets
+// add_bos_token false (as transformers' LlamaTokenizer).
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::filesystem::path& model_file);
 // Byte-level BPE only. BOS = the token the HF tokenizer prepends: a leading special token of a
 // TemplateProcessing post-processor, else tokenizer_config.json's bos_token beside the file (unless

@@ -218,7 +218,10 @@ std::string_view dtype_option_name(DType dtype) {
 DType DecoderModel::stored_weight_dtype() const {
   const std::string prefix =
       config_.family == io::ModelFamily::kLlama ? "model.layers.0." : "model.decoder.layers.0.";
-  return weights_->info(prefix + linear_names_.front() + ".weight").dtype;
+  const std::string canonical = prefix + linear_names_.front() + ".weight";
+  const auto stored = io::stored_tensor_name(*weights_, canonical);  // OPT files may omit "model."
+  SYMPRUNE_CHECK(stored.has_value(), "missing tensor '{}' in {}", canonical, weights_->description());
+  return weights_->info(*stored).dtype;
 }
 
 void DecoderModel::set_storage_dtype(DType dtype) {

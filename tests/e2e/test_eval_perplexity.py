@@ -139,3 +139,28 @@ def test_eval_errors(tmp_path):
     assert proc.returncode == 1
     assert f"symprune: error: {tmp_path / 'absent.txt'}: text file (--text) not found" in proc.stderr
     assert not report.exists()
+
+
+def test_eval_of_a_synthetic_model_and_bad_counts(text_file, tmp_path):
+    # README: synthetic models work with eval given --tokenizer (tiny-llama has tok512's 512 ids).
+    tokenizer = DATA / "stories260K" / "tok512.bin"
+    report = tmp_path / "report.json"
+    common = ["--text", text_file, "--seqlen", 64]
+    proc = run(["eval", "--model", "synthetic:tiny-llama", "--tokenizer", tokenizer, *common, "--max-chunks", 2,
+                "--report", report])
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(report.read_text())
+    assert result["model"] == result["model_fingerprint"] == "synthetic:tiny-llama:0"
+    assert result["chunks"] == 2 and np.isfinite(result["perplexity"]) and result["perplexity"] > 1
+    proc = run(["eval", "--model", "synthetic:tiny-llama", *common])
+    assert proc.returncode == 1
+    assert "synthetic:tiny-llama has no tokenizer: give one with --tokenizer" in proc.stderr
+    # Counts that cannot be negative are refused, as prune refuses them.
+    for option, value, message in [("--max-chunks", -5, "--max-chunks must be >= 0 (0 = all), got -5"),
+                                   ("--batch", -3, "--batch must be >= 0 (0 = automatic), got -3")]:
+        proc = run(["eval", "--model", "synthetic:tiny-llama", "--tokenizer", tokenizer, *common, option, value])
+        assert proc.returncode == 1 and f"symprune: error: {message}" in proc.stderr, proc.stderr
+    proc = run(["calib", "--calib", text_file, "--tokenizer", tokenizer, "--nsamples", 1, "--seqlen", 8,
+                "--vocab-size", -5])
+    assert proc.returncode == 1
+    assert "symprune: error: --vocab-size must be >= 0 (0: the tokenizer's), got -5" in proc.stderr

@@ -133,6 +133,32 @@ def test_opt_sharded_without_model_prefix(tmp_path):
     assert "decoder.layers.1.fc2.weight" in out
 
 
+def test_opt_without_model_prefix_prunes(tmp_path):
+    # facebook/opt-* names ("decoder.*") through a whole activation-aware prune: the output keeps the
+    # file's names, transformers loads it, and exactly the reported weights are zero.
+    d = save(OPTForCausalLM, opt_config(), tmp_path / "opt", torch.float16)
+    tensors = load_file(str(d / "model.safetensors"))
+    renamed = {k[len("model."):] if k.startswith("model.") else k: v.contiguous() for k, v in tensors.items()}
+    save_file(renamed, str(d / "model.safetensors"), metadata={"format": "pt"})
+    calib = tmp_path / "calib.bin"
+    torch.randint(0, 96, (4096,), generator=torch.Generator().manual_seed(1)).to(torch.int16).numpy().tofile(calib)
+    out, report = tmp_path / "pruned", tmp_path / "report.json"
+    result = subprocess.run([BIN, "prune", "--model", str(d), "--method", "wanda", "--sparsity", "0.5",
+                             "--calib", str(calib), "--nsamples", "4", "--seqlen", "64", "--out", str(out),
+                             "--report", str(report)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    pruned = load_file(str(out / "model.safetensors"))
+    assert sorted(pruned) == sorted(renamed)
+    layers = {layer["name"]: layer for layer in json.loads(report.read_text())["layers"]}
+    assert len(layers) == 12
+    for name, layer in layers.items():
+        block, linear = name.split(".", 1)
+        weight = pruned[f"decoder.layers.{block}.{linear}.weight"]
+        assert int((weight == 0).sum()) == layer["pruned"] == weight.numel() // 2, name
+    model = OPTForCausalLM.from_pretrained(out, torch_dtype=torch.float16)
+    assert torch.equal(model.model.decoder.layers[0].fc1.weight, pruned["decoder.layers.0.fc1.weight"])
+
+
 def test_resolves_short_names_and_cache(tmp_path):
     save(OPTForCausalLM, opt_config(), tmp_path / "models" / "opt-125m")
     result = inspect("opt-125m", env={"SYMPRUNE_MODELS": str(tmp_path / "models")})

@@ -238,3 +238,16 @@ def test_options_the_run_does_not_read_are_named(stories, tmp_path):
     quiet = symprune("prune", "--model", stories.model, "--method", "lp", "--p", "2", "--alpha", "0", "--sparsity",
                      "0.5", "--out", tmp_path / "lp")
     assert "is not used" not in quiet.stderr, quiet.stderr
+
+
+def test_calib_synthetic_is_a_value_not_a_file(stories, tmp_path, monkeypatch):
+    # `--calib synthetic` means random token ids; `symprune calib --calib synthetic` reads a file of that
+    # name. prune says which it did, on a real model and where such a file exists.
+    monkeypatch.chdir(tmp_path)
+    args = ["prune", "--model", stories.model, "--method", "wanda", "--sparsity", "0.5", "--calib", "synthetic",
+            "--nsamples", "2", "--seqlen", "32"]
+    proc = symprune(*args, "--out", tmp_path / "a")
+    assert "--calib synthetic: calibrating" in proc.stderr and "on uniformly random token ids" in proc.stderr
+    (tmp_path / "synthetic").write_text("Once upon a time there was a file named synthetic.\n" * 50)
+    proc = symprune(*args, "--out", tmp_path / "b")
+    assert "the file ./synthetic is not read (name it ./synthetic to calibrate on it)" in proc.stderr

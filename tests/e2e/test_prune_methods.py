@@ -222,3 +222,32 @@ def test_sharded_fp16_input_keeps_dtype_and_shards(stories, tmp_path):
         assert np.array_equal(p[kept].view(np.uint16), w[kept].view(np.uint16)), name
         groups, dense_groups = (~kept).reshape(-1, 4), (w == 0).reshape(-1, 4)
         np.testing.assert_array_equal(groups.sum(axis=1), np.maximum(2, dense_groups.sum(axis=1)), err_msg=name)
+
+
+def test_pruning_a_pruned_model_reports_the_written_zeros(stories, tmp_path):
+    # The masks prune 50 % of a model that is 70 % zeros already: sparsity.total and `pruned` count what
+    # the masks prune, sparsity.written and each layer's `zeros` the zeros of the files written.
+    symprune("prune", "--model", stories.model, "--method", "magnitude", "--sparsity", "0.7",
+             "--out", tmp_path / "first", "--report", tmp_path / "first.json")
+    result = symprune("prune", "--model", tmp_path / "first", "--method", "magnitude", "--sparsity", "0.5",
+                      "--out", tmp_path / "second", "--report", tmp_path / "second.json")
+    report = read_json(tmp_path / "second.json")
+    pruned = load_tensors(tmp_path / "second")
+    zeros = {name: int((pruned[name] == 0).sum()) for name in linear_names()}
+    for layer in report["layers"]:
+        name = f"model.layers.{layer['name']}.weight"
+        assert layer["pruned"] == pruned[name].size // 2, name
+        assert layer["zeros"] == zeros[name], name
+    params = sum(pruned[name].size for name in linear_names())
+    assert report["sparsity"]["total"] == pytest.approx(0.5)
+    assert report["sparsity"]["zeros"] == sum(zeros.values())
+    assert report["sparsity"]["written"] == pytest.approx(sum(zeros.values()) / params)
+    assert report["sparsity"]["written"] >= read_json(tmp_path / "first.json")["sparsity"]["total"] > 0.68
+    assert f"sparsity.written: {sum(zeros.values()) / params:.6f}" in result.stdout
+    # A dense input: the written zeros are the pruned weights (plus any weight that was zero), no extra line.
+    first = symprune("prune", "--model", stories.model, "--method", "magnitude", "--sparsity", "0.5",
+                     "--out", tmp_path / "third", "--report", tmp_path / "third.json")
+    third = read_json(tmp_path / "third.json")
+    assert third["sparsity"]["zeros"] == sum(
+        int((v == 0).sum()) for n, v in load_tensors(tmp_path / "third").items() if n in set(linear_names()))
+    assert ("sparsity.written" in first.stdout) == (third["sparsity"]["zeros"] != third["sparsity"]["pruned"])

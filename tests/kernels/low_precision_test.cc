@@ -101,6 +101,25 @@ TEST_F(LowPrecisionTest, StoringRoundsAsTheHostConversion) {
   EXPECT_TRUE(device().supports_dtype(DType::kF16));
 }
 
+TEST_F(LowPrecisionTest, LargeTensorsCrossTheBusInChunks) {
+  // 16-bit tensors cross the bus as fp32 through a bounded buffer of 8 Mi values (a checkpoint's hidden
+  // states are gigabytes): a whole chunk and a partial one at its offset.
+  const int64_t count = (int64_t{8} << 20) + 1001;
+  Tensor host({count / 7, 7});
+  for (int64_t i = 0; i < host.numel(); ++i)
+    host[i] = static_cast<float>((i * 2654435761u) % 100003) / 997.0f - 50.0f;
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor back = device().to_host(device().to_backend(host, dtype));
+    const Tensor expected = rounded(host, dtype);
+    ASSERT_EQ(back.shape(), expected.shape());
+    int64_t differing = 0;
+    for (int64_t i = 0; i < expected.numel(); ++i)
+      differing += float_to_bits(back[i]) != float_to_bits(expected[i]);
+    EXPECT_EQ(differing, 0);
+  }
+}
+
 TEST_F(LowPrecisionTest, FromStoredUploadsTheStoredBytesFromAnotherThread) {
   // What the weight prefetch does: a background thread uploads a model file's bytes (through the pinned
   // staging buffer, in 64 MiB chunks: this fp32 tensor takes two) while this thread owns the device.

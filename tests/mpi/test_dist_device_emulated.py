@@ -45,9 +45,9 @@ def have_emulated_dist():
         pytest.skip("SYMPRUNE_DIST_EMULATED_BIN is not set (ctest sets it)")
 
 
-def device_run(stories, run_dir, ranks, case_args, extra=(), env=None):
+def device_run(stories, run_dir, ranks, case_args, extra=(), env=None, comm="mpi"):
     args = ["--model", stories.model, "--calib", stories.first, *CALIB, *case_args, "--device", "cuda",
-            "--comm", "mpi", "--out", run_dir / "out", "--report", run_dir / "report.json", *extra]
+            "--comm", comm, "--out", run_dir / "out", "--report", run_dir / "report.json", *extra]
     return mpirun(ranks, *args, env=env, timeout=600, binary=DIST_EMULATED)
 
 
@@ -90,3 +90,20 @@ def test_killed_device_run_resumes_on_another_rank_count(stories, tmp_path, have
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["resumed"] is not None and report["config"]["device"] == "cuda"
     assert swaps(report)[-7:] == swaps(reference)[-7:]  # the last block, refined after the resume
+
+
+def test_ranks_sharing_a_device_do_not_take_nccl(stories, tmp_path, have_mpirun):
+    # NCCL refuses two ranks of one communicator on one GPU: with two ranks on the one device, --comm auto
+    # runs over MPI, and --comm nccl ends every rank with one message instead of hanging in NCCL's setup.
+    case = ["--method", "magnitude", "--sparsity", "0.5"]
+    auto = device_run(stories, tmp_path, 2, case, comm="auto")
+    assert auto.returncode == 0, auto.stderr
+    assert "2 ranks over mpi" in auto.stderr and (tmp_path / "out").is_dir()
+    refused_dir = tmp_path / "refused"
+    refused_dir.mkdir()
+    refused = device_run(stories, refused_dir, 2, case, comm="nccl")
+    assert refused.returncode == 1, refused.stderr
+    message = ("--comm nccl needs a GPU of its own for every rank (NCCL refuses two ranks on one GPU), but rank 0 "
+               "shares its node's GPUs among 2 ranks")
+    assert refused.stderr.count(message) == 1, refused.stderr
+    assert "MPI_Abort" not in refused.stderr and not (refused_dir / "out").exists()

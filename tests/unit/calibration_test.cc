@@ -328,6 +328,11 @@ TEST_F(CalibrationTest, TextThatIsNotUtf8IsRefused) {
   const auto gz_line = write_gz("l.jsonl.gz", "{\"text\":\"caf\xE9\"}\n");
   EXPECT_THAT(error_of(gz_line, 1, 2),
               HasSubstr(": calibration file (line 1, after gzip decompression) is not UTF-8 text"));
+  // The hint converts the decompressed content, and its copy keeps the extensions that select the format.
+  EXPECT_THAT(error_of(gz_line, 1, 2),
+              HasSubstr("convert it with: zcat " + gz_line.string() +
+                        " | iconv -f WINDOWS-1252 -t UTF-8 | gzip > " + (dir_ / "l.utf8.jsonl.gz").string()));
+  EXPECT_THAT(error_of(line, 1, 2), HasSubstr(" > " + (dir_ / "l.utf8.jsonl").string()));
   const auto escaped = write("e.jsonl", "{\"text\":\"abcdef\"}\n{\"text\":\"a\\u0000b\"}\n");
   EXPECT_THAT(error_of(escaped, 1, 2),
               HasSubstr(escaped.string() + ": calibration file (line 2, \"text\" field) is not text: "
@@ -359,6 +364,11 @@ TEST_F(CalibrationTest, BadJsonLinesNameTheLine) {
   const auto bad = write("bad.jsonl", "{\"text\":\"abc\"}\n\n{\"text\": \"x\",,}\n");
   EXPECT_EQ(error_of(bad, 1, 2).rfind(bad.string() + " line 3: invalid JSON: ", 0), 0u)
       << error_of(bad, 1, 2);
+  // A long document with an error at its end: the message quotes the end of what was read, not all of it.
+  const auto long_line = write("long.jsonl", "{\"text\": \"" + std::string(100000, 'a') + "\" oops}\n");
+  const std::string message = error_of(long_line, 1, 2);
+  EXPECT_LT(message.size(), 400u) << message.substr(0, 400);
+  EXPECT_THAT(message, HasSubstr("last read: '...aaaa"));
   const auto no_text = write("notext.jsonl", "{\"text\":\"abc\"}\n{\"content\":\"abc\"}\n");
   EXPECT_EQ(error_of(no_text, 1, 2), no_text.string() + " line 2: no \"text\" field");
   const auto not_string = write("num.jsonl", "{\"text\":12}\n");

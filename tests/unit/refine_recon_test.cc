@@ -278,6 +278,38 @@ TEST(RefineRecon, RandomRowsNeverGetWorse) {
   }
 }
 
+// A model pruned before holds zero weights. Regrowing one changes nothing (δ = 0, no cross term), so a
+// "swap" with it would prune one more weight for free; pruning a kept zero would regrow one. Zeros take
+// no part in swaps: every zero weight keeps its initial mask bit and the written zeros stay those of the
+// initial mask, unstructured and N:M.
+TEST(RefineRecon, ZeroWeightsAreNeverSwapped) {
+  for (const auto& [spec, nm] : {std::pair{MaskSpec::row(0.5), std::optional<NmPattern>{}},
+                                 std::pair{MaskSpec::nm(1, 4), std::optional<NmPattern>{NmPattern{1, 4}}},
+                                 std::pair{MaskSpec::nm(2, 4), std::optional<NmPattern>{NmPattern{2, 4}}}}) {
+    const int64_t m = 16, n = 64;
+    Problem p = random_problem(m, n, 29);
+    // Zero columns (a pruned input channel) and scattered zeros, some kept by the initial mask.
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c)
+        if (c == 7 || c == 21 || (r * 5 + c) % 13 == 0) p.w[r * n + c] = 0.0f;
+    const Mask initial = select_mask(p.wanda, spec);
+    Mask mask = initial;
+    ReconOptions options = exhaustive(n);
+    const RefineStats stats = refine_recon(p.w, p.gram.data(), n, mask, options, nm);
+    EXPECT_GT(stats.swaps, 0) << describe(spec);
+    int64_t zeros_before = 0, zeros_after = 0;
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        const bool zero = p.w[r * n + c] == 0.0f;
+        if (zero)
+          EXPECT_EQ(mask.pruned(r, c), initial.pruned(r, c)) << describe(spec) << " " << r << "," << c;
+        zeros_before += initial.pruned(r, c) || zero;
+        zeros_after += mask.pruned(r, c) || zero;
+      }
+    EXPECT_EQ(zeros_after, zeros_before) << describe(spec);
+  }
+}
+
 TEST(RefineRecon, MaxCyclesBoundsTheSwaps) {
   const Problem p = random_problem(10, 64, 3);
   const Mask initial = select_mask(p.wanda, MaskSpec::row(0.5));

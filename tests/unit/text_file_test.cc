@@ -89,7 +89,7 @@ TEST_F(TextFileTest, HintsSayWhatTheBytesAre) {
   EXPECT_THAT(error_of("\xFF\xFEH\0i\0"s),
               HasSubstr("invalid byte 0xFF at offset 0; it looks like UTF-16 (BOM FF FE); convert it with: "
                         "iconv -f UTF-16 -t UTF-8 " +
-                        path + " > " + path + ".utf8"));
+                        path + " > " + (dir_ / "t.utf8.txt").string()));
   EXPECT_THAT(error_of("\xFE\xFF\0H\0i"s), HasSubstr("it looks like UTF-16 (BOM FE FF)"));
   EXPECT_THAT(error_of("\xFF\xFE\0\0H\0\0\0"s), HasSubstr("it looks like UTF-32 (BOM FF FE 00 00)"));
   EXPECT_THAT(

@@ -63,6 +63,19 @@ TEST(SentencePieceTokenizer, HelloWorldAndSpecialIds) {
   EXPECT_EQ(tok->decode(tok->encode(kVaried, true)), kVaried);
 }
 
+TEST(SentencePieceTokenizer, AddBosTokenFalseInTheConfigMeansNoBos) {
+  // transformers' LlamaTokenizer reads add_bos_token from tokenizer_config.json beside the model.
+  const auto dir = symprune::testing::make_temp_dir("symprune_tok_");
+  fs::create_symlink(data("llama2c_tokenizer/tokenizer.model"), dir / "tokenizer.model");
+  write_file(dir / "tokenizer_config.json", R"({"add_bos_token": false, "bos_token": "<s>"})");
+  const auto tok = load_tokenizer(dir);
+  EXPECT_EQ(tok->bos_id(), std::nullopt);
+  EXPECT_THAT(tok->encode("Hello world", true), ElementsAre(15043, 3186));
+  write_file(dir / "tokenizer_config.json", R"({"add_bos_token": true})");
+  EXPECT_THAT(load_tokenizer(dir)->encode("Hello world", true), ElementsAre(1, 15043, 3186));
+  fs::remove_all(dir);
+}
+
 TEST(SentencePieceTokenizer, WikitextGoldenCount) {
   const auto tok = load_tokenizer(data("llama2c_tokenizer"));  // directory: tokenizer.model wins
   EXPECT_EQ(tok->kind(), "sentencepiece");

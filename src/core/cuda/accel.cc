@@ -83,7 +83,7 @@ Backend& backend_for_device(std::string_view device, int local_rank) {
     return cpu_backend();
   }
   // One device per node-local rank (several ranks share a device when there are fewer devices).
-  const int selected = local_rank % device_count();
+  const int selected = device_for_local_rank(local_rank);
   SYMPRUNE_CUDA_CHECK(cudaSetDevice(selected));
   cuda::set_cuda_backend_device(selected);
   return cuda::cuda_backend();

@@ -6,7 +6,9 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <functional>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -36,13 +38,28 @@ namespace {
 
 class NcclCommunicator final : public Communicator {
  public:
+  // Every step that can fail on one rank alone (no unique id, no device, no stream) is agreed on before
+  // ncclCommInitRank, which waits for all ranks: a rank that failed there would leave the others waiting.
   NcclCommunicator(Communicator& bootstrap, int device)
       : bootstrap_(bootstrap), rank_(bootstrap.rank()), size_(bootstrap.size()) {
-    SYMPRUNE_NCCL_CUDA_CHECK(cudaSetDevice(device));
     ncclUniqueId id{};
-    if (rank_ == 0) SYMPRUNE_NCCL_CHECK(ncclGetUniqueId(&id));
+    std::string failed;
+    const auto attempt = [&](const std::function<void()>& step) {
+      if (!failed.empty()) return;
+      try {
+        step();
+      } catch (const Error& e) {
+        failed = e.what();
+      }
+    };
+    if (rank_ == 0) attempt([&] { SYMPRUNE_NCCL_CHECK(ncclGetUniqueId(&id)); });
     bootstrap.broadcast(std::as_writable_bytes(std::span<ncclUniqueId>(&id, 1)), 0);
-    SYMPRUNE_NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    attempt([&] { SYMPRUNE_NCCL_CUDA_CHECK(cudaSetDevice(device)); });
+    attempt([&] { SYMPRUNE_NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); });
+    if (const auto failure = first_failure(bootstrap, failed.empty() ? 0 : 1, failed)) {
+      if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+      fail("NCCL setup failed on rank {} (of {}): {}", failure->rank, size_, failure->message);
+    }
     SYMPRUNE_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
   }
   ~NcclCommunicator() override {

@@ -30,7 +30,7 @@ Backend& backend_for_device(std::string_view device, int local_rank) {
                  "--device must be auto, cpu or cuda, got '{}'", device);
   if (device == "cpu") return cpu_backend();
   // Every rank shares the one emulated device, as ranks share a GPU when there are fewer GPUs.
-  const int selected = local_rank % device_count();
+  const int selected = device_for_local_rank(local_rank);
   cuda::set_current_device(selected);
   cuda::set_cuda_backend_device(selected);
   return cuda::cuda_backend();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <type_traits>
@@ -119,6 +120,18 @@ class WeightUploader {
   std::byte* staging_ = nullptr;
 };
 
+// A 16-bit tensor crosses the bus as fp32 through a bounded device buffer (kConvertChunk values, 32 MiB),
+// never a full-size fp32 copy: the hidden states of a checkpoint or a resume are gigabytes that the
+// memory plan does not hold twice. `step(first, count, wide)` handles values first..first+count.
+constexpr int64_t kConvertChunk = int64_t{8} << 20;
+
+void convert_in_chunks(int64_t numel,
+                       const std::function<void(int64_t, int64_t, DeviceArray<float>&)>& step) {
+  DeviceArray<float> wide(std::min(numel, kConvertChunk));
+  for (int64_t first = 0; first < numel; first += kConvertChunk)
+    step(first, std::min(kConvertChunk, numel - first), wide);
+}
+
 class CudaBackend final : public Backend {
  public:
   std::string_view name() const override { return "cuda"; }
@@ -145,8 +158,11 @@ class CudaBackend final : public Backend {
       if (host.numel() > 0)
         copy_to_device(device.device_data(), host.data(), static_cast<size_t>(host.numel()) * sizeof(float));
     } else {
-      const DeviceArray<float> wide(host.data(), host.numel());
-      launch_convert(wide.data(), DType::kF32, device.device_bytes(), dtype, host.numel(), {});
+      convert_in_chunks(host.numel(), [&](int64_t first, int64_t count, DeviceArray<float>& wide) {
+        copy_to_device(wide.data(), host.data() + first, static_cast<size_t>(count) * sizeof(float));
+        launch_convert(wide.data(), DType::kF32, element_at(device.device_bytes(), device, first), dtype,
+                       count, {});
+      });
     }
     return device;
   }
@@ -165,9 +181,11 @@ class CudaBackend final : public Backend {
     if (tensor.dtype() == DType::kF32) {
       copy_to_host(host.data(), tensor.device_data(), bytes);
     } else {
-      DeviceArray<float> wide(host.numel());
-      launch_convert(tensor.device_bytes(), tensor.dtype(), wide.data(), DType::kF32, host.numel(), {});
-      copy_to_host(host.data(), wide.data(), bytes);
+      convert_in_chunks(host.numel(), [&](int64_t first, int64_t count, DeviceArray<float>& wide) {
+        launch_convert(element_at(tensor.device_bytes(), tensor, first), tensor.dtype(), wide.data(),
+                       DType::kF32, count, {});
+        copy_to_host(host.data() + first, wide.data(), static_cast<size_t>(count) * sizeof(float));
+      });
     }
     return host;
   }
