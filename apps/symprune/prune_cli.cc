@@ -39,12 +39,14 @@ Masks: --sparsity R prunes exactly floor(n*R) weights per output row (--group ro
 floor(m*n*R) per matrix (--group layer); --nm N:M prunes N of every M consecutive inputs in each row.
 --compat wanda: magnitude per layer with the reference "<= threshold" rule, other methods as asked
 (--group layer uses "<= threshold"), and --seqlen defaults to max_position_embeddings. --compat ria: per layer "<= threshold" unless --group row, and
-RIA's fp16 rounding of the relative-importance term for ri and ria.
+RIA's fp16 rounding of the relative-importance term for ri and ria. --compat dsnot: as wanda, with
+--seqlen 2048 (DSnoT's fixed length); the refinement options' defaults are DSnoT's already.
 
 Refinement (--refine, after the initial mask, before the pruned pass; only the mask changes):
   dsnot     DSnoT: per output row, swap one pruned and one kept weight per cycle to drive the expected
             error e_r = sum over pruned c of W[r,c]*mu_c towards 0 (mu_c: mean per-sequence input sum);
-            regrow by W*mu/var^p (--var-power), prune by the Wanda score split by the sign of W*mu;
+            regrow by W*mu/var^p (--var-power), prune by the Wanda score (N:M: by the initial score of
+            magnitude and wanda, as the DSnoT code) split by the sign of W*mu;
             a row stops for good when |e_r| <= --refine-threshold, after --max-cycles swaps, or (with
             --same-sign; always for N:M) when a swap would flip the sign of its error.
   r2dsnot   R2-DSnoT: DSnoT with the relative factor 1/||W~[r,:]||1 + 1/||W~[:,c]||1 in the regrow key
@@ -198,7 +200,7 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
   o->sparsity_option->excludes(nm);
   nm->excludes(group);
   sub->add_option("--compat", c.compat,
-                  "none (default), wanda or ria: reproduce that tool's mask rules (see below)");
+                  "none (default), wanda, ria or dsnot: reproduce that tool's mask rules (see below)");
   sub->add_option("--refine", c.refine,
                   "mask refinement: none (default), dsnot, r2dsnot or recon (see below)");
   sub->add_flag("--refine-guard", c.refine_guard,

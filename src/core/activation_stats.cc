@@ -59,7 +59,7 @@ double ActivationStats::input_variance(int64_t c) const {
 }
 
 void ActivationStats::accumulate(const Tensor& input, const Tensor& output, int64_t call_seqs,
-                                 int64_t call_seq_len) {
+                                 int64_t call_seq_len, const Tensor* output_bias) {
   SYMPRUNE_CHECK(call_seqs > 0 && call_seq_len > 0,
                  "activation statistics: need a positive sequence count and length, got {} x {}", call_seqs,
                  call_seq_len);
@@ -81,6 +81,9 @@ void ActivationStats::accumulate(const Tensor& input, const Tensor& output, int6
   } else {
     SYMPRUNE_CHECK(!has_output(), "activation statistics: outputs missing, but earlier calls had them");
   }
+  SYMPRUNE_CHECK(output_bias == nullptr || (with_output && output_bias->numel() == m),
+                 "activation statistics: an output bias of {} values for {} output channels",
+                 output_bias ? output_bias->numel() : 0, m);
 
   if (in_sumsq.empty()) {
     in_sumsq.assign(static_cast<size_t>(n), 0.0);
@@ -127,6 +130,7 @@ void ActivationStats::accumulate(const Tensor& input, const Tensor& output, int6
 
   if (with_output) {
     const float* y = output.data();
+    const float* bias = output_bias ? output_bias->data() : nullptr;
     const int64_t out_chunks = (m + kColumnChunk - 1) / kColumnChunk;
 #pragma omp parallel for schedule(static) if (rows * m >= kParallelMin)
     for (int64_t chunk = 0; chunk < out_chunks; ++chunk) {
@@ -138,7 +142,7 @@ void ActivationStats::accumulate(const Tensor& input, const Tensor& output, int6
         for (int64_t t = 0; t < call_seq_len; ++t) {
           const float* row = y + (s * call_seq_len + t) * m + r0;
           for (int64_t j = 0; j < width; ++j) {
-            const double v = row[j];
+            const double v = bias ? static_cast<double>(row[j]) - bias[r0 + j] : row[j];
             seq_sumsq[j] += v * v;
           }
         }

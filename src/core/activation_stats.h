@@ -42,7 +42,10 @@ struct ActivationStats {
   // order, then this call's total added to the running one; so the result depends neither on the thread
   // count nor on the backend (the GPU kernels sum in the same order).
   // Throws symprune::Error on inconsistent shapes or a seq_len differing from earlier calls.
-  void accumulate(const Tensor& input, const Tensor& output, int64_t n_seqs, int64_t seq_len);
+  // output_bias [m] (or null): subtracted from every output row first, so that out_sumsq is that of X Wᵀ
+  // (DESIGN.md §2) for a linear whose output includes a bias.
+  void accumulate(const Tensor& input, const Tensor& output, int64_t n_seqs, int64_t seq_len,
+                  const Tensor* output_bias = nullptr);
 
   // Adds another partial statistic (same widths and seq_len, or either side empty).
   void merge(const ActivationStats& other);

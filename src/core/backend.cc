@@ -61,11 +61,11 @@ const Tensor& Backend::host_view(const Tensor& tensor, Tensor& copy) {
   return copy;
 }
 
-ActivationStats Backend::activation_stats(const Tensor& input, const Tensor* output, int64_t seqs,
-                                          int64_t seq_len) {
+ActivationStats Backend::activation_stats(const Tensor& input, const Tensor* output,
+                                          const Tensor* output_bias, int64_t seqs, int64_t seq_len) {
   static const Tensor kNoOutput;
   ActivationStats stats;
-  stats.accumulate(input, output ? *output : kNoOutput, seqs, seq_len);
+  stats.accumulate(input, output ? *output : kNoOutput, seqs, seq_len, output ? output_bias : nullptr);
   return stats;
 }
 

@@ -142,9 +142,10 @@ class Backend {
   // results, and only statistics vectors, packed masks and per-row figures cross to the host.
 
   // The statistics of one call of seqs · seq_len tokens: input [rows, n], output [rows, m] or null
-  // (no output statistic). Same order and errors as ActivationStats::accumulate on a fresh object.
-  virtual ActivationStats activation_stats(const Tensor& input, const Tensor* output, int64_t seqs,
-                                           int64_t seq_len);
+  // (no output statistic), the output's bias [m] or null (subtracted: the statistic is of X Wᵀ). Same
+  // order and errors as ActivationStats::accumulate on a fresh object.
+  virtual ActivationStats activation_stats(const Tensor& input, const Tensor* output,
+                                           const Tensor* output_bias, int64_t seqs, int64_t seq_len);
   // The mask of rows [options.row_begin, options.row_end) of `weight` [m, n] (this backend's memory):
   // select_mask(compute_scores(...)) with the same rules, errors and results (for a bf16/fp16 weight, those
   // of its fp32 values).

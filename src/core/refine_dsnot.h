@@ -11,7 +11,7 @@
 // e_r is accumulated in double (the reference sums in fp32), so threshold/sign decisions can differ from
 // the reference only at near-ties. Sorts are stable, ascending by (float value, column), NaN last.
 //
-// Deliberate differences from the reference code (none but the N:M prune pick arises at realistic widths):
+// Deliberate differences from the reference code (none of them arises at realistic widths):
 //  * Prune-candidate list: kept columns in ascending Wanda order, split into those with D <= 0 (also NaN)
 //    in that order followed by those with D > 0 in reversed order. The reference drops D == 0 columns
 //    and duplicates the first kept column instead (its reorder-helper bug); here D == 0 sits with the
@@ -30,10 +30,10 @@
 //  * Regrow keys that are NaN (0/0: D = 0 on a zero-variance channel) carry no information and are passed
 //    over; the reference sorts them last, where an e > 0 row starts.
 //  * N:M (always same-sign, per §5.3): p = the kept, not yet touched entry of g's M-block with the
-//    smallest Wanda score (ties: lowest column); "touched" = initially pruned or pruned by a swap, even if
-//    regrown later (the reference's S' = +inf). The reference uses the initial score S_init there, which
-//    equals the Wanda score when the initial mask is Wanda's; with another initial method the picks differ
-//    at any width (README). A block with no such entry stops the row.
+//    smallest |W|·act_norm (ties: lowest column); "touched" = initially pruned or pruned by a swap, even if
+//    regrown later (the reference's S' = +inf). The reference uses the initial score S_init there: the
+//    caller passes act_norm = a_c^α for an initial score |W|·a_c^α (engine/refine_linear.h), which makes
+//    the key S_init; otherwise a_c (the Wanda score). A block with no such entry stops the row.
 //
 // R²-DSnoT (options.r2 set) keeps the cycle mechanics and changes only the two keys. With W̃ the
 // initially pruned matrix (kept entries of W) and R[r,c] = 1/‖W̃[r,:]‖₁ + 1/‖W̃[:,c]‖₁ (a zero norm
@@ -95,9 +95,9 @@ struct RefineStats {
   int64_t rows_reverted = 0;  // --refine-guard: rows restored to the initial mask (refine_recon.h)
 };
 
-// W [m, n]; mu = μ̃ (n), var = v (n), act_norm = a_c (n) for the Wanda prune order; mask [m, n] is the
-// initial mask in and the refined mask out. nm selects the §5.3 variant (M must divide n). Throws
-// symprune::Error on shape mismatches or invalid options (validate_dsnot_options).
+// W [m, n]; mu = μ̃ (n), var = v (n), act_norm (n): the prune key is |W|·act_norm (a_c: the Wanda order); mask
+// [m, n] is the initial mask in and the refined mask out. nm selects the §5.3 variant (M must divide n).
+// Throws symprune::Error on shape mismatches or invalid options (validate_dsnot_options).
 //
 // Row partitions (distributed / per-device runs): W and mask may hold any contiguous slice of a matrix's
 // rows; the result for those rows is the same as in a whole-matrix call. The only quantity that crosses

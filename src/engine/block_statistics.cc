@@ -36,13 +36,14 @@ BlockStatistics::BlockStatistics(dist::Communicator& comm, const model::DecoderM
   }
 }
 
-void BlockStatistics::on_linear(const model::LinearId& id, const Tensor& input, const Tensor& output) {
+void BlockStatistics::on_linear(const model::LinearId& id, const Tensor& input, const Tensor& output,
+                                const Tensor* output_bias) {
   const int64_t n = input.dim(-1);
   const int64_t rows = input.numel() / n;
   const int64_t windows = rows / seq_len_;
   // A fresh partial per chunk: total = Σ chunks in order (engine/ordered_reduce.h).
   chunk_stats_[id.name].push_back(
-      backend_.activation_stats(input, collect_output_ ? &output : nullptr, windows, seq_len_));
+      backend_.activation_stats(input, collect_output_ ? &output : nullptr, output_bias, windows, seq_len_));
   for (auto& group : groups_) {
     if (group.leader != id.name) continue;
     if (!sample_positions_.empty()) {

@@ -37,7 +37,8 @@ class BlockStatistics : public model::LinearObserver {
   BlockStatistics(dist::Communicator& comm, const model::DecoderModel& model, int64_t block, int64_t seq_len,
                   bool collect_output, bool collect_gram, std::vector<int64_t> sample_positions = {});
 
-  void on_linear(const model::LinearId& id, const Tensor& input, const Tensor& output) override;
+  void on_linear(const model::LinearId& id, const Tensor& input, const Tensor& output,
+                 const Tensor* output_bias) override;
   // Statistics and samples are taken in the backend's memory (Backend::activation_stats, copy_rows).
   bool reads_backend_tensors() const override { return true; }
 

@@ -93,7 +93,13 @@ RefineStats refine_linear(Backend& backend, const RefineSettings& s, const Tenso
     return result;
   }
   const Mask initial = s.guard ? mask : Mask();
-  RefineStats result = backend.refine_dsnot(weight, in.mu, in.var, in.act_norm, mask, s.dsnot, nm, column_l1);
+  std::vector<double> prune_factor = in.act_norm;  // the prune key is |W| times this (core/refine_dsnot.h)
+  if (nm && !s.dsnot.r2 && s.nm_prune_alpha) {
+    const double alpha = *s.nm_prune_alpha;  // a_c^α as the scores compute it (core/scores.cc)
+    for (double& a : prune_factor) a = alpha == 0.0 ? 1.0 : alpha == 1.0 ? a : std::pow(a, alpha);
+  }
+  RefineStats result =
+      backend.refine_dsnot(weight, in.mu, in.var, prune_factor, mask, s.dsnot, nm, column_l1);
   if (!s.guard) return result;
   const Tensor& w = backend.host_view(weight, host_copy);
   std::vector<double> changes = recon_row_changes(w, gram, n, initial, mask);

@@ -26,6 +26,11 @@ struct RefineSettings {
   DsnotOptions dsnot;           // dsnot and r2dsnot (r2 set for r2dsnot)
   ReconOptions recon;           // recon: max_cycles from --max-cycles, the search's defaults otherwise
   bool guard = false;           // --refine-guard
+  // N:M DSnoT (not R²): the key of the weight a swap prunes. The reference takes the initial score there;
+  // where that is |W|·a_c^α (magnitude: α = 0; wanda: its α) this holds α and the key is exactly the initial
+  // score. Unset (other methods, which the reference has no initial mask for): the Wanda score |W|·a_c, as
+  // in the unstructured prune list.
+  std::optional<double> nm_prune_alpha;
   bool enabled() const { return method != "none"; }
 };
 

@@ -54,8 +54,8 @@ struct ResolvedMask {
 
 ResolvedMask resolve_mask(const PruneConfig& c, ScoreMethod method) {
   ResolvedMask r;
-  SYMPRUNE_CHECK(c.compat == "none" || c.compat == "wanda" || c.compat == "ria",
-                 "--compat must be none, wanda or ria, got '{}'", c.compat);
+  SYMPRUNE_CHECK(c.compat == "none" || c.compat == "wanda" || c.compat == "ria" || c.compat == "dsnot",
+                 "--compat must be none, wanda, ria or dsnot, got '{}'", c.compat);
   SYMPRUNE_CHECK(c.group.empty() || c.group == "row" || c.group == "layer",
                  "--group must be row or layer, got '{}'", c.group);
   SYMPRUNE_CHECK(c.sparsity.has_value() != !c.nm.empty(),
@@ -74,7 +74,7 @@ ResolvedMask resolve_mask(const PruneConfig& c, ScoreMethod method) {
   bool le = false;
   if (c.compat != "none") {
     if (method == ScoreMethod::kMagnitude) {
-      layer = true;  // magnitude is per-layer "≤ θ" in every reference repo
+      layer = true;  // magnitude is per-layer "≤ θ" in every reference repo (DSnoT's is Wanda's code)
     } else if (c.compat == "ria" && c.group.empty()) {
       layer = true;  // RIA's default (no --per_outneuron) is per-layer for every method
     }
@@ -331,7 +331,9 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   const ResolvedMask mask = resolve_mask(c, method);
   base.compat_ria_fp16 = mask.compat_ria_fp16;
   base.matrix_name.clear();
-  const RefineSettings refine = resolve_refine_settings(c);
+  RefineSettings refine = resolve_refine_settings(c);
+  if (method == ScoreMethod::kMagnitude) refine.nm_prune_alpha = 0.0;
+  if (method == ScoreMethod::kWanda) refine.nm_prune_alpha = std::isnan(base.alpha) ? 1.0 : base.alpha;
   const bool refining = refine.enabled();
   const bool scores_need_stats = score_method_needs_stats(method, base);
   SYMPRUNE_CHECK(!scores_need_stats || !c.calib.empty(),

@@ -387,13 +387,16 @@ struct LinearRunner {
         weight = &uploaded;
       }
     }
-    be.linear(in, *weight, lw.bias.empty() ? nullptr : &lw.bias, out);
+    const Tensor* bias = lw.bias.empty() ? nullptr : &lw.bias;
+    be.linear(in, *weight, bias, out);
     if (!observer) return;
     // Observers that read host tensors get host copies from a device backend.
-    if (be.device_resident() && !observer->reads_backend_tensors())
-      observer->on_linear(id, be.to_host(in), be.to_host(out));
-    else
-      observer->on_linear(id, in, out);
+    if (be.device_resident() && !observer->reads_backend_tensors()) {
+      const Tensor host_bias = bias ? be.to_host(*bias) : Tensor();
+      observer->on_linear(id, be.to_host(in), be.to_host(out), bias ? &host_bias : nullptr);
+    } else {
+      observer->on_linear(id, in, out, bias);
+    }
   }
 };
 

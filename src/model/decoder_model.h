@@ -34,13 +34,15 @@ struct LinearId {
 };
 
 // Sees each linear of a block as it runs: input [rows, n] and dense output [rows, m] (before
-// RoPE / activation / scaling). Rows are whole sequences of seq_len tokens, sequence-major: run_block
-// may split a large batch into micro-batches of whole sequences (set_max_tokens_per_pass) and then
-// calls the observer once per micro-batch, in sequence order.
+// RoPE / activation / scaling), which includes the linear's bias `output_bias` [m] (null without one: OPT
+// has biases, LLaMA none). Rows are whole sequences of seq_len tokens, sequence-major: run_block may split
+// a large batch into micro-batches of whole sequences (set_max_tokens_per_pass) and then calls the
+// observer once per micro-batch, in sequence order.
 class LinearObserver {
  public:
   virtual ~LinearObserver() = default;
-  virtual void on_linear(const LinearId& id, const Tensor& input, const Tensor& output) = 0;
+  virtual void on_linear(const LinearId& id, const Tensor& input, const Tensor& output,
+                         const Tensor* output_bias) = 0;
   // Whether on_linear takes the backend's own tensors (device memory on a device backend; the observer
   // then reads them through the backend). Otherwise a device backend hands it host copies.
   virtual bool reads_backend_tensors() const { return false; }

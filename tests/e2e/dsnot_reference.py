@@ -106,12 +106,15 @@ def keys(w, mu, var, act, mask, opt):
     return d, up.astype(F32), down.astype(F32), prune.astype(F32)
 
 
-def refine(w, mu, var, act, mask, opt, nm=None):
-    """Refined copy of `mask` (True = pruned) for W [m, n]; nm = (N, M) for §5.3. Returns (mask, trace)."""
+def refine(w, mu, var, act, mask, opt, nm=None, initial_scores=None):
+    """Refined copy of `mask` (True = pruned) for W [m, n]; nm = (N, M) for §5.3. Returns (mask, trace).
+    initial_scores: S_init, the key of the N:M prune pick in the reference code (§5.3; default: the Wanda
+    score, as the unstructured prune list)."""
     m, n = w.shape
     init = mask.copy()
     mask = mask.copy()
     d, g_up, g_down, pk = keys(w, mu, var, act, init, opt)
+    nm_pk = initial_scores.astype(F32) if initial_scores is not None and not opt.r2 else pk
     two_orders = opt.r2 and opt.gamma_grow > 0
     # Regrow lists A_r: stable ascending argsort (NaN last) of the key over all n columns.
     a_up = np.argsort(g_up, axis=1, kind="stable")
@@ -176,7 +179,7 @@ def refine(w, mu, var, act, mask, opt, nm=None):
                 if free.size == 0:
                     stop(r, "N:M block exhausted")
                     continue
-                p = free[np.argsort(pk[r, free], kind="stable")[0]]
+                p = free[np.argsort(nm_pk[r, free], kind="stable")[0]]
             else:
                 if e[r] < 0:
                     pi, b1[r] = b1[r], b1[r] - 1

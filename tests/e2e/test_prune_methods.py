@@ -19,7 +19,8 @@ import torch
 from safetensors.numpy import load_file, save_file
 from transformers import LlamaForCausalLM
 
-from prune_support import PROVENANCE, SEQLEN, Stories, linear_names, load_tensors, read_json, symprune, tree_digest
+from prune_support import (DATA, PROVENANCE, SEQLEN, Stories, linear_names, load_tensors, read_json, symprune,
+                           tree_digest)
 
 NSAMPLES = 16
 EVAL_CHUNKS = 40
@@ -251,3 +252,60 @@ def test_pruning_a_pruned_model_reports_the_written_zeros(stories, tmp_path):
     assert third["sparsity"]["zeros"] == sum(
         int((v == 0).sum()) for n, v in load_tensors(tmp_path / "third").items() if n in set(linear_names()))
     assert ("sparsity.written" in first.stdout) == (third["sparsity"]["zeros"] != third["sparsity"]["pruned"])
+
+
+@pytest.mark.parametrize("method", ["owanda", "symwanda"])
+def test_opt_output_norm_is_that_of_xwt(tmp_path, method):
+    # DESIGN §2: b_r comes from Y = X Wᵀ. OPT's linears add a bias to their outputs; the statistic must not
+    # see it. Block 0 of an fp32 copy of synthetic:tiny-opt, with X captured from transformers (fp64).
+    from safetensors.torch import load_file as torch_load, save_file as torch_save
+    from transformers import OPTForCausalLM
+    symprune("prune", "--model", "synthetic:tiny-opt", "--method", "magnitude", "--sparsity", "0",
+             "--out", tmp_path / "synthetic")
+    model_dir = tmp_path / "opt"
+    model_dir.mkdir()
+    tensors = torch_load(str(tmp_path / "synthetic" / "model.safetensors"))
+    torch_save({k: v.float().contiguous() for k, v in tensors.items()}, str(model_dir / "model.safetensors"),
+               metadata={"format": "pt"})
+    config = json.loads((tmp_path / "synthetic" / "config.json").read_text())
+    config["torch_dtype"] = "float32"
+    config.pop("symprune_synthetic", None)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    np.random.default_rng(5).integers(3, 512, 4000).astype("<u4").tofile(tmp_path / "tokens.bin")
+    calib = ["--calib", tmp_path / "tokens.bin", "--calib-format", "tokens-u32", "--nsamples", 4, "--seqlen", 128]
+    symprune("prune", "--model", model_dir, "--method", method, "--sparsity", "0.5", *calib,
+             *(["--group", "layer"] if method == "owanda" else []), "--out", tmp_path / "pruned")
+    # The windows the prune read (`calib` draws them the same way).
+    symprune("calib", "--tokenizer", DATA / "stories260K" / "tok512.bin", *calib, "--out", tmp_path / "windows.u32")
+    windows = torch.tensor(np.fromfile(tmp_path / "windows.u32", "<u4").reshape(4, 128).astype(np.int64))
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # transformers 4.44's OPT masks overflow otherwise in fp64
+    try:
+        ref = OPTForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float64).eval()
+        layer = ref.model.decoder.layers[0]
+        names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "fc1", "fc2"]
+        inputs = {}
+        for name in names:
+            layer.get_submodule(name).register_forward_hook(
+                lambda module, args, output, name=name: inputs.__setitem__(
+                    name, args[0].reshape(-1, args[0].shape[-1]).numpy().copy()))
+        with torch.no_grad():
+            ref(windows)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    pruned = load_tensors(tmp_path / "pruned")
+    for name in names:
+        module = layer.get_submodule(name)
+        w, x = module.weight.detach().numpy(), inputs[name]
+        assert np.abs(module.bias.detach().numpy()).max() > 0, name  # the bias is there to be left out
+        b = np.sqrt(((x @ w.T) ** 2).sum(0) / 4)
+        a = np.sqrt((x * x).sum(0) / 4)
+        expected = np.zeros(w.shape, bool)
+        if method == "owanda":
+            scores = np.abs(w) * b[:, None]
+            expected.ravel()[np.argsort(scores.ravel(), kind="stable")[:w.size // 2]] = True
+        else:
+            scores = np.abs(w) * (a[None, :] + b[:, None])
+            np.put_along_axis(expected, np.argsort(scores, 1, kind="stable")[:, :w.shape[1] // 2], True, 1)
+        got = pruned[f"model.decoder.layers.0.{name}.weight"] == 0
+        assert int((got != expected).sum()) == 0, name

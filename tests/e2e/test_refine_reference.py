@@ -45,12 +45,16 @@ def reference_prune(model, tokens, method, opt, skip, sparsity=None, nm=None):
             a = np.sqrt(in_sumsq / n_seqs)
             mu = in_sum / n_seqs
             var = np.maximum((in_sumsq - in_seqsq / t) / (n_seqs * t), 0.0)
-            mask = ref.make_mask(ref.scores(method, w, a), sparsity, nm)
+            scores = ref.scores(method, w, a)
+            mask = ref.make_mask(scores, sparsity, nm)
             trace = None
             d = (w.astype(np.float32) * mu.astype(np.float32)).astype(np.float64)
             before = np.abs(np.where(mask, d, 0.0).sum(axis=1)).mean()
             if not skipped(skip, name):
-                mask, trace = dref.refine(w, mu, var, a, mask, opt, nm)
+                # The reference's N:M prune pick reads the initial score (magnitude and wanda are the initial
+                # methods it has).
+                initial = scores if method in ("magnitude", "wanda") else None
+                mask, trace = dref.refine(w, mu, var, a, mask, opt, nm, initial_scores=initial)
             after = np.abs(np.where(mask, d, 0.0).sum(axis=1)).mean()
             result[f"model.layers.{i}.{name}.weight"] = (mask, trace, before, after)
             pruned[name] = np.where(mask, 0.0, w)
@@ -64,6 +68,9 @@ CASES = [
                  dref.Options(same_sign=True), "none", id="wanda60-dsnot-samesign-all"),
     pytest.param("wanda", None, (2, 4), "dsnot", ["--refine-skip", "none"], dref.Options(), "none",
                  id="wanda2:4-dsnot-all"),
+    # The N:M prune pick reads the initial score, |W| here (not the Wanda score).
+    pytest.param("magnitude", None, (2, 4), "dsnot", ["--refine-skip", "none"], dref.Options(), "none",
+                 id="magnitude2:4-dsnot-all"),
     pytest.param("ria", 0.7, None, "r2dsnot", ["--refine-skip", "none"], dref.Options(r2=True), "none",
                  id="ria70-r2dsnot-all"),
     pytest.param("wanda", 0.5, None, "r2dsnot",

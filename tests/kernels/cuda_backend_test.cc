@@ -40,7 +40,8 @@ double relative_error(const Tensor& actual, const Tensor& expected) {
 // Sums every observed linear's input and output (host tensors) per linear.
 class SumObserver final : public model::LinearObserver {
  public:
-  void on_linear(const model::LinearId& id, const Tensor& input, const Tensor& output) override {
+  void on_linear(const model::LinearId& id, const Tensor& input, const Tensor& output,
+                 const Tensor*) override {
     EXPECT_FALSE(input.on_device());
     EXPECT_FALSE(output.on_device());
     double sum = 0.0;

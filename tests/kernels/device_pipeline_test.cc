@@ -65,12 +65,25 @@ class DevicePruningOpsTest : public KernelTest {};
 TEST_F(DevicePruningOpsTest, StatisticsEqualTheCpuBitForBit) {
   const Tensor input = host_tensor({3 * 5, 24}, 1), output = host_tensor({3 * 5, 40}, 2);
   const Tensor di = device().to_backend(input), dout = device().to_backend(output);
-  expect_same_stats(device().activation_stats(di, &dout, 3, 5),
-                    cpu_backend().activation_stats(input, &output, 3, 5));
-  expect_same_stats(device().activation_stats(di, nullptr, 3, 5),
-                    cpu_backend().activation_stats(input, nullptr, 3, 5));
-  EXPECT_EQ(error_of([&] { device().activation_stats(di, nullptr, 4, 5); }),
-            error_of([&] { cpu_backend().activation_stats(input, nullptr, 4, 5); }));
+  expect_same_stats(device().activation_stats(di, &dout, nullptr, 3, 5),
+                    cpu_backend().activation_stats(input, &output, nullptr, 3, 5));
+  expect_same_stats(device().activation_stats(di, nullptr, nullptr, 3, 5),
+                    cpu_backend().activation_stats(input, nullptr, nullptr, 3, 5));
+  EXPECT_EQ(error_of([&] { device().activation_stats(di, nullptr, nullptr, 4, 5); }),
+            error_of([&] { cpu_backend().activation_stats(input, nullptr, nullptr, 4, 5); }));
+  // A biased linear (OPT): the output statistic is that of X Wᵀ, the output less its bias, on both.
+  const Tensor bias = host_tensor({40}, 6), dbias = device().to_backend(bias);
+  const ActivationStats biased = cpu_backend().activation_stats(input, &output, &bias, 3, 5);
+  expect_same_stats(device().activation_stats(di, &dout, &dbias, 3, 5), biased);
+  Tensor unbiased = output;
+  for (int64_t r = 0; r < unbiased.dim(0); ++r)
+    for (int64_t c = 0; c < 40; ++c) unbiased[r * 40 + c] = static_cast<float>(output[r * 40 + c] - bias[c]);
+  const ActivationStats direct = cpu_backend().activation_stats(input, &unbiased, nullptr, 3, 5);
+  for (size_t c = 0; c < 40; ++c)
+    EXPECT_NEAR(biased.out_sumsq[c], direct.out_sumsq[c], 1e-6 * direct.out_sumsq[c]) << "channel " << c;
+  const Tensor short_bias = host_tensor({39}, 7), dshort = device().to_backend(short_bias);
+  EXPECT_EQ(error_of([&] { device().activation_stats(di, &dout, &dshort, 3, 5); }),
+            error_of([&] { cpu_backend().activation_stats(input, &output, &short_bias, 3, 5); }));
 }
 
 TEST_F(DevicePruningOpsTest, ScoresAndSelectionEqualTheCpu) {
@@ -78,8 +91,8 @@ TEST_F(DevicePruningOpsTest, ScoresAndSelectionEqualTheCpu) {
   const Tensor w = host_tensor({m, n}, 3);
   const Tensor dw = device().to_backend(w);
   const Tensor input = host_tensor({2 * 4, n}, 4), output = host_tensor({2 * 4, m}, 5);
-  const ActivationStats stats = cpu_backend().activation_stats(input, nullptr, 2, 4);
-  const ActivationStats with_output = cpu_backend().activation_stats(input, &output, 2, 4);
+  const ActivationStats stats = cpu_backend().activation_stats(input, nullptr, nullptr, 2, 4);
+  const ActivationStats with_output = cpu_backend().activation_stats(input, &output, nullptr, 2, 4);
   struct Case {
     ScoreMethod method;
     MaskSpec spec;

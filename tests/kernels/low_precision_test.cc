@@ -234,7 +234,7 @@ TEST_F(LowPrecisionTest, ScoresMasksAndMaskedWeightsOfA16BitWeightAreThoseOfItsV
   const int64_t m = 16, n = 64;
   const Tensor w({m, n}, uniform_values(m * n, 31));
   const Tensor input({3 * 4, n}, uniform_values(3 * 4 * n, 32));
-  const ActivationStats stats = cpu_backend().activation_stats(input, nullptr, 3, 4);
+  const ActivationStats stats = cpu_backend().activation_stats(input, nullptr, nullptr, 3, 4);
   for (DType dtype : {DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(dtype_name(dtype));
     const Tensor dw = device().to_backend(w, dtype);

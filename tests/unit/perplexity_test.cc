@@ -191,7 +191,7 @@ struct RecordingObserver : LinearObserver {
   };
   DecoderModel* model = nullptr;
   std::vector<Call> calls;
-  void on_linear(const LinearId& id, const Tensor& input, const Tensor& output) override {
+  void on_linear(const LinearId& id, const Tensor& input, const Tensor& output, const Tensor*) override {
     const Tensor& w = model->block_weights(id.block).linears.at(id.name).weight;
     const int64_t rows = input.dim(0), n = input.dim(1), mo = output.dim(1);
     double err = 0;

@@ -273,7 +273,7 @@ TEST_F(PrunePipeline, WandaRowSparsityIsExactAndOtherWeightsAreBitIdentical) {
 // Records every linear input of a block run.
 struct RecordingObserver : model::LinearObserver {
   std::map<std::string, Tensor> inputs;
-  void on_linear(const model::LinearId& id, const Tensor& input, const Tensor&) override {
+  void on_linear(const model::LinearId& id, const Tensor& input, const Tensor&, const Tensor*) override {
     inputs[id.name] = input;
   }
 };
@@ -393,14 +393,18 @@ TEST_F(PrunePipeline, LayerGroupAndNmCountsAreExact) {
 }
 
 TEST_F(PrunePipeline, CompatWandaMagnitudeUsesTheLayerThresholdRule) {
-  auto c = base_config(model_, work_ / "compat", "magnitude");
-  c.calib.clear();
-  c.compat = "wanda";
-  const PruneResult r = prune_model(c);
-  EXPECT_EQ(r.report()["config"]["group"], "layer");
-  EXPECT_EQ(r.mask_description, describe(MaskSpec::layer(0.5, true)));
-  // "≤ θ" with θ = sorted[k]: at least k + 1 pruned.
-  for (const auto& l : r.layers) EXPECT_GE(l.pruned, prune_count(l.shape[0] * l.shape[1], 0.5) + 1) << l.name;
+  // DSnoT's magnitude is Wanda's code: the same rule under --compat dsnot.
+  for (const char* compat : {"wanda", "dsnot"}) {
+    auto c = base_config(model_, work_ / (std::string("compat_magnitude_") + compat), "magnitude");
+    c.calib.clear();
+    c.compat = compat;
+    const PruneResult r = prune_model(c);
+    EXPECT_EQ(r.report()["config"]["group"], "layer") << compat;
+    EXPECT_EQ(r.mask_description, describe(MaskSpec::layer(0.5, true))) << compat;
+    // "≤ θ" with θ = sorted[k]: at least k + 1 pruned.
+    for (const auto& l : r.layers)
+      EXPECT_GE(l.pruned, prune_count(l.shape[0] * l.shape[1], 0.5) + 1) << compat << " " << l.name;
+  }
 
   // Wanda itself stays per output row; without --seqlen, T = max_position_embeddings (64 here).
   auto w = base_config(model_, work_ / "compat_wanda", "wanda");
@@ -418,6 +422,19 @@ TEST_F(PrunePipeline, CompatWandaMagnitudeUsesTheLayerThresholdRule) {
                       (model_ / "config.json").string() + ": pass --seqlen 64 (the model's maximum) or less");
   w.seqlen = 2048;
   expect_error(w, "--seqlen 2048 exceeds max_position_embeddings 64 of " + (model_ / "config.json").string());
+}
+
+TEST_F(PrunePipeline, CompatDsnotKeepsItsFixedLength) {
+  // DSnoT's length is 2048 whatever the model's maximum (Wanda's mask rules: the test above).
+  auto w = base_config(model_, work_ / "compat_dsnot_wanda", "wanda");
+  w.compat = "dsnot";
+  w.seqlen = 0;
+  expect_error(w, "--seqlen defaults to 2048, which exceeds max_position_embeddings 64 of " +
+                      (model_ / "config.json").string() + ": pass --seqlen 64 (the model's maximum) or less");
+  w.seqlen = 32;
+  const PruneResult rw = prune_model(w);
+  EXPECT_EQ(rw.report()["config"]["group"], "row");
+  for (const auto& l : rw.layers) EXPECT_EQ(l.pruned, l.shape[0] * (l.shape[1] / 2)) << l.name;
 }
 
 TEST(PrunePipelineDtypes, F16InputStaysF16AndShardingIsKept) {
@@ -500,7 +517,7 @@ TEST_F(PrunePipeline, BadInputErrorsWriteNothing) {
   expect_error(c, "--group must be row or layer, got 'column'");
   c = base_config(model_, out, "wanda");
   c.compat = "sparsegpt";
-  expect_error(c, "--compat must be none, wanda or ria, got 'sparsegpt'");
+  expect_error(c, "--compat must be none, wanda, ria or dsnot, got 'sparsegpt'");
   c = base_config(model_, out, "wanda");
   c.calib = (work_ / "missing.txt").string();
   try {

@@ -311,16 +311,20 @@ class CudaBackend final : public Backend {
                              row_offset, d, {});
   }
 
-  ActivationStats activation_stats(const Tensor& input, const Tensor* output, int64_t seqs,
-                                   int64_t seq_len) override {
+  ActivationStats activation_stats(const Tensor& input, const Tensor* output, const Tensor* output_bias,
+                                   int64_t seqs, int64_t seq_len) override {
     // The host's shape checks (the device accumulator sees pointers only), in its order.
     if (seqs > 0 && seq_len > 0) {
       checked_activation_width(input, seqs * seq_len, "input");
       if (output) checked_activation_width(*output, seqs * seq_len, "output");
     }
+    const Tensor* bias = output ? output_bias : nullptr;
+    SYMPRUNE_CHECK(bias == nullptr || bias->numel() == cols_of(*output),
+                   "activation statistics: an output bias of {} values for {} output channels",
+                   bias ? bias->numel() : 0, output ? cols_of(*output) : 0);
     DeviceActivationStats stats(cols_of(input), output ? cols_of(*output) : 0);
     stats.accumulate(in(input, "statistics input"), output ? in(*output, "statistics output") : nullptr, seqs,
-                     seq_len);
+                     seq_len, bias ? in(*bias, "statistics output bias") : nullptr);
     return stats.download();
   }
 

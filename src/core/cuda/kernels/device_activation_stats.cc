@@ -24,8 +24,8 @@ DeviceActivationStats::DeviceActivationStats(int64_t in_features, int64_t out_fe
   out_sumsq_.zero(stream_);
 }
 
-void DeviceActivationStats::accumulate(const float* input, const float* output, int64_t seqs,
-                                       int64_t seq_len) {
+void DeviceActivationStats::accumulate(const float* input, const float* output, int64_t seqs, int64_t seq_len,
+                                       const float* output_bias) {
   SYMPRUNE_CHECK(seqs > 0 && seq_len > 0,
                  "activation statistics: need a positive sequence count and length, got {} x {}", seqs,
                  seq_len);
@@ -39,11 +39,11 @@ void DeviceActivationStats::accumulate(const float* input, const float* output, 
     seq_sumsq_ = DeviceArray<double>(scratch);
     seq_sum_ = DeviceArray<double>(scratch);
   }
-  launch_sequence_sums(input, seqs, seq_len, n_, seq_sumsq_.data(), seq_sum_.data(), stream_);
+  launch_sequence_sums(input, nullptr, seqs, seq_len, n_, seq_sumsq_.data(), seq_sum_.data(), stream_);
   launch_combine_sequences(seq_sumsq_.data(), seq_sum_.data(), seqs, n_, in_sumsq_.data(), in_sum_.data(),
                            in_seqsq_.data(), stream_);
   if (m_ > 0) {
-    launch_sequence_sums(output, seqs, seq_len, m_, seq_sumsq_.data(), nullptr, stream_);
+    launch_sequence_sums(output, output_bias, seqs, seq_len, m_, seq_sumsq_.data(), nullptr, stream_);
     launch_combine_sequences(seq_sumsq_.data(), nullptr, seqs, m_, out_sumsq_.data(), nullptr, nullptr,
                              stream_);
   }

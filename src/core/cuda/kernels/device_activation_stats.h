@@ -16,7 +16,9 @@ class DeviceActivationStats {
 
   // input: device [seqs · seq_len, n]; output: device [seqs · seq_len, m], or null when out_features is 0.
   // The same argument checks (and error texts) as ActivationStats::accumulate.
-  void accumulate(const float* input, const float* output, int64_t seqs, int64_t seq_len);
+  // output_bias [out_features] or null: subtracted from the outputs (ActivationStats::accumulate).
+  void accumulate(const float* input, const float* output, int64_t seqs, int64_t seq_len,
+                  const float* output_bias = nullptr);
   ActivationStats download() const;
 
  private:

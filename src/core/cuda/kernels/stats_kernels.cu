@@ -12,15 +12,18 @@ namespace {
 
 using namespace kernels;
 
-__global__ void sequence_sums_kernel(const float* __restrict__ x, int64_t seq_len, int64_t width,
-                                     double* __restrict__ seq_sumsq, double* __restrict__ seq_sum) {
+__global__ void sequence_sums_kernel(const float* __restrict__ x, const float* __restrict__ offset,
+                                     int64_t seq_len, int64_t width, double* __restrict__ seq_sumsq,
+                                     double* __restrict__ seq_sum) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t s = blockIdx.y;
   if (c >= width) return;
   const float* column = x + s * seq_len * width + c;
+  const double shift = offset != nullptr ? static_cast<double>(offset[c]) : 0.0;
   double sumsq = 0.0, sum = 0.0;
   for (int64_t t = 0; t < seq_len; ++t) {
-    const double v = column[t * width];
+    const double v = offset != nullptr ? __dsub_rn(static_cast<double>(column[t * width]), shift)
+                                       : static_cast<double>(column[t * width]);
     sumsq = __dadd_rn(sumsq, __dmul_rn(v, v));
     sum = __dadd_rn(sum, v);
   }
@@ -53,12 +56,12 @@ __global__ void combine_sequences_kernel(const double* __restrict__ seq_sumsq,
 
 }  // namespace
 
-void launch_sequence_sums(const float* x, int64_t seqs, int64_t seq_len, int64_t width, double* seq_sumsq,
-                          double* seq_sum, DeviceStream stream) {
+void launch_sequence_sums(const float* x, const float* offset, int64_t seqs, int64_t seq_len, int64_t width,
+                          double* seq_sumsq, double* seq_sum, DeviceStream stream) {
   if (seqs <= 0 || width <= 0) return;
   const dim3 grid(static_cast<unsigned>((width + kThreads - 1) / kThreads), static_cast<unsigned>(seqs));
-  SYMPRUNE_LAUNCH(sequence_sums_kernel, grid, kThreads, 0, native(stream), x, seq_len, width, seq_sumsq,
-                  seq_sum);
+  SYMPRUNE_LAUNCH(sequence_sums_kernel, grid, kThreads, 0, native(stream), x, offset, seq_len, width,
+                  seq_sumsq, seq_sum);
   SYMPRUNE_CHECK_LAUNCH();
 }
 
