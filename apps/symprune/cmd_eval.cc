@@ -77,7 +77,7 @@ void run_eval(const EvalOptions& o) {
     SYMPRUNE_CHECK(
         tokens[i] >= 0 && tokens[i] < model.vocab_size(),
         "{}: token id {} at position {} from tokenizer {} is outside the model vocabulary of {} ({})", o.text,
-        tokens[i], i, tokenizer->kind(), model.vocab_size(), synthetic ? o.model : resolved.dir.string());
+        tokens[i], i, tokenizer->kind(), model.vocab_size(), resolved.display());
   const int64_t total_chunks = static_cast<int64_t>(tokens.size()) / o.seqlen;
   log::info("{}: {} tokens, {} chunks of {} (evaluating {})", o.text, tokens.size(), total_chunks, o.seqlen,
             o.max_chunks > 0 ? std::min(o.max_chunks, total_chunks) : total_chunks);
@@ -118,11 +118,10 @@ void run_eval(const EvalOptions& o) {
         {"evaluated_tokens", result.evaluated_tokens},
         {"seqlen", result.seqlen},
         {"chunk_nll", result.chunk_nll},
-        {"model", synthetic ? resolved.synthetic->canonical() : resolved.dir.string()},
+        {"model", resolved.display()},
         {"model_source", resolved.source},
         {"model_type", model.config().model_type},
-        {"model_fingerprint",
-         synthetic ? resolved.synthetic->canonical() : model::model_fingerprint(resolved.dir)},
+        {"model_fingerprint", model::model_fingerprint(resolved)},
         {"text", o.text},
         {"tokenizer", tokenizer->kind()},
         {"bos_id", tokenizer->bos_id() ? nlohmann::json(*tokenizer->bos_id()) : nlohmann::json(nullptr)},

@@ -58,23 +58,18 @@ void check_comm_kind(const std::string& kind, const Backend& backend) {
 std::unique_ptr<dist::Communicator> make_communicator(const std::string& kind, dist::MpiCommunicator& world,
                                                       const Backend& backend) {
   if (kind == "mpi") return nullptr;  // the MPI world itself
-  // Per rank: 0 when it can run NCCL, -1 when it is not on a GPU (or NCCL is not built in), else the
-  // number of ranks on its node that share its GPUs.
-  std::vector<int64_t> unable(static_cast<size_t>(world.size()), 0);
+  // Why this rank cannot run NCCL, if it cannot. ("nccl" on a rank off the GPU or without NCCL failed in
+  // check_comm_kind already, so "nccl" meets only shared GPUs here.)
+  std::string unable;
   if (!backend.device_resident() || !dist::compiled_with_nccl())
-    unable[static_cast<size_t>(world.rank())] = -1;
+    unable = fmt::format("rank {} is not on a GPU with NCCL", world.rank());
   else if (world.local_size() > accel::device_count())
-    unable[static_cast<size_t>(world.rank())] = world.local_size();
-  world.all_reduce_sum(unable);
-  const auto first_unable = std::find_if(unable.begin(), unable.end(), [](int64_t u) { return u != 0; });
-  if (first_unable != unable.end()) {
-    // "nccl" on a rank off the GPU failed in check_comm_kind already, on that rank.
-    SYMPRUNE_CHECK(
-        kind == "auto",
-        "--comm nccl needs a GPU of its own for every rank (NCCL refuses two ranks on one GPU), but "
-        "rank {} shares its node's GPUs among {} ranks; use --comm mpi, or at most as many ranks per "
-        "node as GPUs",
-        first_unable - unable.begin(), *first_unable);
+    unable = fmt::format(
+        "--comm nccl needs a GPU of its own for every rank (NCCL refuses two ranks on one GPU), but rank {} "
+        "shares its node's GPUs among {} ranks; use --comm mpi, or at most as many ranks per node as GPUs",
+        world.rank(), world.local_size());
+  if (const auto failure = dist::first_failure(world, unable.empty() ? 0 : 1, unable)) {
+    SYMPRUNE_CHECK(kind == "auto", "{}", failure->message);
     return nullptr;
   }
   return dist::make_nccl_communicator(world, accel::device_for_local_rank(world.local_rank()));

@@ -25,6 +25,12 @@ int64_t checked_activation_width(const Tensor& tensor, int64_t rows, const char*
   return width;
 }
 
+void check_output_bias(const Tensor* output_bias, bool with_output, int64_t out_features) {
+  SYMPRUNE_CHECK(output_bias == nullptr || (with_output && output_bias->numel() == out_features),
+                 "activation statistics: an output bias of {} values for {} output channels",
+                 output_bias ? output_bias->numel() : 0, out_features);
+}
+
 namespace {
 
 void check_index(int64_t index, size_t size, const char* what) {
@@ -81,9 +87,7 @@ void ActivationStats::accumulate(const Tensor& input, const Tensor& output, int6
   } else {
     SYMPRUNE_CHECK(!has_output(), "activation statistics: outputs missing, but earlier calls had them");
   }
-  SYMPRUNE_CHECK(output_bias == nullptr || (with_output && output_bias->numel() == m),
-                 "activation statistics: an output bias of {} values for {} output channels",
-                 output_bias ? output_bias->numel() : 0, m);
+  check_output_bias(output_bias, with_output, m);
 
   if (in_sumsq.empty()) {
     in_sumsq.assign(static_cast<size_t>(n), 0.0);

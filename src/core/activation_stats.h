@@ -54,5 +54,7 @@ struct ActivationStats {
 // The width of an activation tensor of `rows` token rows (rank >= 2, numel = rows · width, width > 0), or
 // ActivationStats::accumulate's error naming `what` ("input", "output"); for backends' own accumulators.
 int64_t checked_activation_width(const Tensor& tensor, int64_t rows, const char* what);
+// ActivationStats::accumulate's check of its output bias: null, or `out_features` values with outputs.
+void check_output_bias(const Tensor* output_bias, bool with_output, int64_t out_features);
 
 }  // namespace symprune

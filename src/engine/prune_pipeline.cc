@@ -84,17 +84,25 @@ std::string block_prefix(const io::ModelConfig& config, int64_t block) {
                                                   : "model.decoder.layers." + std::to_string(block) + ".";
 }
 
+// The name under which the model's files store the weight of linear `name` of `block` (OPT files may omit
+// "model."): the masks' and the written zeros' key.
+std::string stored_weight_name(const model::DecoderModel& model, int64_t block, const std::string& name) {
+  const std::string canonical = block_prefix(model.config(), block) + name + ".weight";
+  const auto stored = io::stored_tensor_name(model.tensors(), canonical);
+  SYMPRUNE_ASSERT(stored.has_value(), "tensor {} vanished from {}", canonical, model.tensors().description());
+  return *stored;
+}
+
 // The written model's zeros per layer ("3.mlp.up_proj" -> its stored tensor's count) and in total.
 void record_written_zeros(const model::DecoderModel& model, const WrittenModel& written,
                           PruneResult& result) {
   int64_t total = 0;
   for (LayerResult& layer : result.layers) {
     const size_t dot = layer.name.find('.');
-    const std::string canonical = block_prefix(model.config(), std::stoll(layer.name.substr(0, dot))) +
-                                  layer.name.substr(dot + 1) + ".weight";
-    const auto stored = io::stored_tensor_name(model.tensors(), canonical);
-    SYMPRUNE_ASSERT(stored && written.zeros.contains(*stored), "no zero count for {}", canonical);
-    layer.zeros = written.zeros.at(*stored);
+    const std::string stored =
+        stored_weight_name(model, std::stoll(layer.name.substr(0, dot)), layer.name.substr(dot + 1));
+    SYMPRUNE_ASSERT(written.zeros.contains(stored), "no zero count for {}", stored);
+    layer.zeros = written.zeros.at(stored);
     total += *layer.zeros;
   }
   result.zeros_total = total;
@@ -438,7 +446,6 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
   check_every_rank_runs_the_same(comm,
                                  rank_identity(plan, plan.identity_without_calibration.at("fingerprints")));
   model::DecoderModel& model = *plan.model;
-  const io::ModelConfig& mc = model.config();
   result.model_dir = plan.resolved.is_synthetic() ? fs::path(plan.resolved.display()) : plan.resolved.dir;
   result.model_fingerprint = plan.model_fingerprint;
   result.mask_description = plan.mask_description;
@@ -635,11 +642,7 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
       result.params_total += w.numel();
       result.layers.push_back(layer);
       pruned_weights.emplace_back(id, model.backend().mask_weight(w, lm.mask, MaskedPart::kKept));
-      const std::string canonical = block_prefix(mc, b) + name + ".weight";
-      const auto stored_name = io::stored_tensor_name(model.tensors(), canonical);
-      SYMPRUNE_ASSERT(stored_name.has_value(), "tensor {} vanished from {}", canonical,
-                      model.tensors().description());
-      masks.emplace(*stored_name, PackedMask::of(lm.mask));
+      masks.emplace(stored_weight_name(model, b, name), PackedMask::of(lm.mask));
     }
     for (auto& [id, w] : pruned_weights) model.set_linear_weight(id, std::move(w));
     result.timings.refine += refine_seconds;

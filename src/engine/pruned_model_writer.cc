@@ -213,8 +213,9 @@ WrittenModel write_pruned_model(dist::Communicator& comm, const io::TensorSource
   std::vector<int64_t> zero_counts;
   for (const auto& entry : zeros) zero_counts.push_back(entry.second);
   comm.all_reduce_sum(zero_counts);
-  size_t next = 0;
-  for (const auto& entry : zeros) written.zeros[entry.first] = zero_counts[next++];
+  auto count = zero_counts.begin();
+  for (auto& entry : zeros) entry.second = *count++;
+  written.zeros = std::move(zeros);
 
   fault::at("shards_written", comm.rank());
   agree_on_interrupts(comm);  // the last stop before the output is installed

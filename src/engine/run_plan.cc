@@ -381,8 +381,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
     r.recon_sample_positions = recon_sample_positions(c.recon_tokens, c.nsamples, r.seqlen);
   const int64_t eval_seqlen = c.eval_seqlen > 0 ? c.eval_seqlen : r.seqlen;
   SYMPRUNE_CHECK(c.eval.empty() || eval_seqlen >= 2, "--eval-seqlen must be at least 2, got {}", eval_seqlen);
-  r.model_fingerprint =
-      synthetic ? r.resolved.synthetic->canonical() : model::model_fingerprint(r.resolved.dir);
+  r.model_fingerprint = model::model_fingerprint(r.resolved);
   if (r.needs_stats && c.seqlen == 0)
     SYMPRUNE_CHECK(
         r.seqlen <= model.max_seq_len(),

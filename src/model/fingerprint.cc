@@ -95,4 +95,8 @@ std::string model_fingerprint(const std::filesystem::path& dir) {
   return fmt::format("{:016x}", hash.digest());
 }
 
+std::string model_fingerprint(const io::ResolvedModel& resolved) {
+  return resolved.is_synthetic() ? resolved.synthetic->canonical() : model_fingerprint(resolved.dir);
+}
+
 }  // namespace symprune::model

@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <string>
 
+#include "io/model_resolver.h"
+
 namespace symprune::model {
 
 // 16 hex digits of a 64-bit FNV-1a hash over, in this order: the bytes of config.json, then for every
@@ -14,5 +16,7 @@ namespace symprune::model {
 // of the same shapes) change. In a larger file, an in-place edit of a few weights between two samples goes
 // unseen.
 std::string model_fingerprint(const std::filesystem::path& dir);
+// A resolved model's: the directory's as above, or a synthetic model's canonical name (it is generated).
+std::string model_fingerprint(const io::ResolvedModel& resolved);
 
 }  // namespace symprune::model

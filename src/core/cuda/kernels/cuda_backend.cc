@@ -319,9 +319,7 @@ class CudaBackend final : public Backend {
       if (output) checked_activation_width(*output, seqs * seq_len, "output");
     }
     const Tensor* bias = output ? output_bias : nullptr;
-    SYMPRUNE_CHECK(bias == nullptr || bias->numel() == cols_of(*output),
-                   "activation statistics: an output bias of {} values for {} output channels",
-                   bias ? bias->numel() : 0, output ? cols_of(*output) : 0);
+    check_output_bias(bias, output != nullptr, output ? cols_of(*output) : 0);
     DeviceActivationStats stats(cols_of(input), output ? cols_of(*output) : 0);
     stats.accumulate(in(input, "statistics input"), output ? in(*output, "statistics output") : nullptr, seqs,
                      seq_len, bias ? in(*bias, "statistics output bias") : nullptr);
