@@ -58,6 +58,15 @@ constexpr int64_t kAttentionTileBytes = int64_t{256} << 20;
 // Device scratch a device backend's refine_dsnot may take at most (the memory plan counts it).
 constexpr int64_t kDeviceRefineScratchBytes = int64_t{64} << 20;
 
+// The device buffer through which a 16-bit tensor crosses the bus as fp32 (checkpoints, resume), in
+// chunks of this size, never a full-size fp32 copy (the memory plan counts it).
+constexpr int64_t kDeviceConvertBytes = int64_t{32} << 20;
+
+// What the libraries of a device backend allocate on their own, which the memory plan counts too: the
+// cuBLAS workspace of each of its two handles (fp32 and 16-bit), 32 MiB each on Hopper (cuBLAS's
+// recommended size, cublasSetWorkspace).
+constexpr int64_t kDeviceLibraryBytes = int64_t{2} * (int64_t{32} << 20);
+
 // Shape of a batch of equal-length sequences for attention/rope: rows are ordered
 // [seq 0 positions 0..T-1, seq 1 positions 0..T-1, ...].
 struct SequenceBatch {

@@ -80,4 +80,13 @@ std::optional<RankFailure> first_failure(Communicator& comm, int64_t status, con
 // gathers); send/recv have no peer and throw. Used by `symprune` (one process) and by tests.
 std::unique_ptr<Communicator> make_local_communicator();
 
+// `inner`, with every collective passed on in rounds whose messages hold at most max_message_bytes (an
+// all-gather: the bytes gathered in a round, from all ranks), for an implementation that stages messages
+// through a fixed buffer of that size (NCCL's device buffer). The results are those of `inner`: byte for
+// byte for broadcast, the gathers and send/recv; an all-reduce sums each element once, as `inner` does.
+// Throws symprune::Error when max_message_bytes is below max(ranks, 8) (a round of one byte per rank,
+// one 8-byte value).
+std::unique_ptr<Communicator> make_chunked_communicator(std::unique_ptr<Communicator> inner,
+                                                        size_t max_message_bytes);
+
 }  // namespace symprune::dist

@@ -9,11 +9,16 @@ namespace symprune::dist {
 
 bool compiled_with_nccl();
 
+// The device buffer through which the NCCL communicator stages every message: allocated when it is made
+// (so the memory plan, which reads the free memory afterwards, sees it), never grown; larger collectives
+// pass in rounds (make_chunked_communicator).
+constexpr size_t kNcclStagingBytes = size_t{64} << 20;
+
 // One rank per GPU. `bootstrap` (the MPI communicator; the local one for a single process) carries
 // NCCL's unique id from rank 0 to every rank; the NCCL communicator has bootstrap's rank and size and
-// runs on CUDA device `device`. The collectives take host spans and stage them through device
-// memory for now; device-resident buffers come with the CUDA backend. Throws symprune::Error when
-// NCCL is not built in, or on any CUDA/NCCL failure (no driver, no device, ...).
+// runs on CUDA device `device`. The collectives take host spans and stage them through
+// kNcclStagingBytes of device memory. Throws symprune::Error when NCCL is not built in, or on any
+// CUDA/NCCL failure (no driver, no device, no memory for the staging buffer, ...), on every rank.
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device);
 
 }  // namespace symprune::dist

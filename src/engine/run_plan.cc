@@ -135,10 +135,10 @@ void check_device_memory(Backend& backend, const DeviceMemoryPlan& p, int64_t ns
   const double free = static_cast<double>(memory->free);
   log::info(
       "device memory plan: {} of {} free ({} weights and head, {} block weights, {} calibration states, {} "
-      "activations, {} evaluation, {} selection, {} Gram matrix)",
+      "activations, {} evaluation, {} selection, {} Gram matrix, {} buffers)",
       format_bytes(p.total()), format_bytes(free), format_bytes(p.globals), format_bytes(p.block_weights),
       format_bytes(p.calibration), format_bytes(p.activations), format_bytes(p.evaluation),
-      format_bytes(p.selection), format_bytes(p.gram));
+      format_bytes(p.selection), format_bytes(p.gram), format_bytes(p.buffers));
   if (p.total() <= free) return;
   std::vector<std::string> lower;
   if (p.calibration > 0)
@@ -155,11 +155,11 @@ void check_device_memory(Backend& backend, const DeviceMemoryPlan& p, int64_t ns
   lower.push_back("--device cpu");
   fail(
       "the run needs about {} of {} memory (weights and head {}, block weights {}, calibration states {}, "
-      "activations {}, evaluation {}, selection {}, Gram matrix {}), but only {} of its {} are free: lower "
-      "{}",
+      "activations {}, evaluation {}, selection {}, Gram matrix {}, buffers {}), but only {} of its {} are "
+      "free: lower {}",
       format_bytes(p.total()), backend.name(), format_bytes(p.globals), format_bytes(p.block_weights),
       format_bytes(p.calibration), format_bytes(p.activations), format_bytes(p.evaluation),
-      format_bytes(p.selection), format_bytes(p.gram), format_bytes(free),
+      format_bytes(p.selection), format_bytes(p.gram), format_bytes(p.buffers), format_bytes(free),
       format_bytes(static_cast<double>(memory->total)), fmt::format("{}", fmt::join(lower, ", or ")));
 }
 
@@ -591,6 +591,7 @@ DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, in
       (f + 1.0 + (low_precision ? f : 0.0)) * largest + static_cast<double>(kDeviceRefineScratchBytes);
   // The widest input's Gram matrix XᵀX, computed per chunk on the device and brought to the host.
   if (gram) p.gram = f * widest_input * widest_input;
+  p.buffers = static_cast<double>(kDeviceConvertBytes + kDeviceLibraryBytes);
   return p;
 }
 

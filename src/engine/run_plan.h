@@ -61,11 +61,14 @@ RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm);
 // What a device-resident backend holds at the peak of a block, in bytes (the memory plan checked against
 // the device's free memory before any work). Activations, scores and the embeddings are fp32; the linear
 // weights (blocks and head) and the hidden states between blocks are in the storage dtype (--dtype).
+// `buffers`: what a run holds whatever its shapes (the fp32 conversion buffer of 16-bit tensors crossing
+// the bus, the cuBLAS workspaces). NCCL's staging buffer is not in the plan: it is allocated with the
+// communicator, before the free memory is read.
 struct DeviceMemoryPlan {
   double globals = 0, block_weights = 0, calibration = 0, activations = 0, evaluation = 0, selection = 0,
-         gram = 0;
+         gram = 0, buffers = 0;
   double total() const {
-    return globals + block_weights + calibration + activations + evaluation + selection + gram;
+    return globals + block_weights + calibration + activations + evaluation + selection + gram + buffers;
   }
 };
 // For a model of `config` kept in `storage`, calib_tokens calibration tokens on this rank, micro-batches

@@ -60,6 +60,28 @@ TEST_F(NcclCommunicatorTest, SingleRankCollectivesAreExactCopies) {
   comm_->barrier();
 }
 
+// Messages beyond the fixed staging buffer (kNcclStagingBytes) pass in rounds, with the same results.
+TEST_F(NcclCommunicatorTest, MessagesLargerThanTheStagingBufferPassInRounds) {
+  const size_t large = kNcclStagingBytes + kNcclStagingBytes / 2 + 3;
+  std::vector<std::byte> bytes(large);
+  for (size_t i = 0; i < large; ++i) bytes[i] = static_cast<std::byte>((i * 7 + i / 4093) % 251);
+  const auto before = bytes;
+  comm_->broadcast(bytes, 0);
+  EXPECT_EQ(bytes, before);
+  std::vector<std::byte> gathered(large);
+  comm_->all_gather(bytes, gathered);
+  EXPECT_EQ(gathered, before);
+  const std::vector<int64_t> counts = {static_cast<int64_t>(large)};
+  std::vector<std::byte> gathered_v(large);
+  comm_->all_gather_v(bytes, counts, gathered_v);
+  EXPECT_EQ(gathered_v, before);
+  std::vector<float> values(large / sizeof(float));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 100003) - 5.5f;
+  const auto values_before = values;
+  comm_->all_reduce_sum(values);
+  EXPECT_EQ(values, values_before);
+}
+
 TEST_F(NcclCommunicatorTest, RejectsBadArgumentsWithMessages) {
   std::vector<std::byte> bytes(4);
   try {

@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -108,8 +111,8 @@ std::vector<double> chunk_partial(int64_t chunk, size_t length) {
   return v;
 }
 
-TEST(OrderedReduce, GatheredSumsEqualOneProcessBitForBit) {
-  const int r = g_comm->rank(), n = g_comm->size();
+void expect_gathered_sums_equal_one_process(dist::Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
   constexpr int64_t kChunks = 7;
   constexpr size_t kLength = 5;
   std::vector<double> expected(kLength, 0.0);
@@ -123,11 +126,11 @@ TEST(OrderedReduce, GatheredSumsEqualOneProcessBitForBit) {
     const auto p = chunk_partial(c, kLength);
     local.insert(local.end(), p.begin(), p.end());
   }
-  EXPECT_EQ(engine::ordered_sum(*g_comm, local, kLength), expected);
+  EXPECT_EQ(engine::ordered_sum(comm, local, kLength), expected);
 }
 
-TEST(OrderedReduce, ChainEqualsOneProcessBitForBit) {
-  const int r = g_comm->rank(), n = g_comm->size();
+void expect_chain_equals_one_process(dist::Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
   constexpr int64_t kChunks = 9;
   constexpr size_t kLength = 6;
   auto partial = [](int64_t c) {
@@ -141,10 +144,147 @@ TEST(OrderedReduce, ChainEqualsOneProcessBitForBit) {
     const auto p = partial(c);
     for (size_t i = 0; i < kLength; ++i) expected[i] += static_cast<double>(p[i]);
   }
-  engine::OrderedChain chain(*g_comm, kLength);
+  engine::OrderedChain chain(comm, kLength);
   const dist::Range mine = dist::partition(kChunks, n, r);
   for (int64_t c = mine.begin; c < mine.end; ++c) chain.add(partial(c));
   EXPECT_EQ(chain.finish(), expected);
+}
+
+TEST(OrderedReduce, GatheredSumsEqualOneProcessBitForBit) {
+  expect_gathered_sums_equal_one_process(*g_comm);
+}
+
+TEST(OrderedReduce, ChainEqualsOneProcessBitForBit) {
+  expect_chain_equals_one_process(*g_comm);
+}
+
+// The MPI communicator seen through make_chunked_communicator (which owns what it wraps), recording the
+// largest message each collective passes on.
+class RecordingCommunicator final : public dist::Communicator {
+ public:
+  explicit RecordingCommunicator(dist::Communicator& inner, size_t* largest)
+      : inner_(inner), largest_(largest) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string name() const override { return inner_.name(); }
+  void all_reduce_sum(std::span<double> v) override { inner_.all_reduce_sum(seen(v)); }
+  void all_reduce_sum(std::span<float> v) override { inner_.all_reduce_sum(seen(v)); }
+  void all_reduce_sum(std::span<int64_t> v) override { inner_.all_reduce_sum(seen(v)); }
+  void broadcast(std::span<std::byte> b, int root) override { inner_.broadcast(seen(b), root); }
+  void all_gather(std::span<const std::byte> local, std::span<std::byte> gathered) override {
+    inner_.all_gather(local, seen(gathered));
+  }
+  void all_gather_v(std::span<const std::byte> local, std::span<const int64_t> counts,
+                    std::span<std::byte> gathered) override {
+    inner_.all_gather_v(local, counts, seen(gathered));
+  }
+  void send(std::span<const std::byte> b, int dest) override { inner_.send(seen(b), dest); }
+  void recv(std::span<std::byte> b, int source) override { inner_.recv(seen(b), source); }
+  void barrier() override { inner_.barrier(); }
+  [[noreturn]] void abort(int exit_code) override { inner_.abort(exit_code); }
+
+ private:
+  template <typename T>
+  std::span<T> seen(std::span<T> message) {
+    *largest_ = std::max(*largest_, message.size_bytes());
+    return message;
+  }
+  dist::Communicator& inner_;
+  size_t* largest_;
+};
+
+uint8_t pattern(int rank, size_t i) {
+  return static_cast<uint8_t>((rank * 37 + static_cast<int>(i % 1000) * 7 + 1) % 251);
+}
+
+// Every collective in rounds of at most the limit (down to one byte per rank and one 8-byte value) gives
+// the results of the whole messages, and no message passed on exceeds the limit.
+TEST(ChunkedCommunicator, RoundsGiveTheWholeMessagesResults) {
+  const int r = g_comm->rank(), n = g_comm->size();
+  for (const size_t limit : {size_t{8}, size_t{13}, size_t{64}, size_t{1} << 20}) {
+    SCOPED_TRACE("limit " + std::to_string(limit));
+    size_t largest = 0;
+    auto comm =
+        dist::make_chunked_communicator(std::make_unique<RecordingCommunicator>(*g_comm, &largest), limit);
+    EXPECT_EQ(comm->name(), "mpi");
+    EXPECT_EQ(comm->rank(), r);
+
+    std::vector<int64_t> ints(100);
+    std::vector<double> doubles(37);
+    std::vector<float> floats(41);
+    for (size_t i = 0; i < ints.size(); ++i) ints[i] = r * 1000 + static_cast<int64_t>(i);
+    for (size_t i = 0; i < doubles.size(); ++i) doubles[i] = r + 0.5 * static_cast<double>(i);
+    for (size_t i = 0; i < floats.size(); ++i)
+      floats[i] = static_cast<float>(r) + 0.25f * static_cast<float>(i);
+    comm->all_reduce_sum(ints);
+    comm->all_reduce_sum(doubles);
+    comm->all_reduce_sum(floats);
+    const int64_t rank_sum = int64_t{n} * (n - 1) / 2;
+    for (size_t i = 0; i < ints.size(); ++i)
+      ASSERT_EQ(ints[i], 1000 * rank_sum + n * static_cast<int64_t>(i));
+    for (size_t i = 0; i < doubles.size(); ++i)
+      ASSERT_EQ(doubles[i], static_cast<double>(rank_sum) + n * 0.5 * static_cast<double>(i));
+    for (size_t i = 0; i < floats.size(); ++i)
+      ASSERT_EQ(floats[i],
+                static_cast<float>(rank_sum) + static_cast<float>(n) * 0.25f * static_cast<float>(i));
+
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::byte> bytes(101, std::byte{0});
+      if (r == root)
+        for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>(pattern(root, i));
+      comm->broadcast(bytes, root);
+      for (size_t i = 0; i < bytes.size(); ++i) ASSERT_EQ(bytes[i], static_cast<std::byte>(pattern(root, i)));
+    }
+
+    const auto part_of = [](int rank, size_t length) {
+      std::vector<std::byte> part(length);
+      for (size_t i = 0; i < length; ++i) part[i] = static_cast<std::byte>(pattern(rank, i));
+      return part;
+    };
+    constexpr size_t kPart = 37;
+    std::vector<std::byte> all(kPart * static_cast<size_t>(n));
+    comm->all_gather(part_of(r, kPart), all);
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < kPart; ++i)
+        ASSERT_EQ(all[static_cast<size_t>(p) * kPart + i], static_cast<std::byte>(pattern(p, i)));
+
+    // Uneven parts, rank 0's empty: rank p gives 11p + 3(p mod 2) bytes.
+    std::vector<int64_t> counts(static_cast<size_t>(n));
+    for (int p = 0; p < n; ++p) counts[static_cast<size_t>(p)] = 11 * p + 3 * (p % 2);
+    std::vector<std::byte> gathered(
+        static_cast<size_t>(std::accumulate(counts.begin(), counts.end(), int64_t{0})));
+    comm->all_gather_v(part_of(r, static_cast<size_t>(counts[static_cast<size_t>(r)])), counts, gathered);
+    size_t at = 0;
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < static_cast<size_t>(counts[static_cast<size_t>(p)]); ++i)
+        ASSERT_EQ(gathered[at++], static_cast<std::byte>(pattern(p, i)));
+
+    if (n > 1) {  // a ring, as SendRecvInOrder: 29 bytes to the next rank, twice
+      const int next = (r + 1) % n, previous = (r + n - 1) % n;
+      std::vector<std::byte> first(29), second(29);
+      const auto mine = part_of(r, 29);
+      if (r % 2 == 0) {
+        comm->send(mine, next);
+        comm->send(mine, next);
+        comm->recv(first, previous);
+        comm->recv(second, previous);
+      } else {
+        comm->recv(first, previous);
+        comm->recv(second, previous);
+        comm->send(mine, next);
+        comm->send(mine, next);
+      }
+      EXPECT_EQ(first, part_of(previous, 29));
+      EXPECT_EQ(second, part_of(previous, 29));
+    }
+    // The ordered sums of the pipeline's statistics (gathered partials, the chain of running totals).
+    expect_gathered_sums_equal_one_process(*comm);
+    expect_chain_equals_one_process(*comm);
+    EXPECT_LE(largest, limit);
+    if (limit < 32) EXPECT_GT(largest, 0u);
+  }
+  EXPECT_THROW(dist::make_chunked_communicator(std::make_unique<RecordingCommunicator>(*g_comm, nullptr), 7),
+               Error);
 }
 
 }  // namespace

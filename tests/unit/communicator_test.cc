@@ -14,10 +14,12 @@
 #include "core/accel.h"
 #include "core/error.h"
 #include "dist/nccl_communicator.h"
+#include "support/error_text.h"
 
 namespace symprune::dist {
 namespace {
 
+using test::error_of;
 using ::testing::HasSubstr;
 
 std::vector<std::byte> bytes_of(std::initializer_list<int> values) {
@@ -128,6 +130,35 @@ TEST(LocalCommunicator, AllGatherVCopiesAndChecksCounts) {
 
 // Without NCCL built in, or without a device, asking for the NCCL communicator is a clear error
 // (with a device it is exercised by tests/gpu/nccl_communicator_test.cc).
+// One rank, rounds of 8 bytes: the gathers and the broadcast still copy whole messages, sums keep their
+// values, and the argument checks are the inner communicator's.
+TEST(ChunkedCommunicator, OneRankInRoundsOfEightBytes) {
+  auto comm = make_chunked_communicator(make_local_communicator(), 8);
+  EXPECT_EQ(comm->name(), "local");
+  EXPECT_EQ(comm->size(), 1);
+  std::vector<std::byte> part(21);
+  for (size_t i = 0; i < part.size(); ++i) part[i] = static_cast<std::byte>(3 * i + 1);
+  std::vector<std::byte> gathered(part.size());
+  comm->all_gather(part, gathered);
+  EXPECT_EQ(gathered, part);
+  std::vector<std::byte> gathered_v(part.size());
+  const std::vector<int64_t> counts = {21};
+  comm->all_gather_v(part, counts, gathered_v);
+  EXPECT_EQ(gathered_v, part);
+  auto copy = part;
+  comm->broadcast(copy, 0);
+  EXPECT_EQ(copy, part);
+  std::vector<double> values = {1.5, -2.0, 1e300, 0.1, 7.0};
+  comm->all_reduce_sum(values);
+  EXPECT_EQ(values, (std::vector<double>{1.5, -2.0, 1e300, 0.1, 7.0}));
+  EXPECT_THAT(error_of([&] { comm->all_gather(part, std::span<std::byte>(gathered).first(20)); }),
+              HasSubstr("all_gather: output has 20 bytes, expected 21"));
+  EXPECT_THAT(error_of([&] { comm->broadcast(copy, 1); }), HasSubstr("root 1 is not a rank"));
+  EXPECT_THROW(comm->send(part, 0), Error);
+  EXPECT_THAT(error_of([] { make_chunked_communicator(make_local_communicator(), 7); }),
+              HasSubstr("messages of at most 7 bytes cannot hold"));
+}
+
 TEST(NcclCommunicatorAvailability, ExplainsWhyItCannotBeCreated) {
   auto bootstrap = make_local_communicator();
   if (!compiled_with_nccl()) {

@@ -660,6 +660,14 @@ TEST(DeviceMemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
   EXPECT_DOUBLE_EQ(with_gram.gram, 4 * ffn * ffn);
   EXPECT_DOUBLE_EQ(with_gram.total() - one_rank.total(), 4 * ffn * ffn);
   EXPECT_EQ(bf16.evaluation, 0);
+  // The 32 MiB conversion buffer of 16-bit tensors crossing the bus and two 32 MiB cuBLAS workspaces,
+  // whatever the model.
+  EXPECT_DOUBLE_EQ(bf16.buffers, 96.0 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(
+      plan_device_memory(io::SyntheticModel(io::parse_synthetic_spec("synthetic:tiny-llama")).config(),
+                         DType::kF32, 0, 1, 0)
+          .buffers,
+      96.0 * 1024 * 1024);
   EXPECT_LT(bf16.total(), 0.5 * 80e9);
   EXPECT_GT(fp32.total(), bf16.total() + 2 * tokens * d);
 }

@@ -1,5 +1,6 @@
 // The NCCL communicator (DESIGN.md §4): the only file besides src/core/cuda that includes CUDA or
-// NCCL headers. Host spans are staged through one growing device buffer on a private stream.
+// NCCL headers. Host spans are staged through one fixed device buffer (kNcclStagingBytes) on a private
+// stream; the chunked communicator around it keeps every message within that buffer.
 #include "dist/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -38,8 +39,9 @@ namespace {
 
 class NcclCommunicator final : public Communicator {
  public:
-  // Every step that can fail on one rank alone (no unique id, no device, no stream) is agreed on before
-  // ncclCommInitRank, which waits for all ranks: a rank that failed there would leave the others waiting.
+  // Every step that can fail on one rank alone (no unique id, no device, no stream, no memory for the
+  // staging buffer) is agreed on before ncclCommInitRank, which waits for all ranks: a rank that failed
+  // there would leave the others waiting.
   NcclCommunicator(Communicator& bootstrap, int device)
       : bootstrap_(bootstrap), rank_(bootstrap.rank()), size_(bootstrap.size()) {
     ncclUniqueId id{};
@@ -56,7 +58,9 @@ class NcclCommunicator final : public Communicator {
     bootstrap.broadcast(std::as_writable_bytes(std::span<ncclUniqueId>(&id, 1)), 0);
     attempt([&] { SYMPRUNE_NCCL_CUDA_CHECK(cudaSetDevice(device)); });
     attempt([&] { SYMPRUNE_NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); });
+    attempt([&] { SYMPRUNE_NCCL_CUDA_CHECK(cudaMalloc(&staging_, kNcclStagingBytes)); });
     if (const auto failure = first_failure(bootstrap, failed.empty() ? 0 : 1, failed)) {
+      if (staging_ != nullptr) (void)cudaFree(staging_);
       if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
       fail("NCCL setup failed on rank {} (of {}): {}", failure->rank, size_, failure->message);
     }
@@ -65,7 +69,7 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {
     if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
-    if (scratch_ != nullptr) (void)cudaFree(scratch_);
+    if (staging_ != nullptr) (void)cudaFree(staging_);
   }
 
   int rank() const override { return rank_; }
@@ -164,15 +168,12 @@ class NcclCommunicator final : public Communicator {
     copy(values, device, count * sizeof(T), cudaMemcpyDeviceToHost);
   }
 
-  void* staging(size_t bytes) {
-    if (bytes > scratch_bytes_) {
-      if (scratch_ != nullptr) SYMPRUNE_NCCL_CUDA_CHECK(cudaFree(scratch_));
-      scratch_ = nullptr;
-      scratch_bytes_ = 0;
-      SYMPRUNE_NCCL_CUDA_CHECK(cudaMalloc(&scratch_, bytes));
-      scratch_bytes_ = bytes;
-    }
-    return scratch_;
+  // The chunked communicator around this one keeps every message within the buffer.
+  void* staging(size_t bytes) const {
+    SYMPRUNE_ASSERT(bytes <= kNcclStagingBytes,
+                    "nccl: a message of {} bytes exceeds the {}-byte staging buffer", bytes,
+                    kNcclStagingBytes);
+    return staging_;
   }
 
   // Stream-ordered after the collective; synchronous so the host span is ready on return.
@@ -186,8 +187,7 @@ class NcclCommunicator final : public Communicator {
   int size_ = 1;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  void* scratch_ = nullptr;
-  size_t scratch_bytes_ = 0;
+  void* staging_ = nullptr;
 };
 
 }  // namespace
@@ -197,7 +197,7 @@ bool compiled_with_nccl() {
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device) {
-  return std::make_unique<NcclCommunicator>(bootstrap, device);
+  return make_chunked_communicator(std::make_unique<NcclCommunicator>(bootstrap, device), kNcclStagingBytes);
 }
 
 }  // namespace symprune::dist

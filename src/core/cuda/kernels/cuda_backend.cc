@@ -120,10 +120,10 @@ class WeightUploader {
   std::byte* staging_ = nullptr;
 };
 
-// A 16-bit tensor crosses the bus as fp32 through a bounded device buffer (kConvertChunk values, 32 MiB),
-// never a full-size fp32 copy: the hidden states of a checkpoint or a resume are gigabytes that the
-// memory plan does not hold twice. `step(first, count, wide)` handles values first..first+count.
-constexpr int64_t kConvertChunk = int64_t{8} << 20;
+// A 16-bit tensor crosses the bus as fp32 through a bounded device buffer (kDeviceConvertBytes), never a
+// full-size fp32 copy: the hidden states of a checkpoint or a resume are gigabytes that the memory plan
+// does not hold twice. `step(first, count, wide)` handles values first..first+count.
+constexpr int64_t kConvertChunk = kDeviceConvertBytes / static_cast<int64_t>(sizeof(float));
 
 void convert_in_chunks(int64_t numel,
                        const std::function<void(int64_t, int64_t, DeviceArray<float>&)>& step) {
