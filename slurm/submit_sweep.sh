@@ -13,7 +13,7 @@
 # default: this script's repository). Rerunning the collector by hand: python3 slurm/collect_sweep.py DIR.
 set -euo pipefail
 if (($# < 2)); then
-  sed -n '2,12p' "$0" >&2
+  sed -n '2,13p' "$0" >&2
   exit 2
 fi
 grid=$1 sweep=$2

@@ -32,7 +32,8 @@ struct EvalOptions {
   std::string text;
   std::string tokenizer;
   std::string report;
-  int64_t seqlen = 2048;
+  int64_t seqlen = 2048;      // the reference tools' window, as prune's --seqlen
+  bool seqlen_given = false;  // --seqlen on the command line (else the default, which may not fit)
   int64_t max_chunks = 0;
   int64_t batch = 0;
   int threads = 0;
@@ -65,6 +66,10 @@ void run_eval(const EvalOptions& o) {
   Backend& backend = accel::backend_for_device(o.device);
   model::DecoderModel model = model::DecoderModel::open(resolved, backend);
   model.set_storage_dtype(model::resolve_storage_dtype(o.dtype, backend, model.stored_weight_dtype()));
+  SYMPRUNE_CHECK(o.seqlen_given || o.seqlen <= model.max_seq_len(),
+                 "--seqlen defaults to {}, which exceeds max_position_embeddings {} of {}: pass --seqlen {} "
+                 "(the model's maximum) or less",
+                 o.seqlen, model.max_seq_len(), model.config_file(), model.max_seq_len());
   SYMPRUNE_CHECK(o.seqlen <= model.max_seq_len(), "--seqlen {} exceeds max_position_embeddings {} of {}",
                  o.seqlen, model.max_seq_len(), model.config_file());
   const std::string text = io::read_text_file(o.text, "text file (--text)");
@@ -132,6 +137,7 @@ void run_eval(const EvalOptions& o) {
         {"dtype", std::string(model::dtype_option_name(model.storage_dtype()))},
         {"eval_seconds", result.wall_seconds},
         {"wall_seconds", wall},
+        {"symprune", io::build_provenance()},
     };
     io::write_file_atomically(o.report, report.dump(2) + "\n");
     log::info("wrote {}", o.report);
@@ -142,10 +148,11 @@ void add_eval(CLI::App& app) {
   auto options = std::make_shared<EvalOptions>();
   CLI::App* sub =
       app.add_subcommand("eval", "Perplexity on a text file (chunks of --seqlen tokens, one BOS at start)");
-  sub->add_option("--model", options->model, "model directory or short name")->required();
+  sub->add_option("--model", options->model, "model directory, short name or synthetic:<shape>[:seed]")
+      ->required();
   sub->add_option("--text", options->text, "UTF-8 text file (e.g. wiki.test.hf_rows_joined_nn.txt)")
       ->required();
-  sub->add_option("--seqlen", options->seqlen, "tokens per chunk (default 2048)");
+  CLI::Option* seqlen = sub->add_option("--seqlen", options->seqlen, "tokens per chunk (default 2048)");
   sub->add_option("--report", options->report, "write a JSON report here");
   sub->add_option("--max-chunks", options->max_chunks, "evaluate only the first K chunks (0 = all)");
   sub->add_option("--batch", options->batch, "chunks per forward pass (0 = auto)");
@@ -157,7 +164,10 @@ void add_eval(CLI::App& app) {
                   "fp32 on the CPU; the default), bf16, fp16 (GPU only) or fp32");
   sub->add_option("--tokenizer", options->tokenizer,
                   "tokenizer file or directory (default: the model directory)");
-  sub->callback([options] { run_eval(*options); });
+  sub->callback([options, seqlen] {
+    options->seqlen_given = seqlen->count() > 0;
+    run_eval(*options);
+  });
 }
 
 }  // namespace

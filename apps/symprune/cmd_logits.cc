@@ -50,9 +50,9 @@ void run_logits(const LogitsOptions& o) {
   const std::vector<int32_t> ids = parse_ids(o.ids);
   const io::ResolvedModel resolved = io::resolve_model(o.model);
   io::InputFootprint inputs;
-  inputs.add_model_directory(resolved.dir);
+  if (!resolved.is_synthetic()) inputs.add_model_directory(resolved.dir);
   io::check_output_file(o.out, inputs, "--out");
-  model::DecoderModel model = model::DecoderModel::open(resolved.dir);
+  model::DecoderModel model = model::DecoderModel::open(resolved);
   const int64_t T = static_cast<int64_t>(ids.size());
   const Tensor logits = model.forward(ids, 1, T);
   const std::filesystem::path out(o.out);
@@ -67,7 +67,8 @@ void add_logits(CLI::App& app) {
   auto options = std::make_shared<LogitsOptions>();
   CLI::App* sub =
       app.add_subcommand("logits", "Write the fp32 logits [T, vocab] of one token sequence (little-endian)");
-  sub->add_option("--model", options->model, "model directory or short name")->required();
+  sub->add_option("--model", options->model, "model directory, short name or synthetic:<shape>[:seed]")
+      ->required();
   sub->add_option("--ids", options->ids, "comma-separated token ids, e.g. 1,2,3")->required();
   sub->add_option("--out", options->out, "output file of raw little-endian float32")->required();
   sub->add_option("--threads", options->threads, "CPU threads (0 = default)");

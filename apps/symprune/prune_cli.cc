@@ -232,8 +232,9 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
                   "auto (by file name), jsonl, text, tokens-u16 or tokens-u32 (default auto)");
   sub->add_option("--nsamples", c.nsamples, "calibration windows (default 128)");
   sub->add_option("--micro-batch", c.micro_batch,
-                  "calibration windows per forward pass (default 16384 / seqlen); part of the result's "
-                  "definition (statistics are summed per pass), never derived from the number of ranks");
+                  "calibration windows per forward pass (default, or 0: 16384 / seqlen); part of the "
+                  "result's definition (statistics are summed per pass), never derived from the number of "
+                  "ranks");
   sub->add_option(
       "--seqlen", c.seqlen,
       "tokens per calibration window (default 2048; with --compat wanda: max_position_embeddings)");

@@ -391,6 +391,13 @@ class BlockBoundaryStops {
 
 }  // namespace
 
+nlohmann::json PruneResult::fingerprints() const {
+  const auto or_null = [](const std::string& f) { return f.empty() ? nlohmann::json() : nlohmann::json(f); };
+  return {{"model", model_fingerprint},
+          {"calibration", or_null(calibration_fingerprint)},
+          {"eval", or_null(eval_fingerprint)}};
+}
+
 nlohmann::json PruneResult::report() const {
   nlohmann::json layer_list = nlohmann::json::array();
   for (const auto& l : layers) layer_list.push_back(layer_json(l));
@@ -398,10 +405,7 @@ nlohmann::json PruneResult::report() const {
       {"command", "prune"},
       {"config", config},
       {"seed", config.value("seed", nlohmann::json(0))},
-      {"fingerprints",
-       {{"model", model_fingerprint},
-        {"calibration",
-         calibration_fingerprint.empty() ? nlohmann::json() : nlohmann::json(calibration_fingerprint)}}},
+      {"fingerprints", fingerprints()},
       {"model_dir", model_dir.string()},
       {"mask", mask_description},
       {"sparsity",
@@ -448,6 +452,7 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
   model::DecoderModel& model = *plan.model;
   result.model_dir = plan.resolved.is_synthetic() ? fs::path(plan.resolved.display()) : plan.resolved.dir;
   result.model_fingerprint = plan.model_fingerprint;
+  result.eval_fingerprint = plan.eval_fingerprint;
   result.mask_description = plan.mask_description;
   result.sparsity_target = plan.sparsity_target;
   result.config = plan.config;
@@ -699,10 +704,7 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     provenance["created"] = utc_timestamp();
     provenance["config"] = result.config;
     provenance["run_id"] = run_id;
-    provenance["fingerprints"] = {{"model", result.model_fingerprint},
-                                  {"calibration", result.calibration_fingerprint.empty()
-                                                      ? nlohmann::json()
-                                                      : nlohmann::json(result.calibration_fingerprint)}};
+    provenance["fingerprints"] = result.fingerprints();
     std::map<std::string, std::string> extra_files;
     if (plan.resolved.is_synthetic())
       extra_files["config.json"] = io::synthetic_config_json(*plan.resolved.synthetic).dump(2) + "\n";

@@ -149,7 +149,10 @@ struct PruneResult {
   std::filesystem::path model_dir;
   std::string model_fingerprint;
   std::string calibration_fingerprint;  // empty without calibration
-  std::string mask_description;         // describe(MaskSpec)
+  std::string eval_fingerprint;         // the --eval tokens'; empty without --eval
+  // {"model", "calibration", "eval"} (null where empty): the report's and the provenance's "fingerprints".
+  nlohmann::json fingerprints() const;
+  std::string mask_description;  // describe(MaskSpec)
   std::vector<LayerResult> layers;
   int64_t pruned_total = 0;
   int64_t params_total = 0;  // weights of all pruned linears

@@ -191,8 +191,11 @@ void check_checkpoint_options(const PruneConfig& c) {
                  "--resume auto continues the checkpoint named by --checkpoint FILE: give --checkpoint too");
   check_report_beside_checkpoints(c);
   if (c.checkpoint.empty() || !c.resume.empty()) return;
-  // A fresh start must not overwrite another run's checkpoints.
+  // A fresh start must not overwrite another run's checkpoints. A directory there is no checkpoint (the
+  // output checks say so; not "an earlier run").
   std::error_code ec;
+  SYMPRUNE_CHECK(!fs::is_directory(fs::symlink_status(c.checkpoint, ec)),
+                 "--checkpoint {} is a directory; give a file name", c.checkpoint.string());
   for (const auto& f : {c.checkpoint, previous_checkpoint(c.checkpoint), checkpoint_marker(c.checkpoint)})
     SYMPRUNE_CHECK(
         !fs::exists(fs::symlink_status(f, ec)),
@@ -351,7 +354,9 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
                  c.recon_tokens);
   SYMPRUNE_CHECK(c.nsamples >= 1, "--nsamples must be at least 1, got {}", c.nsamples);
   SYMPRUNE_CHECK(c.seqlen >= 0, "--seqlen must be at least 1, got {}", c.seqlen);
-  SYMPRUNE_CHECK(c.micro_batch >= 0, "--micro-batch must be at least 1, got {}", c.micro_batch);
+  SYMPRUNE_CHECK(c.micro_batch >= 0,
+                 "--micro-batch must be at least 1 (or 0, the default: 16384 / seqlen), got {}",
+                 c.micro_batch);
   SYMPRUNE_CHECK(c.eval_seqlen >= 0, "--eval-seqlen must be at least 2, got {}", c.eval_seqlen);
   SYMPRUNE_CHECK(c.eval_max_chunks >= 0, "--eval-max-chunks must be >= 0, got {}", c.eval_max_chunks);
   check_checkpoint_options(c);

@@ -293,7 +293,8 @@ OutputDirectory::OutputDirectory(const fs::path& out, const InputFootprint& inpu
   if (fs::is_empty(path_, ec)) return;
   SYMPRUNE_CHECK(force, "{} {} exists and is not empty (use --force to replace it)", option, out.string());
   SYMPRUNE_CHECK(is_symprune_output(path_),
-                 "{} {} exists and was not written by symprune (it has no {}): --force replaces only "
+                 "{} {} exists and was not written by symprune (it has no {} that symprune wrote): --force "
+                 "replaces only "
                  "symprune outputs; remove it yourself or choose another {}",
                  option, out.string(), kProvenanceFile, option);
   check_no_running_run_inside();

@@ -242,18 +242,16 @@ def _(env, tmp):
     return prune(env, tmp, model=model)
 
 
-@trigger("E-ST-FILE-SHRANK")
-def _(env, tmp):
-    # The calibration file is a pipe: prune opens it after mapping the weights; once it does, the model
-    # file is cut to its embedding, then the text arrives and pruning reaches block 0. The model and the
-    # pipe live outside tmp (the model is changed, on purpose).
-    outside = Path(tempfile.mkdtemp(prefix="shrink_"))
+def changed_during_run(env, tmp, change):
+    """A prune whose model `change(model)` alters once the run has mapped the weights: the calibration file
+    is a pipe, which prune opens after mapping the weights; once it does, the model is changed, then the
+    text arrives and pruning goes on. The model and the pipe live outside tmp (the model is changed, on
+    purpose)."""
+    outside = Path(tempfile.mkdtemp(prefix="changed_"))
     model = shutil.copytree(env.model, outside / "model")
     fifo = outside / "calib.fifo"
     os.mkfifo(fifo)
     text = env.first.read_bytes()
-    weights = model / "model.safetensors"
-    header_len = struct.unpack("<Q", weights.read_bytes()[:8])[0]
     done = threading.Event()
 
     def feed():
@@ -264,7 +262,7 @@ def _(env, tmp):
             except OSError:  # ENXIO: no reader yet
                 time.sleep(0.01)
                 continue
-            os.truncate(weights, 8 + header_len + 512 * 64 * 4)  # keep model.embed_tokens.weight only
+            change(model)
             os.set_blocking(fd, True)
             try:
                 os.write(fd, text)
@@ -283,6 +281,37 @@ def _(env, tmp):
     case = prune(env, tmp, "--calib", fifo, *CALIB, model=model, method=("--method", "wanda", "--sparsity", "0.5"))
     case.cleanup = cleanup
     return case
+
+
+@trigger("E-ST-FILE-SHRANK")
+def _(env, tmp):
+    def shrink(model):  # keep model.embed_tokens.weight only
+        weights = model / "model.safetensors"
+        header_len = struct.unpack("<Q", weights.read_bytes()[:8])[0]
+        os.truncate(weights, 8 + header_len + 512 * 64 * 4)
+    return changed_during_run(env, tmp, shrink)
+
+
+@trigger("E-MODEL-CHANGED-DURING-RUN")
+def _(env, tmp):
+    def touch(model):  # the config rewritten with the same bytes: a new modification time
+        config = model / "config.json"
+        stamp = config.stat()
+        os.utime(config, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1_000_000_000))
+    return changed_during_run(env, tmp, touch)
+
+
+@trigger("E-MODEL-SYNTHETIC-UNKNOWN")
+def _(env, tmp):
+    return Case("prune", "--model", "synthetic:no-such-shape", "--method", "magnitude", "--sparsity", "0.5")
+
+
+@trigger("E-CFG-UNDECLARED-BIAS")
+def _(env, tmp):
+    def add_bias(tensors):
+        rows = tensors["model.layers.1.self_attn.v_proj.weight"].shape[0]
+        tensors["model.layers.1.self_attn.v_proj.bias"] = np.zeros(rows, dtype=np.float32)
+    return prune(env, tmp, model=edit_tensors(env, tmp, add_bias))
 
 
 @trigger("E-ST-OFFSETS-REVERSED")
@@ -535,6 +564,11 @@ def eval_text(env, text):
     return Case("eval", "--model", env.model, "--text", text, "--seqlen", "64", "--max-chunks", "1")
 
 
+@trigger("E-TOK-NO-TEXT")
+def _(env, tmp):
+    return Case("tokenize", "--tokenizer", env.model)
+
+
 @trigger("E-TEXT-NOT-FOUND")
 def _(env, tmp):
     return eval_text(env, tmp / "no_such_text.txt")
@@ -762,6 +796,72 @@ def _(env, tmp):
     return prune(env, tmp, "--beta", "inf", method=("--method", "stochria", "--sparsity", "0.5"))
 
 
+@trigger("E-CAL-SYNTHETIC-NO-TOKENIZER")
+def _(env, tmp):
+    return Case("prune", "--model", "synthetic:tiny-llama", "--method", "wanda", "--sparsity", "0.5", "--calib",
+                env.first, *CALIB)
+
+
+@trigger("E-OPT-REPEATED")
+def _(env, tmp):
+    return prune(env, tmp, "--seed", "1", "--seed", "2")
+
+
+@trigger("E-OPT-LOG-LEVEL")
+def _(env, tmp):
+    return prune(env, tmp, "--log-level", "loud")
+
+
+@trigger("E-OPT-DEVICE")
+def _(env, tmp):
+    return prune(env, tmp, "--device", "tpu")
+
+
+@trigger("E-OPT-DEVICE-UNAVAILABLE")
+def _(env, tmp):
+    # No device visible, on a GPU machine too.
+    case = prune(env, tmp, "--device", "cuda")
+    case.env = {"CUDA_VISIBLE_DEVICES": ""}
+    return case
+
+
+@trigger("E-OPT-DTYPE")
+def _(env, tmp):
+    return prune(env, tmp, "--dtype", "int8")
+
+
+@trigger("E-OPT-DTYPE-CPU")
+def _(env, tmp):
+    return prune(env, tmp, "--dtype", "bf16", "--device", "cpu")
+
+
+@trigger("E-OPT-LP-P")
+def _(env, tmp):
+    return prune(env, tmp, "--calib", env.first, *CALIB, method=("--method", "lp", "--sparsity", "0.5", "--p", "5"))
+
+
+@trigger("E-OPT-LP-STRATEGY")
+def _(env, tmp):
+    return prune(env, tmp, "--calib", env.first, *CALIB,
+                 method=("--method", "lp", "--sparsity", "0.5", "--strategy", "5"))
+
+
+@trigger("E-OPT-STOCHRIA-BETA")
+def _(env, tmp):
+    return prune(env, tmp, "--calib", env.first, *CALIB,
+                 method=("--method", "stochria", "--sparsity", "0.5", "--beta", "0"))
+
+
+@trigger("E-OPT-RECON-TOKENS")
+def _(env, tmp):
+    return calib_prune(env, tmp, env.first, *CALIB, "--recon-tokens", "-1")
+
+
+@trigger("E-OPT-MICRO-BATCH")
+def _(env, tmp):
+    return calib_prune(env, tmp, env.first, *CALIB, "--micro-batch", "-3")
+
+
 @trigger("E-OPT-SEED-RANGE")
 def _(env, tmp):
     return prune(env, tmp, "--seed", str(-(2 ** 64)), method=("--method", "wanda", "--sparsity", "0.5"))
@@ -805,6 +905,11 @@ def _(env, tmp):
 
 
 # --- output ----------------------------------------------------------------------------------------
+
+@trigger("E-OUT-MISSING")
+def _(env, tmp):
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5")
+
 
 @trigger("E-OUT-EXISTS")
 def _(env, tmp):
@@ -1019,6 +1124,12 @@ def _(env, tmp):
     return Case(*checkpointed(env, tmp, fault="block:3:exit=137"))
 
 
+@trigger("E-CKPT-IS-DIRECTORY")
+def _(env, tmp):
+    (tmp / "run.h5").mkdir()
+    return prune(env, tmp, "--checkpoint", tmp / "run.h5")
+
+
 @trigger("E-CKPT-UNWRITABLE")
 def _(env, tmp):
     (tmp / "run.h5.tmp").mkdir()  # where the checkpoint is staged
@@ -1108,6 +1219,36 @@ def _(env, tmp):
 def _(env, tmp):
     (tmp / "tiny.txt").write_text("Once upon a time.\n")
     return Case("eval", "--model", env.model, "--text", tmp / "tiny.txt", "--seqlen", "64")
+
+
+@trigger("E-EVAL-NO-TOKENIZER")
+def _(env, tmp):
+    return Case("eval", "--model", "synthetic:tiny-llama", "--text", env.first, "--seqlen", "64")
+
+
+@trigger("E-EVAL-SEQLEN-DEFAULT")
+def _(env, tmp):
+    return Case("eval", "--model", env.model, "--text", env.first)  # stories260K: max_position_embeddings 512
+
+
+@trigger("E-EVAL-MAX-CHUNKS")
+def _(env, tmp):
+    return Case("eval", "--model", env.model, "--text", env.first, "--seqlen", "64", "--max-chunks", "-1")
+
+
+@trigger("E-LOGITS-IDS")
+def _(env, tmp):
+    return Case("logits", "--model", env.model, "--ids", "1,x", "--out", tmp / "logits.f32")
+
+
+@trigger("E-LOGITS-TOKEN-RANGE")
+def _(env, tmp):
+    return Case("logits", "--model", env.model, "--ids", "1,9999", "--out", tmp / "logits.f32")
+
+
+@trigger("E-INSPECT-NOTHING")
+def _(env, tmp):
+    return Case("inspect")
 
 
 @trigger("E-EVAL-NONFINITE")

@@ -152,6 +152,16 @@ def test_eval_of_a_synthetic_model_and_bad_counts(text_file, tmp_path):
     result = json.loads(report.read_text())
     assert result["model"] == result["model_fingerprint"] == "synthetic:tiny-llama:0"
     assert result["chunks"] == 2 and np.isfinite(result["perplexity"]) and result["perplexity"] > 1
+    assert result["symprune"]["tool"] == "symprune" and result["symprune"]["version"]  # as prune reports
+    # logits of a synthetic model: [T, vocab] fp32, the same for the same seed, others for another seed.
+    logits = []
+    for spec in ["synthetic:tiny-llama", "synthetic:tiny-llama", "synthetic:tiny-llama:7"]:
+        out = tmp_path / f"logits{len(logits)}.f32"
+        proc = run(["logits", "--model", spec, "--ids", "1,2,3", "--out", out])
+        assert proc.returncode == 0, proc.stderr
+        logits.append(np.fromfile(out, dtype="<f4").reshape(3, 512))
+    assert np.isfinite(logits[0]).all() and np.array_equal(logits[0], logits[1])
+    assert not np.allclose(logits[0], logits[2])
     proc = run(["eval", "--model", "synthetic:tiny-llama", *common])
     assert proc.returncode == 1
     assert "synthetic:tiny-llama has no tokenizer: give one with --tokenizer" in proc.stderr

@@ -129,6 +129,7 @@ def test_method(stories, eval_ids, tmp_path, case, method, options, pattern, pat
     # Methods that read no activations run no forward pass, so no calibration data is drawn.
     uses_calibration = method not in WEIGHT_ONLY
     assert bool(report["fingerprints"].get("calibration")) == uses_calibration
+    assert len(report["fingerprints"]["eval"]) == 16  # the --eval tokens', as the checkpoint records them
     assert all(("recon_error" in layer and layer["recon_error"] is not None) == uses_calibration
                for layer in report["layers"])
     assert set(report["timings"]) >= {"calibration", "blocks", "scores_masks", "write", "eval_dense", "eval_pruned",

@@ -568,10 +568,12 @@ TEST_F(PrunePipeline, ForceReplacesOnlySymprunesOwnOutputs) {
     prune_model(c);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "--out " + mine.string() +
-                                         " exists and was not written by symprune (it has no "
-                                         "symprune_provenance.json): --force replaces only symprune outputs; "
-                                         "remove it yourself or choose another --out");
+    EXPECT_EQ(std::string(e.what()),
+              "--out " + mine.string() +
+                  " exists and was not written by symprune (it has no "
+                  "symprune_provenance.json that symprune wrote): --force replaces only "
+                  "symprune outputs; "
+                  "remove it yourself or choose another --out");
   }
   EXPECT_EQ(read_bytes(mine / "sub" / "thesis.tex"), "years of work");
   // A file merely named like the marker does not make a directory symprune's.
