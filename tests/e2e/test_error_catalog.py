@@ -802,19 +802,20 @@ def _(env, tmp):
                 env.first, *CALIB)
 
 
-@trigger("E-OPT-REPEATED")
-def _(env, tmp):
-    return prune(env, tmp, "--seed", "1", "--seed", "2")
-
-
-@trigger("E-OPT-LOG-LEVEL")
-def _(env, tmp):
-    return prune(env, tmp, "--log-level", "loud")
-
-
-@trigger("E-OPT-DEVICE")
-def _(env, tmp):
-    return prune(env, tmp, "--device", "tpu")
+# Options refused with their own message: (id, method, further options).
+MAGNITUDE = ("--method", "magnitude", "--sparsity", "0.5")
+for _id, _method, _args in [
+        ("E-OPT-REPEATED", MAGNITUDE, ["--seed", "1", "--seed", "2"]),
+        ("E-OPT-LOG-LEVEL", MAGNITUDE, ["--log-level", "loud"]),
+        ("E-OPT-DEVICE", MAGNITUDE, ["--device", "tpu"]),
+        ("E-OPT-DTYPE", MAGNITUDE, ["--dtype", "int8"]),
+        ("E-OPT-DTYPE-CPU", MAGNITUDE, ["--dtype", "bf16", "--device", "cpu"]),
+        ("E-OPT-LP-P", ("--method", "lp", "--sparsity", "0.5", "--p", "5"), ["--calib", "<first>", *CALIB]),
+        ("E-OPT-LP-STRATEGY", ("--method", "lp", "--sparsity", "0.5", "--strategy", "5"), ["--calib", "<first>", *CALIB]),
+        ("E-OPT-STOCHRIA-BETA", ("--method", "stochria", "--sparsity", "0.5", "--beta", "0"),
+         ["--calib", "<first>", *CALIB])]:
+    trigger(_id)(lambda env, tmp, _method=_method, _args=_args: prune(
+        env, tmp, *[env.first if a == "<first>" else a for a in _args], method=_method))
 
 
 @trigger("E-OPT-DEVICE-UNAVAILABLE")
@@ -823,33 +824,6 @@ def _(env, tmp):
     case = prune(env, tmp, "--device", "cuda")
     case.env = {"CUDA_VISIBLE_DEVICES": ""}
     return case
-
-
-@trigger("E-OPT-DTYPE")
-def _(env, tmp):
-    return prune(env, tmp, "--dtype", "int8")
-
-
-@trigger("E-OPT-DTYPE-CPU")
-def _(env, tmp):
-    return prune(env, tmp, "--dtype", "bf16", "--device", "cpu")
-
-
-@trigger("E-OPT-LP-P")
-def _(env, tmp):
-    return prune(env, tmp, "--calib", env.first, *CALIB, method=("--method", "lp", "--sparsity", "0.5", "--p", "5"))
-
-
-@trigger("E-OPT-LP-STRATEGY")
-def _(env, tmp):
-    return prune(env, tmp, "--calib", env.first, *CALIB,
-                 method=("--method", "lp", "--sparsity", "0.5", "--strategy", "5"))
-
-
-@trigger("E-OPT-STOCHRIA-BETA")
-def _(env, tmp):
-    return prune(env, tmp, "--calib", env.first, *CALIB,
-                 method=("--method", "stochria", "--sparsity", "0.5", "--beta", "0"))
 
 
 @trigger("E-OPT-RECON-TOKENS")
