@@ -2,7 +2,9 @@
 // so an implementation that stages messages through a buffer of that size (NCCL's device buffer) never
 // allocates more, whatever the size of a model's tensors.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
@@ -42,14 +44,12 @@ class ChunkedCommunicator final : public Communicator {
   // whose pieces go to their places in `gathered`.
   void all_gather(std::span<const std::byte> local, std::span<std::byte> gathered) override {
     const size_t ranks = static_cast<size_t>(size()), part = local.size();
-    SYMPRUNE_CHECK(gathered.size() == part * ranks,
-                   "all_gather: output has {} bytes, expected {} ({} ranks x {} bytes)", gathered.size(),
-                   part * ranks, ranks, part);
-    if (part <= gather_round_) return inner_->all_gather(local, gathered);
-    std::vector<std::byte> round(gather_round_ * ranks);
+    // Whole (or wrong: the inner communicator's own error) in one message.
+    if (part <= gather_round_ || gathered.size() != part * ranks) return inner_->all_gather(local, gathered);
+    const auto round = round_buffer(gather_round_ * ranks);
     for (size_t first = 0; first < part; first += gather_round_) {
       const size_t length = std::min(gather_round_, part - first);
-      const std::span<std::byte> received(round.data(), length * ranks);
+      const std::span<std::byte> received(round.get(), length * ranks);
       inner_->all_gather(local.subspan(first, length), received);
       for (size_t r = 0; r < ranks; ++r)
         std::memcpy(gathered.data() + r * part + first, received.data() + r * length, length);
@@ -63,7 +63,7 @@ class ChunkedCommunicator final : public Communicator {
     const size_t ranks = static_cast<size_t>(size());
     if (offsets.back() <= limit_) return inner_->all_gather_v(local, counts, gathered);
     const size_t longest = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
-    std::vector<std::byte> round(gather_round_ * ranks);
+    const auto round = round_buffer(gather_round_ * ranks);
     std::vector<int64_t> round_counts(ranks);
     for (size_t first = 0; first < longest; first += gather_round_) {
       size_t total = 0;
@@ -73,7 +73,7 @@ class ChunkedCommunicator final : public Communicator {
         total += static_cast<size_t>(round_counts[r]);
       }
       const size_t mine = static_cast<size_t>(round_counts[static_cast<size_t>(rank())]);
-      const std::span<std::byte> received(round.data(), total);
+      const std::span<std::byte> received(round.get(), total);
       inner_->all_gather_v(local.subspan(std::min(first, local.size()), mine), round_counts, received);
       size_t at = 0;
       for (size_t r = 0; r < ranks; ++r) {
@@ -97,9 +97,17 @@ class ChunkedCommunicator final : public Communicator {
   }
 
   void barrier() override { inner_->barrier(); }
-  [[noreturn]] void abort(int exit_code) override { inner_->abort(exit_code); }
+  [[noreturn]] void abort(int exit_code) override {
+    inner_->abort(exit_code);
+    std::abort();  // not reached: a virtual call does not carry [[noreturn]]
+  }
 
  private:
+  // Host memory for one gather round, left uninitialized (every byte read is received first).
+  static std::unique_ptr<std::byte[]> round_buffer(size_t bytes) {
+    return std::make_unique_for_overwrite<std::byte[]>(bytes);
+  }
+
   // Element-wise sums: each round is a run of whole elements, each element summed once.
   template <typename T>
   void reduce(std::span<T> values) {

@@ -194,8 +194,8 @@ void check_checkpoint_options(const PruneConfig& c) {
   // A fresh start must not overwrite another run's checkpoints. A directory there is no checkpoint (the
   // output checks say so; not "an earlier run").
   std::error_code ec;
-  SYMPRUNE_CHECK(!fs::is_directory(fs::symlink_status(c.checkpoint, ec)),
-                 "--checkpoint {} is a directory; give a file name", c.checkpoint.string());
+  SYMPRUNE_CHECK(!fs::is_directory(c.checkpoint, ec), "--checkpoint {} is a directory; give a file name",
+                 c.checkpoint.string());
   for (const auto& f : {c.checkpoint, previous_checkpoint(c.checkpoint), checkpoint_marker(c.checkpoint)})
     SYMPRUNE_CHECK(
         !fs::exists(fs::symlink_status(f, ec)),

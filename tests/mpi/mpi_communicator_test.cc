@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -181,7 +182,10 @@ class RecordingCommunicator final : public dist::Communicator {
   void send(std::span<const std::byte> b, int dest) override { inner_.send(seen(b), dest); }
   void recv(std::span<std::byte> b, int source) override { inner_.recv(seen(b), source); }
   void barrier() override { inner_.barrier(); }
-  [[noreturn]] void abort(int exit_code) override { inner_.abort(exit_code); }
+  [[noreturn]] void abort(int exit_code) override {
+    inner_.abort(exit_code);
+    std::abort();  // not reached
+  }
 
  private:
   template <typename T>

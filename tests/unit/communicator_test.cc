@@ -128,8 +128,6 @@ TEST(LocalCommunicator, AllGatherVCopiesAndChecksCounts) {
   }
 }
 
-// Without NCCL built in, or without a device, asking for the NCCL communicator is a clear error
-// (with a device it is exercised by tests/gpu/nccl_communicator_test.cc).
 // One rank, rounds of 8 bytes: the gathers and the broadcast still copy whole messages, sums keep their
 // values, and the argument checks are the inner communicator's.
 TEST(ChunkedCommunicator, OneRankInRoundsOfEightBytes) {
@@ -152,13 +150,15 @@ TEST(ChunkedCommunicator, OneRankInRoundsOfEightBytes) {
   comm->all_reduce_sum(values);
   EXPECT_EQ(values, (std::vector<double>{1.5, -2.0, 1e300, 0.1, 7.0}));
   EXPECT_THAT(error_of([&] { comm->all_gather(part, std::span<std::byte>(gathered).first(20)); }),
-              HasSubstr("all_gather: output has 20 bytes, expected 21"));
+              HasSubstr("all_gather: output has 20 bytes, expected 21 (1 rank x 21 bytes)"));
   EXPECT_THAT(error_of([&] { comm->broadcast(copy, 1); }), HasSubstr("root 1 is not a rank"));
   EXPECT_THROW(comm->send(part, 0), Error);
   EXPECT_THAT(error_of([] { make_chunked_communicator(make_local_communicator(), 7); }),
               HasSubstr("messages of at most 7 bytes cannot hold"));
 }
 
+// Without NCCL built in, or without a device, asking for the NCCL communicator is a clear error
+// (with a device it is exercised by tests/gpu/nccl_communicator_test.cc).
 TEST(NcclCommunicatorAvailability, ExplainsWhyItCannotBeCreated) {
   auto bootstrap = make_local_communicator();
   if (!compiled_with_nccl()) {

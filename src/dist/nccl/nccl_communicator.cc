@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -64,7 +65,17 @@ class NcclCommunicator final : public Communicator {
       if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
       fail("NCCL setup failed on rank {} (of {}): {}", failure->rank, size_, failure->message);
     }
-    SYMPRUNE_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+    // NCCL connects its peers (and allocates its device buffers) at its first collective unless told
+    // otherwise; connected at init, they are taken before the memory plan reads the free memory. A value
+    // the user set stays.
+    (void)::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+    try {
+      SYMPRUNE_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+    } catch (...) {
+      (void)cudaFree(staging_);
+      (void)cudaStreamDestroy(stream_);
+      throw;
+    }
   }
   ~NcclCommunicator() override {
     if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
@@ -149,6 +160,7 @@ class NcclCommunicator final : public Communicator {
     (void)ncclCommAbort(comm_);
     comm_ = nullptr;
     bootstrap_.abort(exit_code);
+    std::abort();  // not reached: a virtual call does not carry [[noreturn]]
   }
 
  private:
