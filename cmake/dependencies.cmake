@@ -26,6 +26,16 @@ if(SYMPRUNE_SANITIZE)
   add_link_options(-fsanitize=address,undefined)
 endif()
 
+# ThreadSanitizer: the emulation runs every CUDA thread of a block as an OS thread between real barriers,
+# so a data race between CUDA threads (a missing __syncthreads/__syncwarp) is a data race TSan reports.
+if(SYMPRUNE_TSAN)
+  if(SYMPRUNE_SANITIZE)
+    message(FATAL_ERROR "SYMPRUNE_TSAN and SYMPRUNE_SANITIZE cannot be combined (ThreadSanitizer excludes ASan)")
+  endif()
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+endif()
+
 if(SYMPRUNE_WITH_CUDA)
   if(NOT DEFINED CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)

@@ -64,11 +64,18 @@ template <int kRows>
 
 // Four at once where the registers allow it (AVX2: 16 vector registers of four doubles); elsewhere four
 // single products, with the same results.
-[[gnu::target("avx2")]] void dots4(const double* g, const float* const* v, int64_t len, double* out) {
+[[gnu::target("avx2")]] void dots4_avx2(const double* g, const float* const* v, int64_t len, double* out) {
   dots<4>(g, v, len, out);
 }
-[[gnu::target("default")]] void dots4(const double* g, const float* const* v, int64_t len, double* out) {
+void dots4_portable(const double* g, const float* const* v, int64_t len, double* out) {
   for (int k = 0; k < 4; ++k) dots<1>(g, v + k, len, out + k);
+}
+// Chosen at the first call rather than by function multiversioning: its ifunc resolver runs while the
+// program is relocated, before a sanitizer runtime is ready (ThreadSanitizer crashes there).
+void dots4(const double* g, const float* const* v, int64_t len, double* out) {
+  using Dots4 = void (*)(const double*, const float* const*, int64_t, double*);
+  static const Dots4 chosen = __builtin_cpu_supports("avx2") ? dots4_avx2 : dots4_portable;
+  chosen(g, v, len, out);
 }
 
 // The columns of one row whose products with G are needed, and the products.
