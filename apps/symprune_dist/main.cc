@@ -57,7 +57,8 @@ void check_comm_kind(const std::string& kind, const Backend& backend) {
 // "nccl" fails on every rank when some cannot, so all ranks make the same communicator.
 std::unique_ptr<dist::Communicator> make_communicator(const std::string& kind, dist::MpiCommunicator& world,
                                                       const Backend& backend) {
-  if (kind == "mpi") return nullptr;  // the MPI world itself
+  // The MPI world itself; one rank has nothing to carry, and NCCL would only take its buffers and setup.
+  if (kind == "mpi" || (kind == "auto" && world.size() == 1)) return nullptr;
   // Why this rank cannot run NCCL, if it cannot. ("nccl" on a rank off the GPU or without NCCL failed in
   // check_comm_kind already, so "nccl" meets only shared GPUs here.)
   std::string unable;
@@ -103,8 +104,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off (env SYMPRUNE_LOG_LEVEL)");
   app.add_option(
       "--comm", comm_kind,
-      "communicator: auto (NCCL when the run is on GPUs and NCCL is built in, else MPI), mpi (host "
-      "buffers) or nccl (one GPU per node-local rank, bootstrapped over MPI)");
+      "communicator: auto (NCCL when the run is on several GPUs, one per rank, and NCCL is built in, else "
+      "MPI), mpi (host buffers) or nccl (one GPU per node-local rank, bootstrapped over MPI)");
   app::PruneCliOptions options;
   app::add_prune_options(&app, options);
   app::add_numeric_checks(app);

@@ -17,8 +17,10 @@ constexpr size_t kNcclStagingBytes = size_t{64} << 20;
 // One rank per GPU. `bootstrap` (the MPI communicator; the local one for a single process) carries
 // NCCL's unique id from rank 0 to every rank; the NCCL communicator has bootstrap's rank and size and
 // runs on CUDA device `device`. The collectives take host spans and stage them through
-// kNcclStagingBytes of device memory. Throws symprune::Error when NCCL is not built in, or on any
-// CUDA/NCCL failure (no driver, no device, no memory for the staging buffer, ...), on every rank.
+// kNcclStagingBytes of device memory. Throws symprune::Error, on every rank, when NCCL is not built in or
+// a step before NCCL's rendezvous fails (no driver, no device, no memory for the staging buffer, ...); a
+// rank failing inside NCCL's setup (ncclCommInitRank, connecting peers) prints its message and ends the
+// job through bootstrap.abort(1), since the other ranks wait inside NCCL where no agreement reaches them.
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device);
 
 }  // namespace symprune::dist

@@ -25,6 +25,7 @@ from safetensors.numpy import load_file, save_file
 from prune_support import BIN, SOURCE, Stories, tree_digest
 
 DOC = SOURCE / "docs" / "errors.md"
+DIST_EMULATED = os.environ.get("SYMPRUNE_DIST_EMULATED_BIN")
 CALIB = ["--nsamples", "4", "--seqlen", "64"]
 
 
@@ -63,6 +64,7 @@ class Case:
     """A command line (paths as str/Path) and an optional RLIMIT_FSIZE for the child."""
 
     def __init__(self, *args, fsize=None, cleanup=None, env=None):
+        self.binary = BIN  # the program run (symprune, unless a trigger names another)
         self.args = [str(a) for a in args]
         self.env = env  # extra environment variables
         self.fsize = fsize
@@ -708,6 +710,14 @@ def _(env, tmp):
     return calib_prune(env, tmp, env.first, "--nsamples", "100000000", "--seqlen", "64")
 
 
+@trigger("E-CAL-EVAL-MEMORY")
+def _(env, tmp):
+    # Room for the calibration states (4 x 64 tokens x 129 floats: 132 KiB), not for the evaluation streams.
+    case = calib_prune(env, tmp, env.first, *CALIB, "--eval", env.second)
+    case.env = {"SYMPRUNE_MEMORY_AVAILABLE": str(200 << 10)}
+    return case
+
+
 @trigger("E-CAL-ADDRESS-SPACE")
 def _(env, tmp):
     # As under `ulimit -v`, where the BLAS library used to spin forever (checked by hand with a real limit;
@@ -816,6 +826,18 @@ for _id, _method, _args in [
          ["--calib", "<first>", *CALIB])]:
     trigger(_id)(lambda env, tmp, _method=_method, _args=_args: prune(
         env, tmp, *[env.first if a == "<first>" else a for a in _args], method=_method))
+
+
+@trigger("E-DEV-MEMORY")
+def _(env, tmp):
+    # On the CPU emulation of CUDA (symprune_dist_emulated, one rank without mpirun), whose device has the
+    # memory the machine has available: 64 MiB, less than the plan's fixed buffers alone (96 MiB).
+    if not DIST_EMULATED:
+        pytest.skip("SYMPRUNE_DIST_EMULATED_BIN is not set (ctest sets it in MPI builds)")
+    case = calib_prune(env, tmp, env.first, *CALIB, "--device", "cuda", "--comm", "mpi")
+    case.binary, case.args = DIST_EMULATED, case.args[1:]  # symprune_dist takes prune's options only
+    case.env = {"SYMPRUNE_MEMORY_AVAILABLE": str(64 << 20)}
+    return case
 
 
 @trigger("E-OPT-DEVICE-UNAVAILABLE")
@@ -1289,7 +1311,7 @@ def snapshot(root):
 def run_case(case):
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (case.fsize, case.fsize))
-    return subprocess.run([BIN, *case.args], capture_output=True, text=True,
+    return subprocess.run([case.binary, *case.args], capture_output=True, text=True,
                           preexec_fn=limit if case.fsize else None,
                           env={**os.environ, **case.env} if case.env else None)
 

@@ -92,6 +92,14 @@ def test_killed_device_run_resumes_on_another_rank_count(stories, tmp_path, have
     assert swaps(report)[-7:] == swaps(reference)[-7:]  # the last block, refined after the resume
 
 
+def test_one_rank_on_a_device_takes_mpi(stories, tmp_path, have_mpirun):
+    # One rank has nothing to carry: --comm auto makes no NCCL communicator (its buffers and setup would be
+    # all it did; in a NCCL build the emulated device is no device NCCL could use).
+    proc = device_run(stories, tmp_path, 1, ["--method", "magnitude", "--sparsity", "0.5"], comm="auto")
+    assert proc.returncode == 0, proc.stderr
+    assert "1 ranks over mpi" in proc.stderr and (tmp_path / "out").is_dir()
+
+
 def test_ranks_sharing_a_device_do_not_take_nccl(stories, tmp_path, have_mpirun):
     # NCCL refuses two ranks of one communicator on one GPU: with two ranks on the one device, --comm auto
     # runs over MPI, and --comm nccl ends every rank with one message instead of hanging in NCCL's setup.

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -45,6 +46,12 @@ class NcclCommunicator final : public Communicator {
   // there would leave the others waiting.
   NcclCommunicator(Communicator& bootstrap, int device)
       : bootstrap_(bootstrap), rank_(bootstrap.rank()), size_(bootstrap.size()) {
+    // NCCL connects its peers (and allocates its device buffers) at its first collective unless told
+    // otherwise; connected at init, they are taken before the memory plan reads the free memory. Set
+    // before any NCCL call: ncclGetUniqueId (rank 0 only) already reads nccl.conf, whose values NCCL
+    // applies only where the environment has none, so every rank must see this one first. A value in the
+    // environment stays.
+    (void)::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
     ncclUniqueId id{};
     std::string failed;
     const auto attempt = [&](const std::function<void()>& step) {
@@ -65,17 +72,11 @@ class NcclCommunicator final : public Communicator {
       if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
       fail("NCCL setup failed on rank {} (of {}): {}", failure->rank, size_, failure->message);
     }
-    // NCCL connects its peers (and allocates its device buffers) at its first collective unless told
-    // otherwise; connected at init, they are taken before the memory plan reads the free memory. A value
-    // the user set stays.
-    (void)::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
-    try {
-      SYMPRUNE_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
-    } catch (...) {
-      (void)cudaFree(staging_);
-      (void)cudaStreamDestroy(stream_);
-      throw;
-    }
+    // From here on a failing rank cannot reach the others, which may be waiting for it inside NCCL where
+    // no agreement gets to them: it ends the job (MPI_Abort) with its message.
+    if (const ncclResult_t init = ncclCommInitRank(&comm_, size_, id, rank_); init != ncclSuccess)
+      abort_setup("ncclCommInitRank", init);
+    connect_chain_peers();
   }
   ~NcclCommunicator() override {
     if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
@@ -164,6 +165,33 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // NCCL_RUNTIME_CONNECT=0 connects the collectives' rings and trees at init, but point-to-point peers
+  // only at their first send/recv. The pipeline's ordered reductions pass a running total from each rank
+  // to the next (engine/ordered_reduce.cc): one byte along that chain now takes those connections' buffers
+  // before the memory plan reads the free memory.
+  void connect_chain_peers() {
+    if (size_ < 2) return;
+    ncclResult_t status = ncclGroupStart();
+    if (status == ncclSuccess && rank_ > 0)
+      status = ncclRecv(staging_, 1, ncclUint8, rank_ - 1, comm_, stream_);
+    if (status == ncclSuccess && rank_ + 1 < size_)
+      status = ncclSend(staging_, 1, ncclUint8, rank_ + 1, comm_, stream_);
+    if (const ncclResult_t end = ncclGroupEnd(); status == ncclSuccess) status = end;
+    if (status == ncclSuccess && cudaStreamSynchronize(stream_) != cudaSuccess)
+      status = ncclUnhandledCudaError;
+    if (status != ncclSuccess) abort_setup("connecting the ordered reductions' peers", status);
+  }
+
+  [[noreturn]] void abort_setup(const char* step, ncclResult_t status) {
+    std::fprintf(stderr, "symprune_dist: error: NCCL setup failed on rank %d (of %d): %s: %s %s\n", rank_,
+                 size_, step, ncclGetErrorString(status), ncclGetLastError(comm_));
+    // NCCL hands out the communicator before its setup can fail: release a half-made one too.
+    if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+    bootstrap_.abort(1);
+    std::abort();  // not reached, as in abort()
+  }
+
   void check_peer(int peer, const char* what) const {
     SYMPRUNE_CHECK(peer >= 0 && peer < size_ && peer != rank_,
                    "{}: rank {} is not another rank of the nccl "
