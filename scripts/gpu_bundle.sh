@@ -8,8 +8,8 @@
 #
 #   scripts/gpu_bundle.sh [BUILD_DIR] [BUNDLE_DIR]     defaults: build/ (a CUDA configuration), gpu-bundle/
 # Then, with the device tool: carry gpu-bundle.tar.xz, command `bash scripts/gpu_checks.sh gpu-bundle.tar.xz
-# --steps tests,kernels_bench,prune_bench`, then the same with `--steps memcheck` and `--steps racecheck`
-# (one call may run 10 minutes).
+# --steps tests,kernels_bench,prune_bench,prune_70b`, then `--steps memcheck,racecheck` and whatever the
+# first call names as not run (one call may run 10 minutes; the script stops starting steps before it).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build}"

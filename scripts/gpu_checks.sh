@@ -8,18 +8,21 @@
 #  5. the issue's 70B target: wanda 50 % of synthetic:llama2-70b at 128 x 2048 in bf16 on this one GPU
 #     (its first PRUNE_70B_BLOCKS blocks, default 8, scaled; memory peaks per block, so the plan and the
 #     peak are those of the whole model).
-# Logs and results go to $OUT (or ./gpu-results); a table of outcomes is printed last.
+# Logs and results are written to a work directory; after every step the whole of it is packed into
+# $OUT/gpu-results.tar.gz and the table of outcomes so far into $OUT/summary.txt (the device tool brings
+# back at most 8 files, and what is under $OUT when a call is stopped). The table is printed last.
 #
 #   bash scripts/gpu_checks.sh BUNDLE (a directory or its .tar.xz) [--skip-sanitizer] [--skip-bench]
 #                                     [--steps tests,memcheck,racecheck,kernels_bench,prune_bench,prune_70b]
 #
-# The device tool ends a command after 10 minutes, and everything together takes longer: one heavy step
-# per call, the deliverables first: `STEP_TIMEOUT=280 ... --steps tests,kernels_bench`, then
-# `--steps prune_bench`, then `--steps prune_70b`, then `--steps memcheck` and `--steps racecheck` (name
-# the kind nvidia-h100-x1 for these: compute-sanitizer refuses the device under gVisor, where H200s have
-# been seen). Each step is ended after STEP_TIMEOUT seconds (default 540) so that a hang costs one step,
-# not the call's results. Before any step the script checks that every library is found and that symprune
-# sees a device (exit 3 otherwise).
+# The device tool ends a command after 10 minutes, everything together takes longer, and a lent machine
+# starts cold (minutes) when more than 30 s pass between calls: give each call a list in priority order
+# and DEADLINE (seconds from the start, default 560): a step starts only with at least 60 s left, runs
+# at most until the deadline (and at most STEP_TIMEOUT seconds, default 540, so a hang costs one step),
+# and the steps that did not run are named at the end, for the next call. Suggested:
+# `--steps tests,kernels_bench,prune_bench,prune_70b`, then `--steps memcheck,racecheck` and what the
+# first call left. Before any step the script checks that every library is found and that symprune sees
+# a device (exit 3 otherwise).
 set -uo pipefail
 usage="usage: gpu_checks.sh BUNDLE_DIR|BUNDLE.tar.xz [--skip-sanitizer] [--skip-bench] [--steps LIST]"
 bundle="${1:?$usage}"
@@ -30,7 +33,7 @@ if [[ -f $bundle ]]; then
   bundle="$unpacked"
 fi
 bundle="$(cd "$bundle" && pwd)"
-all_steps="tests,memcheck,racecheck,kernels_bench,prune_bench,prune_70b"
+all_steps="tests,kernels_bench,prune_bench,prune_70b,memcheck,racecheck"  # the default order: deliverables first
 steps=",$all_steps,"
 while (($# > 0)); do
   case "$1" in
@@ -50,9 +53,11 @@ while (($# > 0)); do
   esac
   shift
 done
-wanted() { [[ $steps == *",$1,"* ]]; }
 step_timeout="${STEP_TIMEOUT:-540}"
-out="${OUT:-$PWD/gpu-results}"
+deadline="${DEADLINE:-560}"
+results="${OUT:-$PWD/gpu-results}"
+mkdir -p "$results"
+out="$(mktemp -d)/gpu-results"  # the work directory, packed into $results after every step
 mkdir -p "$out"
 
 # CUDA's libraries: the toolkit's, then those of the pip packages PyTorch brings (NCCL is only there, under
@@ -89,15 +94,31 @@ if ! "${native[@]}" "$bundle/bin/symprune" info | grep -q '^CUDA devices: [1-9]'
 fi
 
 summary=()
+not_run=()
+pack() {  # the work directory and the table so far, into $results (a few files: the tool's limit)
+  printf '%s\n' "${summary[@]}" >"$out/summary.txt"
+  ((${#not_run[@]})) && echo "not run (no time left before DEADLINE=$deadline s): ${not_run[*]}" >>"$out/summary.txt"
+  cp "$out/summary.txt" "$results/summary.txt"
+  tar -C "$(dirname "$out")" -czf "$results/gpu-results.tar.gz.part" gpu-results &&
+    mv "$results/gpu-results.tar.gz.part" "$results/gpu-results.tar.gz"
+}
 step() {  # step NAME COMMAND...: runs it with output to $out/NAME.log, records the outcome
   local name=$1
   shift
+  local left=$((deadline - SECONDS - 10))
+  if ((left < 60)); then
+    not_run+=("$name")
+    pack
+    return 0
+  fi
+  local limit=$((left < step_timeout ? left : step_timeout))
   local start=$SECONDS
-  timeout --kill-after=10 "$step_timeout" "$@" >"$out/$name.log" 2>&1
+  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
-  ((rc == 124 || rc == 137)) && echo "gpu_checks: $name stopped after $step_timeout s (STEP_TIMEOUT)" >>"$out/$name.log"
+  ((rc == 124 || rc == 137)) && echo "gpu_checks: $name stopped after $limit s (STEP_TIMEOUT or DEADLINE)" >>"$out/$name.log"
   summary+=("$(printf '%-28s rc=%-3s %5ss' "$name" "$rc" "$((SECONDS - start))")")
   tail -n 5 "$out/$name.log"
+  pack
   return 0
 }
 
@@ -107,18 +128,24 @@ step() {  # step NAME COMMAND...: runs it with output to $out/NAME.log, records 
 # CUDA error costs its suite only. rc 4: all passed, but some test skipped.
 per_suite="$(dirname "${BASH_SOURCE[0]}")/gtest_per_suite.sh"
 sanitized='KernelTest.*:CudaDeviceTest.*:DevicePruningOpsTest.*:LowPrecisionTest.*:DsnotKernelTest.*:*CudaBackendModelTest.*'
-wanted tests && step gpu_tests "${native[@]}" bash "$per_suite" "$out/gpu_tests" '*' "$bundle/bin/symprune_gpu_tests"
-wanted memcheck && step memcheck "${native[@]}" bash "$per_suite" "$out/memcheck" "$sanitized" \
-  "$bundle/bin/symprune_gpu_tests" compute-sanitizer --tool memcheck --error-exitcode 3
-wanted racecheck && step racecheck "${native[@]}" bash "$per_suite" "$out/racecheck" 'KernelTest.*:DsnotKernelTest.*' \
-  "$bundle/bin/symprune_gpu_tests" compute-sanitizer --tool racecheck --error-exitcode 3
-wanted kernels_bench && step kernels_bench "${native[@]}" "$bundle/bin/cuda_kernels_bench" \
-  --json "$out/cuda_kernels_bench.json" --markdown "$out/cuda_kernels_bench.md"
-wanted prune_bench && step prune_bench python3 "$(dirname "${BASH_SOURCE[0]}")/../bench/cuda_prune_bench.py" \
-  --symprune "$bundle/bin/symprune.sh" --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda --dtype bf16" \
-  --torch-args "--dtype fp16" --out "$out/cuda_prune_bench"
-wanted prune_70b && step prune_70b python3 "$(dirname "${BASH_SOURCE[0]}")/../bench/cuda_prune_bench.py" \
-  --symprune "$bundle/bin/symprune.sh" --model llama2-70b --blocks "${PRUNE_70B_BLOCKS:-8}" --cases wanda-50 --no-torch \
-  --symprune-args "--device cuda --dtype bf16" --out "$out/cuda_prune_bench_70b"
-wanted tests && grep -h -E '^gtest_per_suite|^\[  FAILED  \]|^  ' "$out"/gpu_tests.log | tail -n 40
-printf '%s\n' "${summary[@]}"
+bench="$(dirname "${BASH_SOURCE[0]}")/../bench"
+for name in ${steps//,/ }; do  # in the order given
+  case "$name" in
+    tests) step gpu_tests "${native[@]}" bash "$per_suite" "$out/gpu_tests" '*' "$bundle/bin/symprune_gpu_tests" ;;
+    memcheck) step memcheck "${native[@]}" bash "$per_suite" "$out/memcheck" "$sanitized" \
+      "$bundle/bin/symprune_gpu_tests" compute-sanitizer --tool memcheck --error-exitcode 3 ;;
+    racecheck) step racecheck "${native[@]}" bash "$per_suite" "$out/racecheck" 'KernelTest.*:DsnotKernelTest.*' \
+      "$bundle/bin/symprune_gpu_tests" compute-sanitizer --tool racecheck --error-exitcode 3 ;;
+    kernels_bench) step kernels_bench "${native[@]}" "$bundle/bin/cuda_kernels_bench" \
+      --json "$out/cuda_kernels_bench.json" --markdown "$out/cuda_kernels_bench.md" ;;
+    prune_bench) step prune_bench python3 "$bench/cuda_prune_bench.py" --symprune "$bundle/bin/symprune.sh" \
+      --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda --dtype bf16" --torch-args "--dtype fp16" \
+      --out "$out/cuda_prune_bench" ;;
+    prune_70b) step prune_70b python3 "$bench/cuda_prune_bench.py" --symprune "$bundle/bin/symprune.sh" \
+      --model llama2-70b --blocks "${PRUNE_70B_BLOCKS:-8}" --cases wanda-50 --no-torch \
+      --symprune-args "--device cuda --dtype bf16" --out "$out/cuda_prune_bench_70b" ;;
+  esac
+done
+[[ -f $out/gpu_tests.log ]] && grep -h -E '^gtest_per_suite|^\[  FAILED  \]|^  ' "$out"/gpu_tests.log | tail -n 40
+pack
+cat "$out/summary.txt"
