@@ -836,7 +836,10 @@ def _(env, tmp):
         pytest.skip("SYMPRUNE_DIST_EMULATED_BIN is not set (ctest sets it in MPI builds)")
     case = calib_prune(env, tmp, env.first, *CALIB, "--device", "cuda", "--comm", "mpi")
     case.binary, case.args = DIST_EMULATED, case.args[1:]  # symprune_dist takes prune's options only
-    case.env = {"SYMPRUNE_MEMORY_AVAILABLE": str(64 << 20)}
+    # Under scripts/sanitize.sh, no leak report: Open MPI leaves its allocations (from plugins it has
+    # unloaded, so no suppression can name them) at MPI_Finalize. ASan's other checks stay on.
+    case.env = {"SYMPRUNE_MEMORY_AVAILABLE": str(64 << 20),
+                "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0"}
     return case
 
 
