@@ -48,11 +48,15 @@ def forward_flops(preset, nsamples, seqlen, blocks):
     return blocks * tokens * (2 * weights + 2 * seqlen * d)
 
 
+class RunFailed(Exception):
+    pass
+
+
 def run(command):
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(map(str, command))} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise RunFailed(f"{' '.join(map(str, command))} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return time.perf_counter() - start
 
 
@@ -89,44 +93,75 @@ def main():
     result = {"device": None, "model": f"synthetic:{args.model}", "nsamples": args.nsamples,
               "seqlen": args.seqlen, "blocks_timed": blocks, "blocks": layers,
               "scaled": f"times of {blocks} blocks x {scale:g}" if scale != 1 else None, "cases": []}
+    out = Path(args.out)
+    failed = []
+    # The files are rewritten after every case: a call stopped at its time limit keeps the cases it finished.
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.cases.split(","):
-            ours, theirs = CASES[name]
-            report = Path(tmp) / f"{name}.json"
-            run([args.symprune, "prune", "--model", model, "--calib", "synthetic", "--nsamples",
-                 str(args.nsamples), "--seqlen", str(args.seqlen), "--no-recon-error", *ours,
-                 *shlex.split(args.symprune_args), "--report", str(report)])
-            ours_report = json.loads(report.read_text())
-            timings = ours_report["timings"]
-            case = {"case": name, "seconds": timings["total"] * scale, "floor_seconds": floor,
-                    "symprune_device": ours_report["config"]["device"],
-                    "symprune_dtype": ours_report["config"]["dtype"],
-                    "stages": {k: v * scale for k, v in timings.items() if k != "total"}}
-            if not args.no_torch:
-                torch_json = Path(tmp) / f"{name}.torch.json"
-                run([sys.executable, str(HERE / "pytorch_layerwise.py"), "--synthetic", args.model,
-                     "--nsamples", str(args.nsamples), "--seqlen", str(args.seqlen), "--blocks", str(blocks),
-                     *theirs, *shlex.split(args.torch_args), "--json", str(torch_json)])
-                torch_result = json.loads(torch_json.read_text())
-                case["pytorch_seconds"] = torch_result["seconds_without_weights"] * scale
-                case["pytorch_stages"] = {k: v * scale for k, v in torch_result["stages"].items()}
-                result["device"] = result["device"] or torch_result["device"]
-                result["torch"] = torch_result["torch"]
+            try:
+                case = run_case(args, name, model, scale, floor, blocks, Path(tmp), result)
+            except RunFailed as e:
+                failed.append(name)
+                case = {"case": name, "error": str(e)[-2000:]}
+                print(f"{name}: {e}", file=sys.stderr, flush=True)
             result["cases"].append(case)
             print(json.dumps(case), flush=True)
+            write_outputs(result, out, args, floor)
     result["device"] = result["device"] or gpu_name() or "unknown (symprune only)"
-    out = Path(args.out)
+    write_outputs(result, out, args, floor)
+    print(f"wrote {out.with_suffix('.json')} and .md")
+    if failed:
+        raise SystemExit(f"cases that failed: {', '.join(failed)}")
+
+
+def run_case(args, name, model, scale, floor, blocks, tmp, result):
+    """One case: symprune (and the PyTorch loop unless --no-torch), times scaled to the whole model."""
+    ours, theirs = CASES[name]
+    report = tmp / f"{name}.json"
+    run([args.symprune, "prune", "--model", model, "--calib", "synthetic", "--nsamples", str(args.nsamples),
+         "--seqlen", str(args.seqlen), "--no-recon-error", *ours, *shlex.split(args.symprune_args), "--report",
+         str(report)])
+    ours_report = json.loads(report.read_text())
+    timings = ours_report["timings"]
+    case = {"case": name, "seconds": timings["total"] * scale, "floor_seconds": floor,
+            "symprune_device": ours_report["config"]["device"], "symprune_dtype": ours_report["config"]["dtype"],
+            "stages": {k: v * scale for k, v in timings.items() if k != "total"},
+            "device_memory": ours_report.get("device_memory")}
+    if not args.no_torch:
+        torch_json = tmp / f"{name}.torch.json"
+        run([sys.executable, str(HERE / "pytorch_layerwise.py"), "--synthetic", args.model, "--nsamples",
+             str(args.nsamples), "--seqlen", str(args.seqlen), "--blocks", str(blocks), *theirs,
+             *shlex.split(args.torch_args), "--json", str(torch_json)])
+        torch_result = json.loads(torch_json.read_text())
+        case["pytorch_seconds"] = torch_result["seconds_without_weights"] * scale
+        case["pytorch_stages"] = {k: v * scale for k, v in torch_result["stages"].items()}
+        result["device"] = result["device"] or torch_result["device"]
+        result["torch"] = torch_result["torch"]
+    return case
+
+
+def gib(value):
+    return f"{value / 2**30:.1f}" if value is not None else "–"
+
+
+def write_outputs(result, out, args, floor):
+    """The JSON of the issue's form and a markdown table beside it."""
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# End-to-end prune: {result['model']}, {args.nsamples} x {args.seqlen}, {result['device']}", "",
              f"Floor: the two forward passes' FLOPs / 800 TFLOP/s = {floor:.2f} s."
              + (f" {result['scaled']}." if result["scaled"] else ""), "",
-             "| case | symprune (s) | x floor | PyTorch loop (s) | PyTorch / symprune |", "|---|---:|---:|---:|---:|"]
+             "| case | symprune (s) | x floor | PyTorch loop (s) | PyTorch / symprune | device memory planned / "
+             "peak (GiB) |", "|---|---:|---:|---:|---:|---:|"]
     for c in result["cases"]:
+        if "error" in c:
+            lines.append(f"| {c['case']} | failed (see the JSON) | | | | |")
+            continue
         torch_s = c.get("pytorch_seconds")
+        memory = c.get("device_memory") or {}
         lines.append(f"| {c['case']} | {c['seconds']:.2f} | {c['seconds'] / floor:.1f} | "
-                     + (f"{torch_s:.2f} | {torch_s / c['seconds']:.1f} |" if torch_s else "– | – |"))
+                     + (f"{torch_s:.2f} | {torch_s / c['seconds']:.1f} |" if torch_s else "– | – |")
+                     + f" {gib(memory.get('planned'))} / {gib(memory.get('peak_used'))} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out.with_suffix('.json')} and .md")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@
 # tool's 64 MiB carry, so it is also packed as BUNDLE_DIR.tar.xz (about 16 MiB), which is what to carry.
 #
 #   scripts/gpu_bundle.sh [BUILD_DIR] [BUNDLE_DIR]     defaults: build/ (a CUDA configuration), gpu-bundle/
-# Then, with the device tool: carry gpu-bundle.tar.xz, command `bash scripts/gpu_checks.sh gpu-bundle.tar.xz
-# --steps tests,kernels_bench,prune_bench,prune_70b`, then `--steps memcheck,racecheck` and whatever the
-# first call names as not run (one call may run 10 minutes; the script stops starting steps before it).
+# Then, with the device tool (kind nvidia-h100-x1: compute-sanitizer refuses gVisor H200s): carry
+# gpu-bundle.tar.xz, command `bash scripts/gpu_checks.sh gpu-bundle.tar.xz`, timeout_s 600: its default
+# plan is the whole check in one call (a session has 15 minutes of device time, the start included).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build}"

@@ -6,25 +6,27 @@
 #  4. the end-to-end prune benchmark (bench/cuda_prune_bench.py: symprune --device cuda and the PyTorch
 #     loop on the first PRUNE_BENCH_BLOCKS blocks of synthetic:llama2-7b at 128 x 2048, scaled);
 #  5. the issue's 70B target: wanda 50 % of synthetic:llama2-70b at 128 x 2048 in bf16 on this one GPU
-#     (its first PRUNE_70B_BLOCKS blocks, default 8, scaled; memory peaks per block, so the plan and the
+#     (its first PRUNE_70B_BLOCKS blocks, default 4, scaled; memory peaks per block, so the plan and the
 #     peak are those of the whole model).
-# Logs and results are written to a work directory; after every step the whole of it is packed into
-# $OUT/gpu-results.tar.gz and the table of outcomes so far into $OUT/summary.txt (the device tool brings
+# Logs and results are written to a work directory; after every group of steps the whole of it is packed
+# into $OUT/gpu-results.tar.gz and the table of outcomes so far into $OUT/summary.txt (the device tool brings
 # back at most 8 files, and what is under $OUT when a call is stopped). The table is printed last.
 #
 #   bash scripts/gpu_checks.sh BUNDLE (a directory or its .tar.xz) [--skip-sanitizer] [--skip-bench]
-#                                     [--steps tests,memcheck,racecheck,kernels_bench,prune_bench,prune_70b]
+#                                     [--steps PLAN]
 #
-# The device tool ends a command after 10 minutes, everything together takes longer, and a lent machine
-# starts cold (minutes) when more than 30 s pass between calls: give each call a list in priority order
-# and DEADLINE (seconds from the start, default 560): a step starts only with at least 60 s left, runs
-# at most until the deadline (and at most STEP_TIMEOUT seconds, default 540, so a hang costs one step),
-# and the steps that did not run are named at the end, for the next call. Suggested:
-# `--steps tests,kernels_bench,prune_bench,prune_70b`, then `--steps memcheck,racecheck` and what the
-# first call left. Before any step the script checks that every library is found and that symprune sees
-# a device (exit 3 otherwise).
+# A session has 15 minutes of device time in all, the machine's start (a minute or two) included, and one
+# call runs 10 minutes at most: the whole check is planned as ONE call. PLAN lists groups of steps separated
+# by ',', run one after another; the steps of a group, joined by '+', run at the same time (the tests and the
+# sanitizers: their times do not matter, and each mostly waits on its own process); a step may carry its own
+# limit in seconds, NAME:SECONDS (else STEP_TIMEOUT, default 540). The default plan,
+#   tests:200+memcheck:200+racecheck:200,prune_bench:180,kernels_bench:60,prune_70b:100
+# puts the benchmarks after the checks, each alone on the GPU, and ends by 550 s. DEADLINE (seconds from
+# the start, default 560) bounds everything: a group starts only with at least 60 s left, its steps run at
+# most until the deadline, and the groups that did not start are named at the end, for a next call. Before
+# any step the script checks that every library is found and that symprune sees a device (exit 3 otherwise).
 set -uo pipefail
-usage="usage: gpu_checks.sh BUNDLE_DIR|BUNDLE.tar.xz [--skip-sanitizer] [--skip-bench] [--steps LIST]"
+usage="usage: gpu_checks.sh BUNDLE_DIR|BUNDLE.tar.xz [--skip-sanitizer] [--skip-bench] [--steps PLAN]"
 bundle="${1:?$usage}"
 shift
 if [[ -f $bundle ]]; then
@@ -33,21 +35,23 @@ if [[ -f $bundle ]]; then
   bundle="$unpacked"
 fi
 bundle="$(cd "$bundle" && pwd)"
-all_steps="tests,kernels_bench,prune_bench,prune_70b,memcheck,racecheck"  # the default order: deliverables first
-steps=",$all_steps,"
+all_steps="tests memcheck racecheck prune_bench kernels_bench prune_70b"
+plan="tests:200+memcheck:200+racecheck:200,prune_bench:180,kernels_bench:60,prune_70b:100"
+skip=" "
 while (($# > 0)); do
   case "$1" in
-    --skip-sanitizer) steps="${steps/,memcheck,/,}" steps="${steps/,racecheck,/,}" ;;
-    --skip-bench) steps="${steps/,kernels_bench,/,}" steps="${steps/,prune_bench,/,}" steps="${steps/,prune_70b,/,}" ;;
+    --skip-sanitizer) skip+="memcheck racecheck " ;;
+    --skip-bench) skip+="kernels_bench prune_bench prune_70b " ;;
     --steps)
-      [[ $# -ge 2 && $2 =~ ^[a-z0-9_]+(,[a-z0-9_]+)*$ ]] || {
-        echo "gpu_checks: --steps needs a comma-separated list without spaces of $all_steps" >&2
+      [[ $# -ge 2 && $2 =~ ^[a-z0-9_]+(:[0-9]+)?([+,][a-z0-9_]+(:[0-9]+)?)*$ ]] || {
+        echo "gpu_checks: --steps needs groups separated by ',' of steps joined by '+', each NAME or NAME:SECONDS," \
+          "without spaces; the steps are $all_steps" >&2
         exit 2
       }
-      for name in ${2//,/ }; do
-        [[ ",$all_steps," == *",$name,"* ]] || { echo "gpu_checks: unknown step '$name' ($all_steps)" >&2; exit 2; }
+      for spec in ${2//[,+]/ }; do
+        [[ " $all_steps " == *" ${spec%%:*} "* ]] || { echo "gpu_checks: unknown step '${spec%%:*}' ($all_steps)" >&2; exit 2; }
       done
-      steps=",$2,"
+      plan="$2"
       shift ;;
     *) echo "gpu_checks: unknown option $1 ($usage)" >&2; exit 2 ;;
   esac
@@ -102,22 +106,42 @@ pack() {  # the work directory and the table so far, into $results (a few files:
   tar -C "$(dirname "$out")" -czf "$results/gpu-results.tar.gz.part" gpu-results &&
     mv "$results/gpu-results.tar.gz.part" "$results/gpu-results.tar.gz"
 }
-step() {  # step NAME COMMAND...: runs it with output to $out/NAME.log, records the outcome
-  local name=$1
-  shift
+group() {  # group STEP[:SECONDS]...: starts the steps together, each with output to $out/LOG.log, waits for all
   local left=$((deadline - SECONDS - 10))
   if ((left < 60)); then
-    not_run+=("$name")
+    not_run+=("$(IFS=+; echo "$*")")
     pack
     return 0
   fi
-  local limit=$((left < step_timeout ? left : step_timeout))
-  local start=$SECONDS
-  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  ((rc == 124 || rc == 137)) && echo "gpu_checks: $name stopped after $limit s (STEP_TIMEOUT or DEADLINE)" >>"$out/$name.log"
-  summary+=("$(printf '%-28s rc=%-3s %5ss' "$name" "$rc" "$((SECONDS - start))")")
-  tail -n 5 "$out/$name.log"
+  # The CPU side of parallel steps (the CPU references of the tests) shares the machine's cores.
+  local threads=$(($(nproc) / $#))
+  ((threads < 1)) && threads=1
+  local spec name limit pids=() logs=() starts=()
+  for spec in "$@"; do
+    name=${spec%%:*}
+    limit=$step_timeout
+    [[ $spec == *:* ]] && limit=${spec#*:}
+    ((limit > left)) && limit=$left
+    step_command "$name"
+    logs+=("$log_name")
+    starts+=("$SECONDS")
+    if (($# > 1)); then
+      (export OMP_NUM_THREADS=$threads; timeout --kill-after=10 "$limit" "${command[@]}") >"$out/$log_name.log" 2>&1 &
+    else
+      timeout --kill-after=10 "$limit" "${command[@]}" >"$out/$log_name.log" 2>&1 &
+    fi
+    pids+=("$!:$limit")
+  done
+  local i rc
+  for i in "${!pids[@]}"; do
+    wait "${pids[i]%%:*}"
+    rc=$?
+    ((rc == 124 || rc == 137)) &&
+      echo "gpu_checks: ${logs[i]} stopped after ${pids[i]#*:} s (its limit, STEP_TIMEOUT or DEADLINE)" >>"$out/${logs[i]}.log"
+    summary+=("$(printf '%-28s rc=%-3s %5ss' "${logs[i]}" "$rc" "$((SECONDS - starts[i]))")")
+    echo "== ${logs[i]} (rc=$rc)"
+    tail -n 5 "$out/${logs[i]}.log"
+  done
   pack
   return 0
 }
@@ -129,22 +153,27 @@ step() {  # step NAME COMMAND...: runs it with output to $out/NAME.log, records 
 per_suite="$(dirname "${BASH_SOURCE[0]}")/gtest_per_suite.sh"
 sanitized='KernelTest.*:CudaDeviceTest.*:DevicePruningOpsTest.*:LowPrecisionTest.*:DsnotKernelTest.*:*CudaBackendModelTest.*'
 bench="$(dirname "${BASH_SOURCE[0]}")/../bench"
-for name in ${steps//,/ }; do  # in the order given
-  case "$name" in
-    tests) step gpu_tests "${native[@]}" bash "$per_suite" "$out/gpu_tests" '*' "$bundle/bin/symprune_gpu_tests" ;;
-    memcheck) step memcheck "${native[@]}" bash "$per_suite" "$out/memcheck" "$sanitized" \
-      "$bundle/bin/symprune_gpu_tests" compute-sanitizer --tool memcheck --error-exitcode 3 ;;
-    racecheck) step racecheck "${native[@]}" bash "$per_suite" "$out/racecheck" 'KernelTest.*:DsnotKernelTest.*' \
-      "$bundle/bin/symprune_gpu_tests" compute-sanitizer --tool racecheck --error-exitcode 3 ;;
-    kernels_bench) step kernels_bench "${native[@]}" "$bundle/bin/cuda_kernels_bench" \
-      --json "$out/cuda_kernels_bench.json" --markdown "$out/cuda_kernels_bench.md" ;;
-    prune_bench) step prune_bench python3 "$bench/cuda_prune_bench.py" --symprune "$bundle/bin/symprune.sh" \
-      --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda --dtype bf16" --torch-args "--dtype fp16" \
-      --out "$out/cuda_prune_bench" ;;
-    prune_70b) step prune_70b python3 "$bench/cuda_prune_bench.py" --symprune "$bundle/bin/symprune.sh" \
-      --model llama2-70b --blocks "${PRUNE_70B_BLOCKS:-8}" --cases wanda-50 --no-torch \
-      --symprune-args "--device cuda --dtype bf16" --out "$out/cuda_prune_bench_70b" ;;
+step_command() {  # step_command NAME: sets command (an array) and log_name
+  case "$1" in
+    tests) log_name=gpu_tests command=("${native[@]}" bash "$per_suite" "$out/gpu_tests" '*' "$bundle/bin/symprune_gpu_tests") ;;
+    memcheck) log_name=memcheck command=("${native[@]}" bash "$per_suite" "$out/memcheck" "$sanitized"
+      "$bundle/bin/symprune_gpu_tests" compute-sanitizer --tool memcheck --error-exitcode 3) ;;
+    racecheck) log_name=racecheck command=("${native[@]}" bash "$per_suite" "$out/racecheck" 'KernelTest.*:DsnotKernelTest.*'
+      "$bundle/bin/symprune_gpu_tests" compute-sanitizer --tool racecheck --error-exitcode 3) ;;
+    kernels_bench) log_name=kernels_bench command=("${native[@]}" "$bundle/bin/cuda_kernels_bench"
+      --json "$out/cuda_kernels_bench.json" --markdown "$out/cuda_kernels_bench.md") ;;
+    prune_bench) log_name=prune_bench command=(python3 "$bench/cuda_prune_bench.py" --symprune "$bundle/bin/symprune.sh"
+      --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda --dtype bf16" --torch-args "--dtype fp16"
+      --out "$out/cuda_prune_bench") ;;
+    prune_70b) log_name=prune_70b command=(python3 "$bench/cuda_prune_bench.py" --symprune "$bundle/bin/symprune.sh"
+      --model llama2-70b --blocks "${PRUNE_70B_BLOCKS:-4}" --cases wanda-50 --no-torch
+      --symprune-args "--device cuda --dtype bf16" --out "$out/cuda_prune_bench_70b") ;;
   esac
+}
+for group_spec in ${plan//,/ }; do  # in the order given, without the skipped steps
+  members=()
+  for spec in ${group_spec//+/ }; do [[ $skip == *" ${spec%%:*} "* ]] || members+=("$spec"); done
+  ((${#members[@]})) && group "${members[@]}"
 done
 [[ -f $out/gpu_tests.log ]] && grep -h -E '^gtest_per_suite|^\[  FAILED  \]|^  ' "$out"/gpu_tests.log | tail -n 40
 pack

@@ -1,0 +1,47 @@
+"""bench/cuda_prune_bench.py, the end-to-end benchmark of the rare GPU session, run here on the CPU at a toy
+size (both tools on the CPU, one block of the 1024-wide synthetic LLaMA): its JSON has the issue's form,
+with the device memory of symprune's report per case, and a failing case is recorded with its error while
+the others still run and are written (the step may also be stopped at its limit: the files are rewritten
+after every case)."""
+import json
+import subprocess
+import sys
+
+from prune_support import BIN, SOURCE
+
+BENCH = SOURCE / "bench" / "cuda_prune_bench.py"
+TOY = ["--model", "llama-1024", "--blocks", "1", "--nsamples", "2", "--seqlen", "32", "--symprune-args",
+       "--device cpu", "--torch-args", "--device cpu --dtype fp32"]
+
+
+def run_bench(tmp_path, symprune, cases):
+    out = tmp_path / "result"
+    proc = subprocess.run([sys.executable, BENCH, "--symprune", symprune, *TOY, "--cases", cases, "--out", out],
+                          capture_output=True, text=True, timeout=600)
+    return proc, json.loads(out.with_suffix(".json").read_text()), out.with_suffix(".md").read_text()
+
+
+def test_the_json_has_the_issues_form_with_every_case_scaled(tmp_path):
+    proc, result, table = run_bench(tmp_path, BIN, "wanda-50,wanda-2:4")
+    assert proc.returncode == 0, proc.stderr
+    assert result["model"] == "synthetic:llama-1024" and (result["nsamples"], result["seqlen"]) == (2, 32)
+    assert result["device"] and result["blocks_timed"] == 1 and result["scaled"] == "times of 1 blocks x 4"
+    assert [c["case"] for c in result["cases"]] == ["wanda-50", "wanda-2:4"]
+    for case in result["cases"]:
+        assert case["seconds"] > 0 and case["pytorch_seconds"] > 0 and case["floor_seconds"] > 0
+        assert {"blocks", "scores_masks", "weights"} <= case["stages"].keys()
+        assert case["symprune_device"] == "cpu" and case["device_memory"] is None  # a GPU run's report has it
+    assert "| wanda-2:4 |" in table
+
+
+def test_a_failing_case_is_recorded_and_the_others_still_run(tmp_path):
+    failing = tmp_path / "symprune"
+    failing.write_text(f'#!/usr/bin/env bash\n[[ " $* " == *" ria "* ]] && {{ echo "no ria today" >&2; exit 9; }}\n'
+                       f'exec {BIN} "$@"\n')
+    failing.chmod(0o755)
+    proc, result, table = run_bench(tmp_path, failing, "ria-50,wanda-50")
+    assert proc.returncode != 0 and "cases that failed: ria-50" in proc.stderr
+    ria, wanda = result["cases"]
+    assert ria["case"] == "ria-50" and "no ria today" in ria["error"] and "(9)" in ria["error"]
+    assert wanda["case"] == "wanda-50" and wanda["seconds"] > 0 and wanda["pytorch_seconds"] > 0
+    assert "| ria-50 | failed" in table
