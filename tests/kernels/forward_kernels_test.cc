@@ -155,6 +155,13 @@ TEST_F(KernelTest, AttentionMatchesTheCpu) {
     expect_close(from_device(out, a.expected.shape()), a.expected, 2e-6, false,
                  "attention T=" + std::to_string(c.seq_len) + " hd=" + std::to_string(c.head_dim));
   }
+  // Sequences split over launches (as beyond the grid's 65535 along z): two, then one.
+  const AttentionCase split = attention_case(3, 7, 4, 2, 8, seed);
+  const DeviceArray<float> dq = on_device(split.q), dk = on_device(split.k), dv = on_device(split.v);
+  DeviceArray<float> out(split.expected.numel());
+  cuda::launch_attention(dq.data(), dk.data(), dv.data(), 3, 7, 4, 2, 8, split.scale, out.data(), {}, 2);
+  expect_close(from_device(out, split.expected.shape()), split.expected, 2e-6, false,
+               "attention in 2 launches");
   EXPECT_THAT(
       error_of([] { cuda::launch_attention(nullptr, nullptr, nullptr, 1, 4, 2, 2, 320, 1.0f, nullptr, {}); }),
       ::testing::HasSubstr("head_dim 320 (at most 256)"));

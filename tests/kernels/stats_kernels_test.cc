@@ -1,5 +1,7 @@
 // Activation statistics of device-held activations against ActivationStats::accumulate on the host:
 // the fp64 sums must be bit-identical after several calls (micro-batches), with and without outputs.
+#include "core/cuda/kernels/stats_kernels.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -45,6 +47,33 @@ TEST_F(KernelTest, StatisticsSumLikeTheHostOverSeveralCalls) {
     EXPECT_EQ(actual.n_seqs, host.n_seqs);
     EXPECT_EQ(actual.seq_len, host.seq_len);
   }
+}
+
+TEST_F(KernelTest, SequenceSumsSplitOverLaunchesAreTheSame) {
+  // As beyond the grid's 65535 sequences along y: 5 sequences two at a time, with an offset, bit for bit.
+  const int64_t seqs = 5, seq_len = 9, width = 70;
+  const std::vector<float> x = uniform_values(seqs * seq_len * width, 41, -3.0f, 5.0f);
+  const std::vector<float> offset = uniform_values(width, 42);
+  const cuda::DeviceArray<float> dx(x), doffset(offset);
+  std::vector<std::vector<double>> results;
+  for (int64_t per_launch : {int64_t{65535}, int64_t{2}}) {
+    cuda::DeviceArray<double> sumsq(seqs * width), sum(seqs * width);
+    cuda::launch_sequence_sums(dx.data(), doffset.data(), seqs, seq_len, width, sumsq.data(), sum.data(), {},
+                               per_launch);
+    std::vector<double> both = sumsq.download();
+    const std::vector<double> sums = sum.download();
+    both.insert(both.end(), sums.begin(), sums.end());
+    results.push_back(both);
+  }
+  ASSERT_EQ(results[0].size(), results[1].size());
+  for (size_t i = 0; i < results[0].size(); ++i) ASSERT_EQ(results[0][i], results[1][i]) << i;
+  // And the first sequence's first channel is the sum over its tokens.
+  double expected = 0.0;
+  for (int64_t t = 0; t < seq_len; ++t) {
+    const double v = static_cast<double>(x[static_cast<size_t>(t * width)]) - offset[0];
+    expected += v * v;
+  }
+  EXPECT_DOUBLE_EQ(results[1][0], expected);
 }
 
 TEST_F(KernelTest, StatisticsRejectWhatTheHostRejects) {

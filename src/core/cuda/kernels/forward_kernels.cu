@@ -1,5 +1,6 @@
 // Forward-pass kernels (see forward_kernels.h). Products and sums that nvcc could contract into FMAs are
 // written with __fmul_rn/__fadd_rn where the CPU result is reproduced bit for bit.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -255,7 +256,7 @@ void launch_add_position_rows(float* x, const float* table, int64_t rows, int64_
 
 void launch_attention(const float* q, const float* k, const float* v, int64_t n_seqs, int64_t seq_len,
                       int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
-                      DeviceStream stream) {
+                      DeviceStream stream, int64_t seqs_per_launch) {
   if (n_seqs <= 0 || seq_len <= 0) return;
   if (head_dim <= 0 || head_dim > kMaxHeadDim || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
     throw_argument_error("attention: head_dim " + std::to_string(head_dim) + " (at most 256) with " +
@@ -263,11 +264,20 @@ void launch_attention(const float* q, const float* k, const float* v, int64_t n_
   // Two staged tiles of tile_keys × hd floats stay within the 48 KiB of shared memory without opt-in.
   const int tile_keys = head_dim <= 128 ? 32 : 16;
   const size_t shared = 2 * static_cast<size_t>(tile_keys) * static_cast<size_t>(head_dim) * sizeof(float);
-  const dim3 grid(static_cast<unsigned>((seq_len + kWarps - 1) / kWarps), static_cast<unsigned>(n_heads),
-                  static_cast<unsigned>(n_seqs));
-  SYMPRUNE_LAUNCH(attention_kernel, grid, kThreads, shared, native(stream), q, k, v, seq_len, n_heads,
-                  n_heads / n_kv_heads, head_dim, tile_keys, scale, out);
-  SYMPRUNE_CHECK_LAUNCH();
+  if (n_heads > kMaxGridYz)
+    throw_argument_error("attention: " + std::to_string(n_heads) + " heads exceed the grid");
+  // Sequences along z, at most kMaxGridYz per launch.
+  const int64_t per_launch = std::clamp<int64_t>(seqs_per_launch, 1, kMaxGridYz);
+  const int64_t q_width = n_heads * head_dim, kv_width = n_kv_heads * head_dim;
+  for (int64_t first = 0; first < n_seqs; first += per_launch) {
+    const int64_t seqs = std::min(per_launch, n_seqs - first), row = first * seq_len;
+    const dim3 grid(static_cast<unsigned>((seq_len + kWarps - 1) / kWarps), static_cast<unsigned>(n_heads),
+                    static_cast<unsigned>(seqs));
+    SYMPRUNE_LAUNCH(attention_kernel, grid, kThreads, shared, native(stream), q + row * q_width,
+                    k + row * kv_width, v + row * kv_width, seq_len, n_heads, n_heads / n_kv_heads, head_dim,
+                    tile_keys, scale, out + row * q_width);
+    SYMPRUNE_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace symprune::cuda

@@ -31,9 +31,10 @@ void launch_add_position_rows(float* x, const float* table, int64_t rows, int64_
                               int64_t d, DeviceStream stream);
 // Causal grouped-query attention per sequence, flash-style: K/V tiles in shared memory and an online
 // softmax, so memory stays O(rows · width) at any length (no T × T buffer). q [n_seqs·T, n_heads·hd],
-// k/v [n_seqs·T, n_kv_heads·hd], out like q; hd ≤ 256.
+// k/v [n_seqs·T, n_kv_heads·hd], out like q; hd ≤ 256. Launched seqs_per_launch sequences at a time (the
+// grid's z; 65535 is CUDA's limit, tests pass fewer to cover the split).
 void launch_attention(const float* q, const float* k, const float* v, int64_t n_seqs, int64_t seq_len,
                       int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
-                      DeviceStream stream);
+                      DeviceStream stream, int64_t seqs_per_launch = 65535);
 
 }  // namespace symprune::cuda

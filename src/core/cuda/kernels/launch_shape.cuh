@@ -10,6 +10,9 @@ constexpr int kThreads = 256;  // threads per block: a multiple of the warp size
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// The most blocks a grid may have along y or z (CUDA's limit; x allows 2^31 − 1).
+constexpr int64_t kMaxGridYz = 65535;
+
 // Blocks for a grid-stride loop over `count` items: enough to cover it, at most 4096 (the loop does the
 // rest).
 inline int grid_for(int64_t count) {
