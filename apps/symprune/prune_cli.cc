@@ -117,7 +117,7 @@ void warn_about_unread_options(const CLI::App& command, const engine::PruneConfi
 
 }  // namespace
 
-engine::PruneConfig parsed_prune_config(PruneCliOptions& o, int local_rank) {
+engine::PruneConfig parsed_prune_config(PruneCliOptions& o, int local_rank, int local_size) {
   for (const auto& sw : o.switches) sw.resolve();  // into o.config, before it is copied
   engine::PruneConfig c = o.config;
   if (o.alpha_option->count() > 0) c.alpha = o.alpha;
@@ -127,6 +127,7 @@ engine::PruneConfig parsed_prune_config(PruneCliOptions& o, int local_rank) {
   c.checkpoint = o.checkpoint;
   if (o.recipe_option->count() > 0) c.input_files.push_back(o.recipe_option->as<std::string>());
   c.backend = &accel::backend_for_device(o.device, local_rank);
+  if (c.backend->device_resident()) c.ranks_per_device = accel::ranks_sharing_device(local_rank, local_size);
   if (log::is_root()) warn_about_unread_options(*o.command, c);
   return c;
 }

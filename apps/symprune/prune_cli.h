@@ -42,7 +42,7 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& o);
 // The pipeline configuration once the command line (and recipe) are parsed; --device is resolved to a
 // backend (accel::backend_for_device, the node-local rank picking the GPU), which throws when it is
 // unusable.
-engine::PruneConfig parsed_prune_config(PruneCliOptions& o, int local_rank = 0);
+engine::PruneConfig parsed_prune_config(PruneCliOptions& o, int local_rank = 0, int local_size = 1);
 
 // stdout: per-layer table, sparsity total, perplexities, "wrote OUT".
 void print_prune_result(const engine::PruneConfig& config, const engine::PruneResult& result);

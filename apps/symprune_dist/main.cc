@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
     engine::PruneConfig config;
     std::unique_ptr<dist::Communicator> nccl;
     engine::agree_on_errors(*world, [&] {
-      config = app::parsed_prune_config(options, world->local_rank());
+      config = app::parsed_prune_config(options, world->local_rank(), world->local_size());
       check_comm_kind(comm_kind, *config.backend);
     });
     engine::agree_on_errors(*world, [&] { nccl = make_communicator(comm_kind, *world, *config.backend); });

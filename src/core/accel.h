@@ -33,6 +33,15 @@ inline int device_for_local_rank(int local_rank) {
   return count > 0 ? local_rank % count : 0;
 }
 
+// How many of a node's local_size ranks use local_rank's device (device_for_local_rank): they share its
+// memory (1 without devices).
+inline int ranks_sharing_device(int local_rank, int local_size) {
+  const int count = device_count();
+  if (count <= 0) return 1;
+  const int device = local_rank % count;  // ranks device, device + count, ... below local_size
+  return device < local_size ? (local_size - device + count - 1) / count : 1;
+}
+
 // The backend for --device: "cpu"; "cuda" (device_for_local_rank(local_rank) is made current; an
 // Error says why there is none); "auto" (cuda when a device is present, else cpu). Other names: Error.
 Backend& backend_for_device(std::string_view device, int local_rank = 0);

@@ -46,9 +46,13 @@ RopeTables rope_tables(std::span<const float> inv_freq, int64_t seq_len);
 // kept entries set to zero; what the reconstruction error multiplies).
 enum class MaskedPart { kKept, kPruned };
 
-// Memory of a device backend, in bytes.
+// Memory of a device backend, in bytes. held: what its allocator holds now for the backend's own allocations,
+// in use or kept for reuse (not free on the device, yet available to them). peak_used: the most the
+// backend's own allocations held at once since the last reset_device_memory_peak; peak_reserved: the most
+// device memory its allocator held for them then (at least peak_used: a pool's unused and fragmented
+// memory). What libraries allocate on their own, the cuBLAS workspaces and NCCL's buffers, is in none.
 struct DeviceMemory {
-  int64_t free = 0, total = 0;
+  int64_t free = 0, total = 0, held = 0, peak_used = 0, peak_reserved = 0;
 };
 
 // Device memory a 16-bit attention's tile of fp32 scores and 16-bit probabilities may take (the memory
@@ -181,6 +185,8 @@ class Backend {
   virtual std::vector<double> row_nll(const Tensor& logits, std::span<const int32_t> targets);
   // Free and total memory of a device backend; nullopt for a host backend (host memory is the system's).
   virtual std::optional<DeviceMemory> device_memory() { return std::nullopt; }
+  // Starts DeviceMemory::peak_used again from the memory in use now (nothing for a host backend).
+  virtual void reset_device_memory_peak() {}
 };
 
 // Checks copy_rows' arguments (the same width, rows inside both tensors; a broken invariant aborts) and

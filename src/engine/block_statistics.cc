@@ -47,13 +47,16 @@ void BlockStatistics::on_linear(const model::LinearId& id, const Tensor& input, 
   for (auto& group : groups_) {
     if (group.leader != id.name) continue;
     if (!sample_positions_.empty()) {
-      // The sampled rows, copied in the backend's memory and brought to the host at once.
+      // The sampled rows, copied in the backend's memory (runs of consecutive positions at once: a copy per
+      // window with --recon-tokens 0) and brought to the host at once.
       const auto count = static_cast<int64_t>(sample_positions_.size());
+      const auto position = [&](int64_t j) { return sample_positions_[static_cast<size_t>(j)]; };
       Tensor sampled = backend_.allocate({windows * count, n});
       for (int64_t w = 0; w < windows; ++w)
-        for (int64_t j = 0; j < count; ++j)
-          backend_.copy_rows(input, w * seq_len_ + sample_positions_[static_cast<size_t>(j)], sampled,
-                             w * count + j, 1);
+        for (int64_t j = 0, run = 1; j < count; j += run, run = 1) {
+          while (j + run < count && position(j + run) == position(j) + run) ++run;
+          backend_.copy_rows(input, w * seq_len_ + position(j), sampled, w * count + j, run);
+        }
       Tensor copy;
       const Tensor& host = backend_.host_view(sampled, copy);
       group.local_samples.insert(group.local_samples.end(), host.data(), host.data() + host.numel());

@@ -55,6 +55,9 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
                         const std::string& linear, const Tensor& weight, const ActivationStats* stats,
                         const Gram* gram, const Tensor* samples);
 
+// sample_energy's products A Xᵀ are taken kEnergyBlockRows rows of A at a time ([kEnergyBlockRows, K]).
+constexpr int64_t kEnergyBlockRows = 256;
+
 // ‖AX‖_F² over the sampled input rows X [K, n] (BlockStatistics::samples; both in the backend's memory)
 // of the matrix whose rows
 // `rows` (dist::partition of total_rows) this rank holds: per row Σ_t (a_r·x_t)² (fp32 products, fp64

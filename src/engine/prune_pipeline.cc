@@ -331,6 +331,56 @@ nlohmann::json communication_json(const CommunicationVolume& c) {
   return j;
 }
 
+// The report's "device_memory" (collective: every rank calls it, with a device plan or not): the largest plan
+// and peaks and the smallest free and available memory (what the plan was checked against) over the ranks,
+// the device's size and rank 0's plan by term; null when no rank planned device memory. The peaks count the
+// backend's own allocations, not the libraries' (DeviceMemory).
+nlohmann::json device_memory_json(dist::Communicator& comm, const RunPlan& plan, Backend& backend) {
+  struct RankMemory {  // bytes; -1 on a rank without a device plan
+    int64_t planned = -1, available = -1, free_at_start = -1, peak_used = -1, peak_reserved = -1, total = -1;
+  };
+  RankMemory local;
+  const bool planned = plan.device_plan && plan.device_at_start;
+  if (planned) {
+    const auto now = backend.device_memory();
+    local = {static_cast<int64_t>(plan.device_plan->total()),
+             static_cast<int64_t>(plan.device_available),
+             plan.device_at_start->free,
+             now ? now->peak_used : -1,
+             now ? now->peak_reserved : -1,
+             plan.device_at_start->total};
+  }
+  std::vector<RankMemory> ranks(static_cast<size_t>(comm.size()));
+  comm.all_gather(std::as_bytes(std::span<const RankMemory>(&local, 1)),
+                  std::as_writable_bytes(std::span<RankMemory>(ranks)));
+  if (!planned) return nullptr;
+  RankMemory worst = local;
+  for (const RankMemory& r : ranks) {
+    worst.planned = std::max(worst.planned, r.planned);
+    worst.available = std::min(worst.available, r.available);
+    worst.free_at_start = std::min(worst.free_at_start, r.free_at_start);
+    worst.peak_used = std::max(worst.peak_used, r.peak_used);
+    worst.peak_reserved = std::max(worst.peak_reserved, r.peak_reserved);
+  }
+  const DeviceMemoryPlan& p = *plan.device_plan;
+  return {{"planned", worst.planned},
+          {"available_at_start", worst.available},
+          {"free_at_start", worst.free_at_start},
+          {"peak_used", worst.peak_used},
+          {"peak_reserved", worst.peak_reserved},
+          {"total", local.total},
+          {"plan",
+           {{"globals", p.globals},
+            {"block_weights", p.block_weights},
+            {"calibration", p.calibration},
+            {"activations", p.activations},
+            {"evaluation", p.evaluation},
+            {"selection", p.selection},
+            {"gram", p.gram},
+            {"samples", p.samples},
+            {"buffers", p.buffers}}}};
+}
+
 // What a checkpoint saves besides the masks and hidden states: the identity and the report so far.
 nlohmann::json checkpoint_state(const nlohmann::json& identity, const PruneResult& result) {
   nlohmann::json layers = nlohmann::json::array();
@@ -420,6 +470,7 @@ nlohmann::json PruneResult::report() const {
       {"layers", layer_list},
       {"timings", timings_json(timings)},
       {"communication_bytes", communication_json(communication)},
+      {"device_memory", device_memory},
       {"symprune", io::build_provenance()},
   };
   if (incomplete) j["incomplete"] = *incomplete;
@@ -749,6 +800,7 @@ PruneResult prune_model(const PruneConfig& c, dist::Communicator& comm, const Pr
     }
   }
   result.timings.total = earlier_total + seconds_since(start);  // all attempts, like the other timings
+  result.device_memory = device_memory_json(comm, plan, model.backend());
 
   // --- Report (rank 0).
   agree_on_errors(comm, [&] {

@@ -103,6 +103,9 @@ struct PruneConfig {
   // resolve --device (cpu, cuda, auto) to it with accel::backend_for_device. The report's "device" is its
   // name; a checkpoint resumes only on the same kind of backend.
   Backend* backend = nullptr;
+  // Ranks of this node that use this rank's device (accel::ranks_sharing_device): the memory plan is checked
+  // against its share of the device's free memory.
+  int ranks_per_device = 1;
   // --dtype: what the linear weights and the hidden states between blocks are kept in on the backend
   // ("auto", "bf16", "fp16", "fp32"; model::resolve_storage_dtype). Lower precision needs a GPU.
   std::string dtype = "auto";
@@ -164,6 +167,9 @@ struct PruneResult {
   std::optional<PerplexityPair> perplexity;
   PruneTimings timings;
   CommunicationVolume communication;
+  // A device-resident run (this attempt): the memory plan against what the run held at its peak, worst
+  // rank (device_memory_json in prune_pipeline.cc); null on a host backend.
+  nlohmann::json device_memory;
   nlohmann::json config;  // the resolved configuration (defaults filled in)
   // Set when the run was interrupted after the model was written (during the pruned evaluation): what
   // was not finished. The report then carries "incomplete".

@@ -86,13 +86,15 @@ ResolvedMask resolve_mask(const PruneConfig& c, ScoreMethod method) {
 }
 
 // The hidden states dominate memory: this rank's calibration windows (H and the dense pass's copy of it)
-// and its evaluation chunks (a dense and a pruned stream), d floats per token each. Checked before any
-// work, so an impossible --nsamples is a message, not a bad_alloc.
+// and its evaluation chunks (a dense and a pruned stream), d floats per token each, and the inputs the
+// reconstruction error samples (sample_bytes; all of them with --recon-tokens 0). Checked before any work,
+// so an impossible --nsamples is a message, not a bad_alloc.
 void check_memory(int64_t nsamples, int64_t seqlen, int64_t calib_tokens, int64_t eval_tokens,
-                  int64_t hidden_size) {
+                  int64_t hidden_size, double sample_bytes, int64_t recon_tokens) {
   const double d = static_cast<double>(hidden_size);
-  const double needed = static_cast<double>(calib_tokens) * (2.0 * d + 1.0) * sizeof(float) +
-                        static_cast<double>(eval_tokens) * 2.0 * d * sizeof(float);
+  const double calib_bytes = static_cast<double>(calib_tokens) * (2.0 * d + 1.0) * sizeof(float);
+  const double eval_bytes = static_cast<double>(eval_tokens) * 2.0 * d * sizeof(float);
+  const double needed = calib_bytes + eval_bytes + sample_bytes;
   // Under `ulimit -v` mappings count: OpenBLAS maps a 128 MiB buffer per thread at its first product and,
   // when that fails, retries forever at full CPU. So the limit is checked here, with room for them.
   if (const auto left = address_space_left_bytes()) {
@@ -110,13 +112,19 @@ void check_memory(int64_t nsamples, int64_t seqlen, int64_t calib_tokens, int64_
   }
   const auto available = available_memory_bytes();
   if (!available || needed <= static_cast<double>(*available)) return;
-  if (eval_tokens == 0 ||
-      static_cast<double>(calib_tokens) * (2.0 * d + 1.0) * sizeof(float) > static_cast<double>(*available))
+  // Blame the first term that does not fit beside the ones before it.
+  if (calib_bytes > static_cast<double>(*available))
     fail(
         "--nsamples {} x --seqlen {} needs about {} for the calibration hidden states ({} tokens x {} values "
         "x "
         "4 bytes, twice), but only {} of memory is available: lower --nsamples or --seqlen",
-        nsamples, seqlen, format_bytes(needed), calib_tokens, hidden_size,
+        nsamples, seqlen, format_bytes(calib_bytes), calib_tokens, hidden_size,
+        format_bytes(static_cast<double>(*available)));
+  if (calib_bytes + eval_bytes <= static_cast<double>(*available))
+    fail(
+        "the run needs about {}, {} of it for the inputs the reconstruction error reads (--recon-tokens {}), "
+        "but only {} of memory is available: lower --recon-tokens (default 1024), or --no-recon-error",
+        format_bytes(needed), format_bytes(sample_bytes), recon_tokens,
         format_bytes(static_cast<double>(*available)));
   fail(
       "the run needs about {}: the calibration hidden states and, for --eval, {} tokens x {} values x 4 "
@@ -126,20 +134,33 @@ void check_memory(int64_t nsamples, int64_t seqlen, int64_t calib_tokens, int64_
       format_bytes(needed), eval_tokens, hidden_size, format_bytes(static_cast<double>(*available)));
 }
 
-// Before any work on a device: the plan against the device's free memory, with the option that lowers
-// each large term.
-void check_device_memory(Backend& backend, const DeviceMemoryPlan& p, int64_t nsamples, int64_t seqlen,
-                         int64_t micro_batch) {
+// What the plan is checked against: this rank's share of the device's free memory (ranks_per_device ranks
+// use the device) and what the backend's allocator holds already (the weights loaded so far, which the plan
+// counts, and freed memory kept for reuse), less a margin for what no term counts (kernels loaded on first
+// use, the pool's fragmentation): 2 % of the device, at least 256 MiB.
+double device_memory_margin(const DeviceMemory& memory) {
+  return std::max(static_cast<double>(int64_t{256} << 20), 0.02 * static_cast<double>(memory.total));
+}
+double device_memory_available(const DeviceMemory& memory, int ranks_per_device) {
+  return static_cast<double>(memory.free) / std::max(ranks_per_device, 1) + static_cast<double>(memory.held) -
+         device_memory_margin(memory);
+}
+
+// Before any work on a device: the plan against the memory available to it, with the option that lowers
+// each large term. Returns the device's memory as read for the check.
+std::optional<DeviceMemory> check_device_memory(Backend& backend, const DeviceMemoryPlan& p, int64_t nsamples,
+                                                int64_t seqlen, int64_t micro_batch, int64_t recon_tokens,
+                                                int ranks_per_device) {
   const auto memory = backend.device_memory();
-  if (!memory) return;
-  const double free = static_cast<double>(memory->free);
+  if (!memory) return memory;
+  const double free = device_memory_available(*memory, ranks_per_device);
   log::info(
-      "device memory plan: {} of {} free ({} weights and head, {} block weights, {} calibration states, {} "
-      "activations, {} evaluation, {} selection, {} Gram matrix, {} buffers)",
+      "device memory plan: {} of {} available ({} weights and head, {} block weights, {} calibration states, "
+      "{} activations, {} evaluation, {} selection, {} Gram matrix, {} reconstruction samples, {} buffers)",
       format_bytes(p.total()), format_bytes(free), format_bytes(p.globals), format_bytes(p.block_weights),
       format_bytes(p.calibration), format_bytes(p.activations), format_bytes(p.evaluation),
-      format_bytes(p.selection), format_bytes(p.gram), format_bytes(p.buffers));
-  if (p.total() <= free) return;
+      format_bytes(p.selection), format_bytes(p.gram), format_bytes(p.samples), format_bytes(p.buffers));
+  if (p.total() <= free) return memory;
   std::vector<std::string> lower;
   if (p.calibration > 0)
     lower.push_back(fmt::format("--nsamples {} or --seqlen {} (calibration states {})", nsamples, seqlen,
@@ -152,15 +173,23 @@ void check_device_memory(Backend& backend, const DeviceMemoryPlan& p, int64_t ns
   if (p.gram > 0)
     lower.push_back(fmt::format("--refine dsnot or r2dsnot without --refine-guard (Gram matrix {})",
                                 format_bytes(p.gram)));
+  if (p.samples > 0)
+    lower.push_back(fmt::format("--recon-tokens {} or --no-recon-error (reconstruction samples {})",
+                                recon_tokens, format_bytes(p.samples)));
+  if (ranks_per_device > 1) lower.push_back("the ranks per node (or give each its own device)");
   lower.push_back("--device cpu");
   fail(
       "the run needs about {} of {} memory (weights and head {}, block weights {}, calibration states {}, "
-      "activations {}, evaluation {}, selection {}, Gram matrix {}, buffers {}), but only {} of its {} are "
-      "free: lower {}",
+      "activations {}, evaluation {}, selection {}, Gram matrix {}, reconstruction samples {}, buffers {}), "
+      "but only {} of its {} are free for it ({} kept free{}): lower {}",
       format_bytes(p.total()), backend.name(), format_bytes(p.globals), format_bytes(p.block_weights),
       format_bytes(p.calibration), format_bytes(p.activations), format_bytes(p.evaluation),
-      format_bytes(p.selection), format_bytes(p.gram), format_bytes(p.buffers), format_bytes(free),
-      format_bytes(static_cast<double>(memory->total)), fmt::format("{}", fmt::join(lower, ", or ")));
+      format_bytes(p.selection), format_bytes(p.gram), format_bytes(p.samples), format_bytes(p.buffers),
+      format_bytes(std::max(free, 0.0)), format_bytes(static_cast<double>(memory->total)),
+      format_bytes(device_memory_margin(*memory)),
+      ranks_per_device > 1 ? fmt::format("; {} ranks of this node share the device", ranks_per_device)
+                           : std::string(),
+      fmt::format("{}", fmt::join(lower, ", or ")));
 }
 
 // --report must not be one of the checkpoint's files, which the run renames and removes (the report
@@ -457,15 +486,31 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
     eval_tokens = (eval_chunks + comm.size() - 1) / comm.size() * eval_seqlen;
   }
   const int64_t calib_tokens = r.needs_stats ? local_windows * r.seqlen : 0;
-  if (backend.device_resident())
-    check_device_memory(
-        backend,
-        plan_device_memory(
-            model.config(), model.storage_dtype(), calib_tokens, r.micro_batch * r.seqlen, eval_tokens,
-            comm.size() == 1 ? std::optional(model.stored_weight_dtype()) : std::nullopt, r.collect_gram),
-        c.nsamples, r.seqlen, r.micro_batch);
-  else
-    check_memory(c.nsamples, r.seqlen, calib_tokens, eval_tokens, model.hidden_size());
+  // The reconstruction error's samples: every window's (gathered from all ranks), kept for the block. The
+  // host holds those of every input group and this rank's own; a device one group's at a time.
+  const auto per_window = static_cast<int64_t>(r.recon_sample_positions.size());
+  const int64_t sample_rows = c.nsamples * per_window;
+  const io::ModelConfig& mc = model.config();
+  const double sampled_widths =
+      static_cast<double>(2 * mc.hidden_size + mc.num_heads * mc.head_dim + mc.intermediate_size);
+  // A pass runs micro-batches of whole windows, and evaluation sequences one at least.
+  const int64_t tokens_per_pass = std::max(r.micro_batch * r.seqlen, r.evaluate ? eval_seqlen : int64_t{0});
+  if (backend.device_resident()) {
+    r.device_plan =
+        plan_device_memory(mc, model.storage_dtype(), calib_tokens, tokens_per_pass, eval_tokens,
+                           comm.size() == 1 ? std::optional(model.stored_weight_dtype()) : std::nullopt,
+                           r.collect_gram, sample_rows);
+    r.device_at_start = check_device_memory(backend, *r.device_plan, c.nsamples, r.seqlen, r.micro_batch,
+                                            c.recon_tokens, c.ranks_per_device);
+    if (r.device_at_start)
+      r.device_available = device_memory_available(*r.device_at_start, c.ranks_per_device);
+    backend.reset_device_memory_peak();  // the report's peak is this run's
+  } else {
+    check_memory(
+        c.nsamples, r.seqlen, calib_tokens, eval_tokens, model.hidden_size(),
+        static_cast<double>(sample_rows + local_windows * per_window) * sampled_widths * sizeof(float),
+        c.recon_tokens);
+  }
 
   // The mask stage's settings.
   r.mask.backend = &model.backend();
@@ -556,7 +601,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
 
 DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, int64_t calib_tokens,
                                     int64_t tokens_per_pass, int64_t eval_tokens,
-                                    std::optional<DType> prefetched, bool gram) {
+                                    std::optional<DType> prefetched, bool gram, int64_t sample_rows) {
   const double f = sizeof(float), s = static_cast<double>(dtype_size(storage));
   const bool low_precision = storage != DType::kF32;
   const double d = static_cast<double>(mc.hidden_size), vocab = static_cast<double>(mc.vocab_size);
@@ -596,6 +641,8 @@ DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, in
       (f + 1.0 + (low_precision ? f : 0.0)) * largest + static_cast<double>(kDeviceRefineScratchBytes);
   // The widest input's Gram matrix XᵀX, computed per chunk on the device and brought to the host.
   if (gram) p.gram = f * widest_input * widest_input;
+  // The widest group's samples (fp32) and a block of rows' products with them (mask_stage.h).
+  p.samples = f * static_cast<double>(sample_rows) * (widest_input + static_cast<double>(kEnergyBlockRows));
   p.buffers = static_cast<double>(kDeviceConvertBytes + kDeviceLibraryBytes);
   return p;
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
 #include "engine/mask_stage.h"
 #include "engine/prune_pipeline.h"
 #include "io/model_resolver.h"
@@ -18,6 +19,21 @@
 
 namespace symprune::engine {
 
+// What a device-resident backend holds at the peak of a block, in bytes (the memory plan checked against
+// the device's free memory before any work). Activations, scores and the embeddings are fp32; the linear
+// weights (blocks and head) and the hidden states between blocks are in the storage dtype (--dtype).
+// `samples`: the inputs the reconstruction error reads (--recon-tokens), one group's on the device at a time,
+// and their products with a block of a matrix's rows. `buffers`: what a run holds whatever its shapes (the
+// fp32 conversion buffer of 16-bit tensors crossing the bus, the cuBLAS workspaces). NCCL's staging buffer
+// is not in the plan: it is allocated with the communicator, before the free memory is read.
+struct DeviceMemoryPlan {
+  double globals = 0, block_weights = 0, calibration = 0, activations = 0, evaluation = 0, selection = 0,
+         gram = 0, samples = 0, buffers = 0;
+  double total() const {
+    return globals + block_weights + calibration + activations + evaluation + selection + gram + samples +
+           buffers;
+  }
+};
 struct RunPlan {
   io::ResolvedModel resolved;
   std::unique_ptr<model::DecoderModel> model;
@@ -53,32 +69,28 @@ struct RunPlan {
   std::unique_ptr<io::PathLock> checkpoint_lock;  // rank 0, with --checkpoint: one run per checkpoint
   bool writes_model = false;
   nlohmann::json config;  // the resolved configuration, for the report and the provenance file
+
+  // A device-resident backend: the memory plan checked before any work, the device's memory then and what
+  // the plan was checked against (the report's "device_memory" sets the peak the run reached beside them).
+  std::optional<DeviceMemoryPlan> device_plan;
+  std::optional<DeviceMemory> device_at_start;
+  double device_available = 0;
 };
 
 // Collective (agree_on_errors): every rank returns the same plan or throws the same error.
 RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm);
 
-// What a device-resident backend holds at the peak of a block, in bytes (the memory plan checked against
-// the device's free memory before any work). Activations, scores and the embeddings are fp32; the linear
-// weights (blocks and head) and the hidden states between blocks are in the storage dtype (--dtype).
-// `buffers`: what a run holds whatever its shapes (the fp32 conversion buffer of 16-bit tensors crossing
-// the bus, the cuBLAS workspaces). NCCL's staging buffer is not in the plan: it is allocated with the
-// communicator, before the free memory is read.
-struct DeviceMemoryPlan {
-  double globals = 0, block_weights = 0, calibration = 0, activations = 0, evaluation = 0, selection = 0,
-         gram = 0, buffers = 0;
-  double total() const {
-    return globals + block_weights + calibration + activations + evaluation + selection + gram + buffers;
-  }
-};
-// For a model of `config` kept in `storage`, calib_tokens calibration tokens on this rank, micro-batches
-// of tokens_per_pass and eval_tokens evaluation tokens on this rank. `prefetched`: the stored dtype of the
+// For a model of `config` kept in `storage`, calib_tokens calibration tokens on this rank, passes of
+// tokens_per_pass tokens at most (a micro-batch, or one evaluation sequence when that is longer) and
+// eval_tokens evaluation tokens on this rank. `prefetched`: the stored dtype of the
 // next block's linears when they are uploaded while the current block computes (one rank: a third copy
 // of a block at the peak); nullopt when several ranks upload at install time. `gram`: the run reads Gram
 // matrices (--refine recon, --refine-guard), each computed on the device as an n × n fp32 matrix.
+// `sample_rows`: the rows of the reconstruction error's samples on this rank (0: no reconstruction error).
 DeviceMemoryPlan plan_device_memory(const io::ModelConfig& config, DType storage, int64_t calib_tokens,
                                     int64_t tokens_per_pass, int64_t eval_tokens,
-                                    std::optional<DType> prefetched = std::nullopt, bool gram = false);
+                                    std::optional<DType> prefetched = std::nullopt, bool gram = false,
+                                    int64_t sample_rows = 0);
 
 // The positions within each calibration window whose inputs the report's reconstruction error reads:
 // ceil(tokens / windows) of the seqlen positions (at least 1, at most all; tokens 0 = all), evenly spaced,

@@ -299,6 +299,23 @@ Tensor DecoderModel::embed(std::span<const int32_t> tokens, int64_t n_seqs, int6
     SYMPRUNE_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size(),
                    "token id {} at position {} outside the vocabulary [0, {}) of {}", tokens[i], i,
                    vocab_size(), dir_.empty() ? weights_->description() : dir_.string());
+  if (storage_dtype_ == DType::kF32) return embed_fp32(tokens, n_seqs, seq_len);
+  // fp32 rows of one micro-batch at a time, rounded into H: the memory plan counts H in 16 bits and one
+  // micro-batch's fp32 activations, not all of H in fp32 beside its 16-bit copy.
+  Backend& be = *backend_;
+  Tensor h = be.allocate({n_seqs * seq_len, hidden_size()}, storage_dtype_);
+  const int64_t per_pass = std::max<int64_t>(1, max_tokens_per_pass_ / seq_len);
+  for (int64_t first = 0; first < n_seqs; first += per_pass) {
+    const int64_t seqs = std::min(per_pass, n_seqs - first);
+    const Tensor part =
+        embed_fp32(tokens.subspan(static_cast<size_t>(first * seq_len), static_cast<size_t>(seqs * seq_len)),
+                   seqs, seq_len);
+    be.copy_rows(part, 0, h, first * seq_len, seqs * seq_len);
+  }
+  return h;
+}
+
+Tensor DecoderModel::embed_fp32(std::span<const int32_t> tokens, int64_t n_seqs, int64_t seq_len) {
   Backend& be = *backend_;
   Tensor h;
   be.embedding(embed_tokens_, tokens, h);
@@ -310,7 +327,6 @@ Tensor DecoderModel::embed(std::span<const int32_t> tokens, int64_t n_seqs, int6
     }
     be.add_position_rows(h, embed_positions_, SequenceBatch{n_seqs, seq_len}, kOptPositionOffset);
   }
-  if (storage_dtype_ != DType::kF32) h = be.to_backend(std::move(h), storage_dtype_);
   return h;
 }
 

@@ -111,7 +111,8 @@ class DecoderModel {
 
   // tokens: n_seqs · seq_len ids, sequence-major. Returns H [n_seqs·seq_len, hidden_size] in the storage
   // dtype (OPT: embeddings, project_in, learned positions). Throws for ids outside the vocabulary and
-  // for seq_len above max_seq_len().
+  // for seq_len above max_seq_len(). In a 16-bit storage dtype the sequences are embedded a micro-batch at
+  // a time (set_max_tokens_per_pass) into H: never all of them in fp32 at once.
   Tensor embed(std::span<const int32_t> tokens, int64_t n_seqs, int64_t seq_len);
 
   // Runs decoder block `block` on hidden [n_seqs·seq_len, d] in place.
@@ -177,6 +178,9 @@ class DecoderModel {
   Backend* backend_ = nullptr;
   std::vector<std::string> linear_names_;
   std::vector<float> inv_freq_;
+
+  // embed's fp32 rows of n_seqs whole sequences.
+  Tensor embed_fp32(std::span<const int32_t> tokens, int64_t n_seqs, int64_t seq_len);
 
   Tensor embed_tokens_, embed_positions_, project_in_, project_out_, final_norm_weight_, final_norm_bias_,
       lm_head_;

@@ -718,6 +718,15 @@ def _(env, tmp):
     return case
 
 
+@trigger("E-CAL-RECON-MEMORY")
+def _(env, tmp):
+    # Every token's inputs (--recon-tokens 0): 2 x 256 tokens x 364 values x 4 bytes = 728 KiB, beside 129 KiB
+    # of calibration states.
+    case = calib_prune(env, tmp, env.first, *CALIB, "--recon-tokens", "0")
+    case.env = {"SYMPRUNE_MEMORY_AVAILABLE": str(600 << 10)}
+    return case
+
+
 @trigger("E-CAL-ADDRESS-SPACE")
 def _(env, tmp):
     # As under `ulimit -v`, where the BLAS library used to spin forever (checked by hand with a real limit;

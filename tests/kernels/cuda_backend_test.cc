@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/dtype.h"
 #include "io/model_resolver.h"
 #include "kernel_test_support.h"
 #include "model/decoder_model.h"
@@ -136,6 +137,34 @@ TEST_P(CudaBackendModelTest, ObserversAndOverridesWork) {
   EXPECT_LE(relative_error(cuda::cuda_backend().to_host(gpu.forward(tokens, n_seqs, seq_len)),
                            cpu.forward(tokens, n_seqs, seq_len)),
             1e-4);
+}
+
+// In 16 bits the sequences are embedded a micro-batch at a time: H holds the CPU's fp32 embedding rounded
+// to bf16, bit for bit, and the most the embedding holds at once is H and about one micro-batch in fp32 (the
+// memory plan's terms), not all of H in fp32 beside it (in bytes per token of d values: 48 against 16 + 8).
+TEST_P(CudaBackendModelTest, EmbeddingIn16BitsHoldsOneMicroBatchInFp32) {
+  const io::ResolvedModel resolved = io::resolve_model(GetParam());
+  model::DecoderModel cpu = model::DecoderModel::open(resolved, cpu_backend());
+  model::DecoderModel gpu = model::DecoderModel::open(resolved, cuda::cuda_backend());
+  gpu.set_storage_dtype(DType::kBF16);
+  const int64_t n_seqs = 8, seq_len = 16, d = cpu.hidden_size();
+  gpu.set_max_tokens_per_pass(2 * seq_len);  // 4 micro-batches, 2 sequences each
+  const std::vector<int32_t> tokens = test_tokens(n_seqs * seq_len, cpu.vocab_size());
+  Backend& device = cuda::cuda_backend();
+  device.reset_device_memory_peak();
+  const int64_t held_before = device.device_memory()->peak_used;
+  const Tensor h = gpu.embed(tokens, n_seqs, seq_len);
+  const int64_t peak = device.device_memory()->peak_used - held_before;
+  ASSERT_EQ(h.dtype(), DType::kBF16);
+  const Tensor expected = cpu.embed(tokens, n_seqs, seq_len);
+  const Tensor actual = device.to_host(h);
+  ASSERT_EQ(actual.shape(), expected.shape());
+  for (int64_t i = 0; i < expected.numel(); ++i)
+    ASSERT_EQ(actual[i], bf16_to_float(float_to_bf16(expected[i]))) << "element " << i;
+  // The bytes asked for (the emulation; a pool rounds them up): H in bf16 is 2·N·T·d, a micro-batch in fp32
+  // 4·2·T·d; all of H in fp32 beside it would be 6·N·T·d.
+  const int64_t unit = seq_len * d;
+  if (emulated_device()) EXPECT_LE(peak, 2 * n_seqs * unit + 2 * 4 * 2 * unit) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(SyntheticModels, CudaBackendModelTest,

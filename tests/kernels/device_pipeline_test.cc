@@ -8,7 +8,8 @@
 //  * a device run stopped by SIGTERM after block 3 and resumed from its checkpoint gives the same output;
 //  * the same prune in bf16 (and fp16 on a GPU): perplexities within 2 % of the fp32 run's, the same
 //    pruned counts, masks differing in under 5 % of the weights, and the same stop and resume;
-//  * the device memory plan refuses a run that does not fit, naming what to lower.
+//  * the device memory plan refuses a run that does not fit, naming what to lower; a run's report gives the
+//    plan and the peak its allocations reached, which follows the allocations and stays under the plan.
 // Built into the emulated tests (label unit) and into symprune_gpu_tests (label gpu, a real device).
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/cuda/device_memory.h"
 #include "core/cuda/kernels/cuda_backend.h"
 #include "core/interrupt.h"
 #include "engine/checkpoint.h"
@@ -61,6 +63,28 @@ void expect_same_values(const Tensor& a, const Tensor& e) {
 }
 
 class DevicePruningOpsTest : public KernelTest {};
+
+TEST_F(KernelTest, MemoryPeakFollowsTheAllocationsSinceTheReset) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  const auto peak = [] { return device().device_memory()->peak_used; };
+  device().reset_device_memory_peak();
+  std::optional<cuda::DeviceArray<float>> first(4 * kMiB / 4);
+  const cuda::DeviceArray<float> second(2 * kMiB / 4);
+  const int64_t both = peak();
+  // Whatever else is held (other tests' scratch, kept by the backend) is held throughout.
+  EXPECT_GE(both, 6 * kMiB);
+  EXPECT_GE(device().device_memory()->peak_reserved, both);
+  first.reset();
+  const cuda::DeviceArray<float> third(1 * kMiB / 4);
+  EXPECT_EQ(peak(), both);  // 3 MiB held now: the peak stays
+  device().reset_device_memory_peak();
+  const cuda::DeviceArray<float> fourth(1 * kMiB / 4);
+  const int64_t after_reset = peak();  // second, third and fourth: 4 MiB
+  EXPECT_LT(after_reset, both);
+  EXPECT_GE(after_reset, 4 * kMiB);
+  // The emulation counts the bytes asked for; a pool may round them up.
+  if (emulated_device()) EXPECT_EQ(both - after_reset, 2 * kMiB);
+}
 
 TEST_F(DevicePruningOpsTest, StatisticsEqualTheCpuBitForBit) {
   const Tensor input = host_tensor({3 * 5, 24}, 1), output = host_tensor({3 * 5, 40}, 2);
@@ -262,6 +286,23 @@ class DevicePipelineTest : public KernelTest {
   }
 };
 
+// The report's device memory: the peak of the run's allocations at least its calibration states (every
+// window's hidden states in the storage dtype, stories260K's width 64) and at most the plan, with the plan
+// its terms' sum.
+void expect_peak_within_the_plan(const engine::PruneResult& result, const engine::PruneConfig& c) {
+  const nlohmann::json& memory = result.device_memory;
+  ASSERT_TRUE(memory.is_object()) << memory;
+  const int64_t peak = memory.at("peak_used").get<int64_t>(), planned = memory.at("planned").get<int64_t>();
+  const int64_t element_bytes = c.dtype == "bf16" || c.dtype == "fp16" ? 2 : 4;
+  EXPECT_GE(peak, c.nsamples * c.seqlen * 64 * element_bytes) << memory;
+  EXPECT_LE(peak, planned) << memory;
+  EXPECT_GE(memory.at("peak_reserved").get<int64_t>(), peak) << memory;
+  EXPECT_LE(planned, memory.at("available_at_start").get<int64_t>()) << memory;
+  double terms = 0;
+  for (const auto& [name, bytes] : memory.at("plan").items()) terms += bytes.get<double>();
+  EXPECT_EQ(planned, static_cast<int64_t>(terms)) << memory;
+}
+
 TEST_F(DevicePipelineTest, Stories260KPrunesAsOnTheCpu) {
   struct Case {
     const char* name;
@@ -293,6 +334,8 @@ TEST_F(DevicePipelineTest, Stories260KPrunesAsOnTheCpu) {
     const engine::PruneResult actual = engine::prune_model(on_device);
     EXPECT_EQ(actual.config.at("device"), "cuda");
     EXPECT_EQ(expected.config.at("device"), "cpu");
+    expect_peak_within_the_plan(actual, on_device);
+    EXPECT_TRUE(expected.device_memory.is_null());
     // The same masks: the pruned weights are byte-identical.
     EXPECT_EQ(file_bytes(on_device.out / "model.safetensors"), file_bytes(on_cpu.out / "model.safetensors"))
         << k.name;
@@ -342,6 +385,7 @@ TEST_F(DevicePipelineTest, Stories260KPrunesInLowerPrecisionNearTheFp32Run) {
     on_device.out = stories_dir() / ("wanda_" + name + "_device");
     const engine::PruneResult actual = engine::prune_model(on_device);
     EXPECT_EQ(actual.config.at("dtype"), name);
+    expect_peak_within_the_plan(actual, on_device);
     // Rounded weights, states and attention operands: the perplexities within 2 % of fp32's. The
     // emulation's evaluation is two chunks of 32 tokens, where the pruned model's differs by 2.3 % (8.355
     // against 8.548), so its bound there is 5 %.
@@ -395,6 +439,21 @@ TEST_F(DevicePipelineTest, MemoryPlanRefusesARunThatDoesNotFit) {
   const std::string recon = error_of([&] { engine::prune_model(c); });
   EXPECT_NE(recon.find("Gram matrix 115.6 KiB"), std::string::npos) << recon;  // 172² fp32 (down_proj)
   EXPECT_NE(recon.find("--refine dsnot or r2dsnot without --refine-guard"), std::string::npos) << recon;
+  EXPECT_FALSE(fs::exists(c.out));
+
+  // Every token's inputs kept for the reconstruction error (--recon-tokens 0) are counted, one input group
+  // at a time; and a pass is at least one evaluation sequence, longer here than a micro-batch (one window
+  // of 8 tokens): 64 tokens x (8 x 64 + 2 x 32 + 4 x 172) values x 4 bytes of activations.
+  c.refine = "none";
+  c.recon_tokens = 0;
+  c.micro_batch = 1;
+  c.seqlen = 8;
+  c.eval_seqlen = 64;
+  c.nsamples = device().device_memory()->free / (2 * 8 * 64 * 4) + 1;
+  const std::string samples = error_of([&] { engine::prune_model(c); });
+  EXPECT_NE(samples.find("activations 316.0 KiB"), std::string::npos) << samples;
+  EXPECT_NE(samples.find("--recon-tokens 0 or --no-recon-error (reconstruction samples "), std::string::npos)
+      << samples;
   EXPECT_FALSE(fs::exists(c.out));
 }
 

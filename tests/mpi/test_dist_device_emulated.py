@@ -115,3 +115,21 @@ def test_ranks_sharing_a_device_do_not_take_nccl(stories, tmp_path, have_mpirun)
                "shares its node's GPUs among 2 ranks")
     assert refused.stderr.count(message) == 1, refused.stderr
     assert "MPI_Abort" not in refused.stderr and not (refused_dir / "out").exists()
+
+
+def test_ranks_sharing_a_device_plan_with_their_share_of_its_memory(stories, tmp_path, have_mpirun):
+    # This run plans about 240 MiB and 256 MiB of a device are kept free: the 600 MiB of the one emulated
+    # device are enough for one rank, not for two ranks that share it (300 MiB each).
+    case = ["--method", "magnitude", "--nm", "2:4"]
+    env = {"SYMPRUNE_MEMORY_AVAILABLE": str(600 << 20)}
+    alone = device_run(stories, tmp_path, 1, case, env=env)
+    assert alone.returncode == 0, alone.stderr
+    memory = json.loads((tmp_path / "report.json").read_text())["device_memory"]
+    assert 0 < memory["peak_used"] <= memory["planned"] <= memory["available_at_start"] < memory["free_at_start"]
+    shared_dir = tmp_path / "shared"
+    shared_dir.mkdir()
+    shared = device_run(stories, shared_dir, 2, case, env=env)
+    assert shared.returncode == 1, shared.stderr
+    assert shared.stderr.count("; 2 ranks of this node share the device): lower") == 1, shared.stderr
+    assert "or the ranks per node (or give each its own device)" in shared.stderr
+    assert "MPI_Abort" not in shared.stderr and not (shared_dir / "out").exists()

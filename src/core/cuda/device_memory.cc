@@ -15,6 +15,15 @@ cudaStream_t native(DeviceStream stream) {
   return static_cast<cudaStream_t>(stream.handle);
 }
 
+// The current device's default pool, from which device_allocate takes its memory.
+cudaMemPool_t default_pool() {
+  int device = 0;
+  cudaMemPool_t pool = nullptr;
+  SYMPRUNE_CUDA_CHECK(cudaGetDevice(&device));
+  SYMPRUNE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  return pool;
+}
+
 // Allocations are stream-ordered (cudaMallocAsync on the default stream) from the device's default pool,
 // told to keep freed memory: the kernels' entry points allocate small scratch arrays per call, and plain
 // cudaMalloc/cudaFree cost about a millisecond each (cudaFree also synchronizes the device).
@@ -59,6 +68,24 @@ void device_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
   SYMPRUNE_CUDA_CHECK(cudaMemGetInfo(&free_memory, &total_memory));
   *free_bytes = static_cast<int64_t>(free_memory);
   *total_bytes = static_cast<int64_t>(total_memory);
+}
+
+DevicePoolMemory device_pool_memory() {
+  const cudaMemPool_t pool = default_pool();
+  const auto read = [pool](cudaMemPoolAttr attribute) {
+    uint64_t value = 0;
+    SYMPRUNE_CUDA_CHECK(cudaMemPoolGetAttribute(pool, attribute, &value));
+    return static_cast<int64_t>(value);
+  };
+  return {read(cudaMemPoolAttrUsedMemCurrent), read(cudaMemPoolAttrReservedMemCurrent),
+          read(cudaMemPoolAttrUsedMemHigh), read(cudaMemPoolAttrReservedMemHigh)};
+}
+
+void reset_device_memory_peak() {
+  const cudaMemPool_t pool = default_pool();
+  uint64_t zero = 0;  // the only value these may be set to: they then follow what is held again
+  SYMPRUNE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  SYMPRUNE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero));
 }
 
 void device_free(void* pointer) noexcept {

@@ -42,6 +42,15 @@ void copy_on_device(void* device_destination, const void* device_source, size_t 
                     DeviceStream stream = {});
 // Free and total bytes of the device (the emulation: the host memory this process can use).
 void device_memory_info(int64_t* free_bytes, int64_t* total_bytes);
+// The stream-ordered pool of device_allocate: the bytes its allocations hold now (used), the memory it holds
+// for them now, in use or kept for reuse (reserved), and the most of each since the last reset (its
+// high-water marks; the emulation counts the bytes asked for, so reserved = used there). The reset starts
+// the peaks again from what is held now.
+struct DevicePoolMemory {
+  int64_t used = 0, reserved = 0, peak_used = 0, peak_reserved = 0;
+};
+DevicePoolMemory device_pool_memory();
+void reset_device_memory_peak();
 // Waits for the stream; a fault of a kernel launched on it surfaces here as an Error.
 void synchronize(DeviceStream stream = {});
 

@@ -385,8 +385,13 @@ class CudaBackend final : public Backend {
   std::optional<DeviceMemory> device_memory() override {
     DeviceMemory memory;
     device_memory_info(&memory.free, &memory.total);
+    const DevicePoolMemory pool = device_pool_memory();
+    memory.held = pool.reserved;
+    memory.peak_used = pool.peak_used;
+    memory.peak_reserved = pool.peak_reserved;
     return memory;
   }
+  void reset_device_memory_peak() override { cuda::reset_device_memory_peak(); }
 
  private:
   std::vector<float> rope_inv_freq_;
