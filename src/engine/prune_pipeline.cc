@@ -362,23 +362,15 @@ nlohmann::json device_memory_json(dist::Communicator& comm, const RunPlan& plan,
     worst.peak_used = std::max(worst.peak_used, r.peak_used);
     worst.peak_reserved = std::max(worst.peak_reserved, r.peak_reserved);
   }
-  const DeviceMemoryPlan& p = *plan.device_plan;
+  nlohmann::json terms = nlohmann::json::object();
+  for (const DeviceMemoryTerm& term : kDeviceMemoryTerms) terms[term.key] = (*plan.device_plan).*term.bytes;
   return {{"planned", worst.planned},
           {"available_at_start", worst.available},
           {"free_at_start", worst.free_at_start},
           {"peak_used", worst.peak_used},
           {"peak_reserved", worst.peak_reserved},
           {"total", local.total},
-          {"plan",
-           {{"globals", p.globals},
-            {"block_weights", p.block_weights},
-            {"calibration", p.calibration},
-            {"activations", p.activations},
-            {"evaluation", p.evaluation},
-            {"selection", p.selection},
-            {"gram", p.gram},
-            {"samples", p.samples},
-            {"buffers", p.buffers}}}};
+          {"plan", terms}};
 }
 
 // What a checkpoint saves besides the masks and hidden states: the identity and the report so far.

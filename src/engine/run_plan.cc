@@ -154,12 +154,11 @@ std::optional<DeviceMemory> check_device_memory(Backend& backend, const DeviceMe
   const auto memory = backend.device_memory();
   if (!memory) return memory;
   const double free = device_memory_available(*memory, ranks_per_device);
-  log::info(
-      "device memory plan: {} of {} available ({} weights and head, {} block weights, {} calibration states, "
-      "{} activations, {} evaluation, {} selection, {} Gram matrix, {} reconstruction samples, {} buffers)",
-      format_bytes(p.total()), format_bytes(free), format_bytes(p.globals), format_bytes(p.block_weights),
-      format_bytes(p.calibration), format_bytes(p.activations), format_bytes(p.evaluation),
-      format_bytes(p.selection), format_bytes(p.gram), format_bytes(p.samples), format_bytes(p.buffers));
+  std::vector<std::string> terms;  // "weights and head 1.0 GiB", ...
+  for (const DeviceMemoryTerm& term : kDeviceMemoryTerms)
+    terms.push_back(fmt::format("{} {}", term.label, format_bytes(p.*term.bytes)));
+  log::info("device memory plan: {} of {} available ({})", format_bytes(p.total()), format_bytes(free),
+            fmt::join(terms, ", "));
   if (p.total() <= free) return memory;
   std::vector<std::string> lower;
   if (p.calibration > 0)
@@ -179,17 +178,13 @@ std::optional<DeviceMemory> check_device_memory(Backend& backend, const DeviceMe
   if (ranks_per_device > 1) lower.push_back("the ranks per node (or give each its own device)");
   lower.push_back("--device cpu");
   fail(
-      "the run needs about {} of {} memory (weights and head {}, block weights {}, calibration states {}, "
-      "activations {}, evaluation {}, selection {}, Gram matrix {}, reconstruction samples {}, buffers {}), "
-      "but only {} of its {} are free for it ({} kept free{}): lower {}",
-      format_bytes(p.total()), backend.name(), format_bytes(p.globals), format_bytes(p.block_weights),
-      format_bytes(p.calibration), format_bytes(p.activations), format_bytes(p.evaluation),
-      format_bytes(p.selection), format_bytes(p.gram), format_bytes(p.samples), format_bytes(p.buffers),
-      format_bytes(std::max(free, 0.0)), format_bytes(static_cast<double>(memory->total)),
-      format_bytes(device_memory_margin(*memory)),
+      "the run needs about {} of {} memory ({}), but only {} of its {} are free for it ({} kept free{}): "
+      "lower {}",
+      format_bytes(p.total()), backend.name(), fmt::join(terms, ", "), format_bytes(std::max(free, 0.0)),
+      format_bytes(static_cast<double>(memory->total)), format_bytes(device_memory_margin(*memory)),
       ranks_per_device > 1 ? fmt::format("; {} ranks of this node share the device", ranks_per_device)
                            : std::string(),
-      fmt::format("{}", fmt::join(lower, ", or ")));
+      fmt::join(lower, ", or "));
 }
 
 // --report must not be one of the checkpoint's files, which the run renames and removes (the report

@@ -2,6 +2,7 @@
 // Stage 1 of the pipeline (engine/prune_pipeline.h): validate and resolve. Everything a user can get wrong
 // is checked here, before any block is read, on every rank (the same checks, so the same message), with
 // the output directory checked and locked on rank 0 only.
+#include <array>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -29,11 +30,31 @@ namespace symprune::engine {
 struct DeviceMemoryPlan {
   double globals = 0, block_weights = 0, calibration = 0, activations = 0, evaluation = 0, selection = 0,
          gram = 0, samples = 0, buffers = 0;
-  double total() const {
-    return globals + block_weights + calibration + activations + evaluation + selection + gram + samples +
-           buffers;
-  }
+  double total() const;
 };
+// The plan's terms in order: the report's key and the messages' name of each.
+struct DeviceMemoryTerm {
+  double DeviceMemoryPlan::*bytes;
+  const char* key;
+  const char* label;
+};
+inline constexpr std::array<DeviceMemoryTerm, 9> kDeviceMemoryTerms{{
+    {&DeviceMemoryPlan::globals, "globals", "weights and head"},
+    {&DeviceMemoryPlan::block_weights, "block_weights", "block weights"},
+    {&DeviceMemoryPlan::calibration, "calibration", "calibration states"},
+    {&DeviceMemoryPlan::activations, "activations", "activations"},
+    {&DeviceMemoryPlan::evaluation, "evaluation", "evaluation"},
+    {&DeviceMemoryPlan::selection, "selection", "selection"},
+    {&DeviceMemoryPlan::gram, "gram", "Gram matrix"},
+    {&DeviceMemoryPlan::samples, "samples", "reconstruction samples"},
+    {&DeviceMemoryPlan::buffers, "buffers", "buffers"},
+}};
+inline double DeviceMemoryPlan::total() const {
+  double sum = 0;
+  for (const DeviceMemoryTerm& term : kDeviceMemoryTerms) sum += this->*term.bytes;
+  return sum;
+}
+
 struct RunPlan {
   io::ResolvedModel resolved;
   std::unique_ptr<model::DecoderModel> model;
