@@ -125,11 +125,13 @@ group() {  # group STEP[:SECONDS]...: starts the steps together, each with outpu
     step_command "$name"
     logs+=("$log_name")
     starts+=("$SECONDS")
-    if (($# > 1)); then
-      (export OMP_NUM_THREADS=$threads; timeout --kill-after=10 "$limit" "${command[@]}") >"$out/$log_name.log" 2>&1 &
-    else
-      timeout --kill-after=10 "$limit" "${command[@]}" >"$out/$log_name.log" 2>&1 &
-    fi
+    (
+      (($# > 1)) && export OMP_NUM_THREADS=$threads
+      timeout --kill-after=10 "$limit" "${command[@]}"
+      rc=$?
+      echo "$SECONDS" >"$out/.$log_name.end"  # when it ended: the group is waited for in order
+      exit $rc
+    ) >"$out/$log_name.log" 2>&1 &
     pids+=("$!:$limit")
   done
   local i rc
@@ -138,7 +140,8 @@ group() {  # group STEP[:SECONDS]...: starts the steps together, each with outpu
     rc=$?
     ((rc == 124 || rc == 137)) &&
       echo "gpu_checks: ${logs[i]} stopped after ${pids[i]#*:} s (its limit, STEP_TIMEOUT or DEADLINE)" >>"$out/${logs[i]}.log"
-    summary+=("$(printf '%-28s rc=%-3s %5ss' "${logs[i]}" "$rc" "$((SECONDS - starts[i]))")")
+    summary+=("$(printf '%-28s rc=%-3s %5ss' "${logs[i]}" "$rc" "$(($(cat "$out/.${logs[i]}.end") - starts[i]))")")
+    rm -f "$out/.${logs[i]}.end"
     echo "== ${logs[i]} (rc=$rc)"
     tail -n 5 "$out/${logs[i]}.log"
   done

@@ -153,13 +153,13 @@ std::optional<DeviceMemory> check_device_memory(Backend& backend, const DeviceMe
                                                 int ranks_per_device) {
   const auto memory = backend.device_memory();
   if (!memory) return memory;
-  const double free = device_memory_available(*memory, ranks_per_device);
+  const double available = device_memory_available(*memory, ranks_per_device);
   std::vector<std::string> terms;  // "weights and head 1.0 GiB", ...
   for (const DeviceMemoryTerm& term : kDeviceMemoryTerms)
     terms.push_back(fmt::format("{} {}", term.label, format_bytes(p.*term.bytes)));
-  log::info("device memory plan: {} of {} available ({})", format_bytes(p.total()), format_bytes(free),
+  log::info("device memory plan: {} of {} available ({})", format_bytes(p.total()), format_bytes(available),
             fmt::join(terms, ", "));
-  if (p.total() <= free) return memory;
+  if (p.total() <= available) return memory;
   std::vector<std::string> lower;
   if (p.calibration > 0)
     lower.push_back(fmt::format("--nsamples {} or --seqlen {} (calibration states {})", nsamples, seqlen,
@@ -180,7 +180,7 @@ std::optional<DeviceMemory> check_device_memory(Backend& backend, const DeviceMe
   fail(
       "the run needs about {} of {} memory ({}), but only {} of its {} are free for it ({} kept free{}): "
       "lower {}",
-      format_bytes(p.total()), backend.name(), fmt::join(terms, ", "), format_bytes(std::max(free, 0.0)),
+      format_bytes(p.total()), backend.name(), fmt::join(terms, ", "), format_bytes(std::max(available, 0.0)),
       format_bytes(static_cast<double>(memory->total)), format_bytes(device_memory_margin(*memory)),
       ranks_per_device > 1 ? fmt::format("; {} ranks of this node share the device", ranks_per_device)
                            : std::string(),

@@ -98,6 +98,8 @@ def test_the_steps_of_a_group_run_together_each_stopped_at_its_own_limit(tmp_pat
     assert "rc=0" in summary[0] and "rc=0" in summary[2], summary
     assert "rc=124" in summary[1], summary
     assert elapsed < 20, elapsed
+    seconds = [int(line.split()[-1].rstrip("s")) for line in summary]
+    assert 5 <= seconds[0] <= 8 and 2 <= seconds[1] <= 5, summary  # each its own time, not the group's
     with tarfile.open(out / "gpu-results.tar.gz") as tar:
         log = tar.extractfile("gpu-results/kernels_bench.log").read().decode()
     assert "kernels_bench stopped after 3 s" in log
