@@ -488,8 +488,11 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   const io::ModelConfig& mc = model.config();
   const double sampled_widths =
       static_cast<double>(2 * mc.hidden_size + mc.num_heads * mc.head_dim + mc.intermediate_size);
-  // A pass runs micro-batches of whole windows, and evaluation sequences one at least.
-  const int64_t tokens_per_pass = std::max(r.micro_batch * r.seqlen, r.evaluate ? eval_seqlen : int64_t{0});
+  // A pass runs micro-batches of whole windows, and evaluation sequences one at least; methods without
+  // activations and without --eval run none.
+  const int64_t tokens_per_pass =
+      r.needs_stats || r.evaluate ? std::max(r.micro_batch * r.seqlen, r.evaluate ? eval_seqlen : int64_t{0})
+                                  : 0;
   if (backend.device_resident()) {
     r.device_plan =
         plan_device_memory(mc, model.storage_dtype(), calib_tokens, tokens_per_pass, eval_tokens,
@@ -625,7 +628,7 @@ DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, in
   const double tokens = static_cast<double>(tokens_per_pass);
   const double q_width = static_cast<double>(mc.num_heads * mc.head_dim);
   p.activations = f * tokens * (8.0 * d + 2.0 * kv + 4.0 * inner);
-  if (low_precision)
+  if (low_precision && tokens > 0)
     p.activations += f * tokens * d + s * tokens * (widest_input + q_width + 2.0 * kv) +
                      static_cast<double>(kAttentionTileBytes);
   // The dense and the pruned evaluation streams, and one slab of logits.
