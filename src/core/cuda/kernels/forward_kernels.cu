@@ -1,6 +1,5 @@
 // Forward-pass kernels (see forward_kernels.h). Products and sums that nvcc could contract into FMAs are
 // written with __fmul_rn/__fadd_rn where the CPU result is reproduced bit for bit.
-#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -266,18 +265,17 @@ void launch_attention(const float* q, const float* k, const float* v, int64_t n_
   const size_t shared = 2 * static_cast<size_t>(tile_keys) * static_cast<size_t>(head_dim) * sizeof(float);
   if (n_heads > kMaxGridYz)
     throw_argument_error("attention: " + std::to_string(n_heads) + " heads exceed the grid");
-  // Sequences along z, at most kMaxGridYz per launch.
-  const int64_t per_launch = std::clamp<int64_t>(seqs_per_launch, 1, kMaxGridYz);
+  // Sequences along z.
   const int64_t q_width = n_heads * head_dim, kv_width = n_kv_heads * head_dim;
-  for (int64_t first = 0; first < n_seqs; first += per_launch) {
-    const int64_t seqs = std::min(per_launch, n_seqs - first), row = first * seq_len;
+  for_each_grid_slice(n_seqs, seqs_per_launch, [&](int64_t first, int64_t seqs) {
+    const int64_t row = first * seq_len;
     const dim3 grid(static_cast<unsigned>((seq_len + kWarps - 1) / kWarps), static_cast<unsigned>(n_heads),
                     static_cast<unsigned>(seqs));
     SYMPRUNE_LAUNCH(attention_kernel, grid, kThreads, shared, native(stream), q + row * q_width,
                     k + row * kv_width, v + row * kv_width, seq_len, n_heads, n_heads / n_kv_heads, head_dim,
                     tile_keys, scale, out + row * q_width);
     SYMPRUNE_CHECK_LAUNCH();
-  }
+  });
 }
 
 }  // namespace symprune::cuda

@@ -59,17 +59,14 @@ __global__ void combine_sequences_kernel(const double* __restrict__ seq_sumsq,
 void launch_sequence_sums(const float* x, const float* offset, int64_t seqs, int64_t seq_len, int64_t width,
                           double* seq_sumsq, double* seq_sum, DeviceStream stream, int64_t seqs_per_launch) {
   if (seqs <= 0 || width <= 0) return;
-  // Sequences along y, at most kMaxGridYz per launch.
-  const int64_t per_launch =
-      seqs_per_launch < 1 ? 1 : (seqs_per_launch < kMaxGridYz ? seqs_per_launch : kMaxGridYz);
-  for (int64_t first = 0; first < seqs; first += per_launch) {
-    const int64_t count = first + per_launch < seqs ? per_launch : seqs - first;
+  // Sequences along y.
+  for_each_grid_slice(seqs, seqs_per_launch, [&](int64_t first, int64_t count) {
     const dim3 grid(static_cast<unsigned>((width + kThreads - 1) / kThreads), static_cast<unsigned>(count));
     SYMPRUNE_LAUNCH(sequence_sums_kernel, grid, kThreads, 0, native(stream), x + first * seq_len * width,
                     offset, seq_len, width, seq_sumsq + first * width,
                     seq_sum != nullptr ? seq_sum + first * width : nullptr);
     SYMPRUNE_CHECK_LAUNCH();
-  }
+  });
 }
 
 void launch_combine_sequences(const double* seq_sumsq, const double* seq_sum, int64_t seqs, int64_t width,
