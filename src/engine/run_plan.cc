@@ -88,7 +88,8 @@ ResolvedMask resolve_mask(const PruneConfig& c, ScoreMethod method) {
 // The hidden states dominate memory: this rank's calibration windows (H and the dense pass's copy of it)
 // and its evaluation chunks (a dense and a pruned stream), d floats per token each, and the inputs the
 // reconstruction error samples (sample_bytes; all of them with --recon-tokens 0). Checked before any work,
-// so an impossible --nsamples is a message, not a bad_alloc.
+// so an impossible --nsamples is a message, not a bad_alloc. A device run checks its samples only (its
+// hidden states are in device memory).
 void check_memory(int64_t nsamples, int64_t seqlen, int64_t calib_tokens, int64_t eval_tokens,
                   int64_t hidden_size, double sample_bytes, int64_t recon_tokens) {
   const double d = static_cast<double>(hidden_size);
@@ -493,7 +494,12 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   const int64_t tokens_per_pass =
       r.needs_stats || r.evaluate ? std::max(r.micro_batch * r.seqlen, r.evaluate ? eval_seqlen : int64_t{0})
                                   : 0;
+  // The samples of every input group (all ranks') and this rank's own are held on the host on either
+  // backend; a device run holds its hidden states on the device.
+  const double host_sample_bytes =
+      static_cast<double>(sample_rows + local_windows * per_window) * sampled_widths * sizeof(float);
   if (backend.device_resident()) {
+    check_memory(c.nsamples, r.seqlen, 0, 0, model.hidden_size(), host_sample_bytes, c.recon_tokens);
     r.device_plan =
         plan_device_memory(mc, model.storage_dtype(), calib_tokens, tokens_per_pass, eval_tokens,
                            comm.size() == 1 ? std::optional(model.stored_weight_dtype()) : std::nullopt,
@@ -504,10 +510,8 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       r.device_available = device_memory_available(*r.device_at_start, c.ranks_per_device);
     backend.reset_device_memory_peak();  // the report's peak is this run's
   } else {
-    check_memory(
-        c.nsamples, r.seqlen, calib_tokens, eval_tokens, model.hidden_size(),
-        static_cast<double>(sample_rows + local_windows * per_window) * sampled_widths * sizeof(float),
-        c.recon_tokens);
+    check_memory(c.nsamples, r.seqlen, calib_tokens, eval_tokens, model.hidden_size(), host_sample_bytes,
+                 c.recon_tokens);
   }
 
   // The mask stage's settings.

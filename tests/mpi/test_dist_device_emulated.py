@@ -45,8 +45,8 @@ def have_emulated_dist():
         pytest.skip("SYMPRUNE_DIST_EMULATED_BIN is not set (ctest sets it)")
 
 
-def device_run(stories, run_dir, ranks, case_args, extra=(), env=None, comm="mpi"):
-    args = ["--model", stories.model, "--calib", stories.first, *CALIB, *case_args, "--device", "cuda",
+def device_run(stories, run_dir, ranks, case_args, extra=(), env=None, comm="mpi", calib=CALIB):
+    args = ["--model", stories.model, "--calib", stories.first, *calib, *case_args, "--device", "cuda",
             "--comm", comm, "--out", run_dir / "out", "--report", run_dir / "report.json", *extra]
     return mpirun(ranks, *args, env=env, timeout=600, binary=DIST_EMULATED)
 
@@ -133,3 +133,23 @@ def test_ranks_sharing_a_device_plan_with_their_share_of_its_memory(stories, tmp
     assert shared.stderr.count("; 2 ranks of this node share the device): lower") == 1, shared.stderr
     assert "lower the ranks per node (or give each its own device), or --device cpu" in shared.stderr
     assert "MPI_Abort" not in shared.stderr and not (shared_dir / "out").exists()
+
+
+def test_device_run_checks_the_host_memory_its_samples_take(stories, tmp_path, have_mpirun):
+    # A device run keeps the reconstruction error's samples of every input group on the host: with
+    # --recon-tokens 0, (32 gathered + 32 own rows) x 364 values x 4 bytes = 91 KiB. 64 KiB of host memory
+    # refuses it before the device plan; without the error the same 64 KiB reaches the device check, so the
+    # host check did not count the hidden states, which are on the device.
+    env = {"SYMPRUNE_MEMORY_AVAILABLE": str(64 << 10)}
+    calib = [*CALIB[:CALIB.index("--recon-tokens")], *CALIB[CALIB.index("--recon-tokens") + 2:], "--recon-tokens", "0"]
+    case = ["--method", "wanda", "--sparsity", "0.5"]
+    samples = device_run(stories, tmp_path, 1, case, env=env, calib=calib)
+    assert samples.returncode == 1, samples.stderr
+    assert "91.0 KiB of it for the inputs the reconstruction error reads (--recon-tokens 0)" in samples.stderr
+    assert not (tmp_path / "out").exists()
+    no_error_dir = tmp_path / "no-error"
+    no_error_dir.mkdir()
+    device = device_run(stories, no_error_dir, 1, case, extra=["--no-recon-error"], env=env, calib=calib)
+    assert device.returncode == 1, device.stderr
+    assert "reconstruction error reads" not in device.stderr and "device" in device.stderr
+    assert not (no_error_dir / "out").exists()
