@@ -6,6 +6,8 @@
 // matrix's column norms, and a bf16 weight (refined on its fp32 values). initial_column_l1 on the device
 // equals the CPU's bit for bit, and bad arguments give the CPU's errors.
 // Built into the emulated tests (label unit) and into symprune_gpu_tests (label gpu, a real device).
+#include "core/cuda/kernels/dsnot_kernels.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 
 #include "core/backend.h"
 #include "core/cuda/kernels/cuda_backend.h"
+#include "core/cuda/kernels/device_dsnot.h"
 #include "core/masks.h"
 #include "core/refine_dsnot.h"
 #include "kernel_test_support.h"
@@ -205,6 +208,27 @@ TEST_F(DsnotKernelTest, BadArgumentsGiveTheCpuErrors) {
   EXPECT_EQ(device_error(DsnotOptions{}, NmPattern{2, 5}, layer.mu),
             cpu_error(DsnotOptions{}, NmPattern{2, 5}, layer.mu));
   EXPECT_NE(device_error(DsnotOptions{}, NmPattern{2, 5}, layer.mu).find("does not fit"), std::string::npos);
+}
+
+// The memory plan counts kDeviceRefineScratchBytes for DSnoT's scratch: the blocks' scratch stays within it
+// at the widths of LLaMA-2-7B/70B and LLaMA-3 for any --max-cycles, and 7B's q_proj still gets the 1056
+// blocks that fill an H100.
+TEST(DsnotScratchTest, BlocksScratchStaysWithinThePlannedAllowance) {
+  for (const int64_t n : {4096, 8192, 11008, 14336, 28672})
+    for (const int max_cycles : {0, 1, 50, 1'000'000, std::numeric_limits<int>::max()})
+      for (const int64_t rows : {1, 4096, 28672}) {
+        const int64_t per_block = cuda::dsnot_scratch_bytes_per_block(n, max_cycles);
+        const int blocks = cuda::dsnot_blocks(rows, n, max_cycles);
+        EXPECT_LE(per_block, 26 * n + 8) << n << " columns, " << max_cycles << " cycles";
+        EXPECT_GE(blocks, 1);
+        EXPECT_LE(blocks, rows);
+        EXPECT_LE(blocks * per_block, kDeviceRefineScratchBytes)
+            << n << " columns, " << max_cycles << " cycles";
+      }
+  EXPECT_EQ(cuda::dsnot_blocks(4096, 4096, 50), 1056);
+  // Wide rows with every entry reachable: fewer blocks, the allowance nearly used.
+  const int64_t wide = cuda::dsnot_scratch_bytes_per_block(28672, 1'000'000);
+  EXPECT_EQ(cuda::dsnot_blocks(28672, 28672, 1'000'000), kDeviceRefineScratchBytes / wide);
 }
 
 }  // namespace

@@ -12,16 +12,6 @@
 namespace symprune::cuda {
 namespace {
 
-// Blocks of one refinement: enough to fill an H100 (132 SMs × 8 blocks of 256 threads), fewer when their
-// scratch would pass kDeviceRefineScratchBytes (wide rows with a large --max-cycles; 24 MB at n = 11008
-// and 50 cycles).
-int dsnot_blocks(int64_t rows, int64_t scratch_per_block) {
-  constexpr int64_t kMaxBlocks = 1056;
-  const int64_t by_memory =
-      std::max<int64_t>(kDeviceRefineScratchBytes / std::max<int64_t>(scratch_per_block, 1), 1);
-  return static_cast<int>(std::max<int64_t>(std::min({rows, kMaxBlocks, by_memory}), 1));
-}
-
 DsnotKernelOptions kernel_options(const DsnotOptions& options, std::optional<NmPattern> nm) {
   DsnotKernelOptions k;
   k.max_cycles = options.max_cycles;
@@ -61,6 +51,13 @@ std::vector<double> initial_column_l1_on_device(const Tensor& weight, const Mask
   return col_l1.download(stream);
 }
 
+int dsnot_blocks(int64_t rows, int64_t n, int max_cycles) {
+  constexpr int64_t kMaxBlocks = 1056;
+  const int64_t by_memory =
+      std::max<int64_t>(kDeviceRefineScratchBytes / dsnot_scratch_bytes_per_block(n, max_cycles), 1);
+  return static_cast<int>(std::max<int64_t>(std::min({rows, kMaxBlocks, by_memory}), 1));
+}
+
 RefineStats refine_dsnot_on_device(const Tensor& weight, const std::vector<double>& mu,
                                    const std::vector<double>& var, const std::vector<double>& act_norm,
                                    Mask& mask, const DsnotOptions& options, std::optional<NmPattern> nm,
@@ -82,7 +79,7 @@ RefineStats refine_dsnot_on_device(const Tensor& weight, const std::vector<doubl
   DeviceArray<int64_t> swaps(rows);
   DeviceArray<double> before(rows), after(rows);
   const int64_t per_block = dsnot_scratch_bytes_per_block(n, options.max_cycles);
-  const int blocks = dsnot_blocks(rows, per_block);
+  const int blocks = dsnot_blocks(rows, n, options.max_cycles);
   DeviceArray<uint64_t> scratch(blocks * per_block / 8);
   const DsnotDeviceColumns columns{device_mu.data(), device_var_pow.data(), device_act_norm.data(),
                                    device_act_pow.data(), device_col_inv_l1.data()};
