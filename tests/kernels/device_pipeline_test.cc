@@ -458,19 +458,29 @@ TEST_F(DevicePipelineTest, MemoryPlanRefusesARunThatDoesNotFit) {
   EXPECT_NE(recon.find("--refine dsnot or r2dsnot without --refine-guard"), std::string::npos) << recon;
   EXPECT_FALSE(fs::exists(c.out));
 
-  // Every token's inputs kept for the reconstruction error (--recon-tokens 0) are counted, one input group
-  // at a time; and a pass is at least one evaluation sequence, longer here than a micro-batch (one window
-  // of 8 tokens): 64 tokens x (8 x 64 + 2 x 32 + 4 x 172) values x 4 bytes of activations.
+  // The reconstruction error's samples are counted, one input group at a time (one position per window
+  // here); and a pass is at least one evaluation sequence, longer here than a micro-batch (one window of 8
+  // tokens): 64 tokens x (8 x 64 + 2 x 32 + 4 x 172) values x 4 bytes of activations.
   c.refine = "none";
-  c.recon_tokens = 0;
+  c.recon_tokens = 16;
   c.micro_batch = 1;
   c.seqlen = 8;
   c.eval_seqlen = 64;
   c.nsamples = device().device_memory()->free / (2 * 8 * 64 * 4) + 1;
   const std::string samples = error_of([&] { engine::prune_model(c); });
   EXPECT_NE(samples.find("activations 316.0 KiB"), std::string::npos) << samples;
-  EXPECT_NE(samples.find("--recon-tokens 0 or --no-recon-error (reconstruction samples "), std::string::npos)
+  EXPECT_NE(samples.find("--recon-tokens 16 or --no-recon-error (reconstruction samples "), std::string::npos)
       << samples;
+  EXPECT_FALSE(fs::exists(c.out));
+
+  // Every token's (--recon-tokens 0): all groups' samples are held on the host, (gathered + own) 2 x 8
+  // positions x 364 values x 4 bytes per window, 5.7 times the device's free memory, which is the host's
+  // in the emulation (the GPU machine: 128 GiB beside 80 GB). The host check refuses it before the plan.
+  c.recon_tokens = 0;
+  const std::string host = error_of([&] { engine::prune_model(c); });
+  EXPECT_NE(host.find("for the inputs the reconstruction error reads (--recon-tokens 0)"), std::string::npos)
+      << host;
+  EXPECT_EQ(host.find("cuda memory"), std::string::npos) << host;
   EXPECT_FALSE(fs::exists(c.out));
 }
 
