@@ -59,7 +59,6 @@ Mask gather_mask(dist::Communicator& comm, Mask own, int64_t total_rows, int64_t
 // zero, so that each row's products come from a GEMM of one shape, at one position, however the rows are
 // split over ranks: BLAS picks its kernels, and so the rounding, by shape (with a few tokens OpenBLAS's
 // small-matrix kernels gave other last bits for another row count).
-
 std::vector<double> row_sample_energy(Backend& backend, const Tensor& a, const Tensor& x, int64_t row_begin) {
   const int64_t rows = a.dim(0), n = a.dim(1), k = x.dim(0);
   std::vector<double> out(static_cast<size_t>(rows), 0.0);

@@ -483,21 +483,20 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   }
   const int64_t calib_tokens = r.needs_stats ? local_windows * r.seqlen : 0;
   // The reconstruction error's samples: every window's (gathered from all ranks), kept for the block. The
-  // host holds those of every input group and this rank's own; a device one group's at a time.
+  // host holds those of every input group and this rank's own on either backend (a device run checks only
+  // them on the host: its hidden states are on the device); a device one group's at a time.
   const auto per_window = static_cast<int64_t>(r.recon_sample_positions.size());
   const int64_t sample_rows = c.nsamples * per_window;
   const io::ModelConfig& mc = model.config();
   const double sampled_widths =
       static_cast<double>(2 * mc.hidden_size + mc.num_heads * mc.head_dim + mc.intermediate_size);
+  const double host_sample_bytes =
+      static_cast<double>(sample_rows + local_windows * per_window) * sampled_widths * sizeof(float);
   // A pass runs micro-batches of whole windows, and evaluation sequences one at least; methods without
   // activations and without --eval run none.
   const int64_t tokens_per_pass =
       r.needs_stats || r.evaluate ? std::max(r.micro_batch * r.seqlen, r.evaluate ? eval_seqlen : int64_t{0})
                                   : 0;
-  // The samples of every input group (all ranks') and this rank's own are held on the host on either
-  // backend; a device run holds its hidden states on the device.
-  const double host_sample_bytes =
-      static_cast<double>(sample_rows + local_windows * per_window) * sampled_widths * sizeof(float);
   if (backend.device_resident()) {
     check_memory(c.nsamples, r.seqlen, 0, 0, model.hidden_size(), host_sample_bytes, c.recon_tokens);
     r.device_plan =

@@ -103,9 +103,9 @@ RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm);
 
 // For a model of `config` kept in `storage`, calib_tokens calibration tokens on this rank, passes of
 // tokens_per_pass tokens at most (a micro-batch, or one evaluation sequence when that is longer; 0 when the
-// run makes no forward pass) and eval_tokens evaluation tokens on this rank. `prefetched`: the stored dtype of the
-// next block's linears when they are uploaded while the current block computes (one rank: a third copy
-// of a block at the peak); nullopt when several ranks upload at install time. `gram`: the run reads Gram
+// run makes no forward pass) and eval_tokens evaluation tokens on this rank. `prefetched`: the stored dtype
+// of the next block's linears when they are uploaded while the current block computes (one rank: a third
+// copy of a block at the peak); nullopt when several ranks upload at install time. `gram`: the run reads Gram
 // matrices (--refine recon, --refine-guard), each computed on the device as an n × n fp32 matrix.
 // `sample_rows`: the rows of the reconstruction error's samples on this rank (0: no reconstruction error).
 DeviceMemoryPlan plan_device_memory(const io::ModelConfig& config, DType storage, int64_t calib_tokens,

@@ -141,7 +141,8 @@ def test_device_run_checks_the_host_memory_its_samples_take(stories, tmp_path, h
     # refuses it before the device plan; without the error the same 64 KiB reaches the device check, so the
     # host check did not count the hidden states, which are on the device.
     env = {"SYMPRUNE_MEMORY_AVAILABLE": str(64 << 10)}
-    calib = [*CALIB[:CALIB.index("--recon-tokens")], *CALIB[CALIB.index("--recon-tokens") + 2:], "--recon-tokens", "0"]
+    at = CALIB.index("--recon-tokens")
+    calib = [*CALIB[:at], *CALIB[at + 2:], "--recon-tokens", "0"]
     case = ["--method", "wanda", "--sparsity", "0.5"]
     samples = device_run(stories, tmp_path, 1, case, env=env, calib=calib)
     assert samples.returncode == 1, samples.stderr
