@@ -11,7 +11,9 @@
 
 namespace symprune::cuda {
 
-// A CUDA stream as host code sees it; a null handle is the default stream.
+// A CUDA stream as host code sees it; a null handle is the default stream. The launch_* functions of
+// core/cuda/kernels take one; the host entry points above them (device_*.h, the backend) run everything,
+// their scratch arrays' allocations and frees included, on the default stream.
 struct DeviceStream {
   void* handle = nullptr;
 };
@@ -22,9 +24,15 @@ struct DeviceStream {
 
 // Allocations are ordered on `stream` (the default stream unless given), frees on the default stream (a
 // pool keeps freed memory for reuse): an array used on another stream must be synchronized before it is
-// freed.
+// freed. A device without stream-ordered memory pools (cudaDevAttrMemoryPoolsSupported 0, as on some
+// virtualized GPUs) gets cudaMalloc and cudaFree instead, counted by hand for device_pool_memory.
 void* device_allocate(size_t bytes, DeviceStream stream = {});  // Error naming the size and the free memory
 void device_free(void* pointer) noexcept;
+// The allocations from here on are plain (cudaMalloc/cudaFree) or back from the pool, whatever the device
+// supports: what tests use to run the fallback on a device with pools. Earlier allocations keep their kind
+// (device_free tells them apart); device_pool_memory then counts the plain ones only.
+void use_plain_device_allocations(bool plain);
+bool plain_device_allocations();  // whether the next allocation is plain (the emulation's always are)
 // A stream whose work overlaps the default stream's (no implicit synchronization with it), and its end.
 DeviceStream create_stream();
 void destroy_stream(DeviceStream stream) noexcept;
@@ -44,8 +52,8 @@ void copy_on_device(void* device_destination, const void* device_source, size_t 
 void device_memory_info(int64_t* free_bytes, int64_t* total_bytes);
 // The stream-ordered pool of device_allocate: the bytes its allocations hold now (used), the memory it holds
 // for them now, in use or kept for reuse (reserved), and the most of each since the last reset (its
-// high-water marks; the emulation counts the bytes asked for, so reserved = used there). The reset starts
-// the peaks again from what is held now.
+// high-water marks; plain allocations and the emulation count the bytes asked for, so reserved = used
+// there). The reset starts the peaks again from what is held now.
 struct DevicePoolMemory {
   int64_t used = 0, reserved = 0, peak_used = 0, peak_reserved = 0;
 };
@@ -109,13 +117,13 @@ class DeviceArray {
 };
 
 // The smallest flat index a "first index" kernel reports, or -1: `launch(int64_t* first)` queues a kernel
-// that lowers *first (set to INT64_MAX here) with atomicMin.
+// on the default stream that lowers *first (set to INT64_MAX here) with atomicMin.
 template <typename Launch>
-int64_t first_index_on_device(Launch launch, DeviceStream stream = {}) {
+int64_t first_index_on_device(Launch launch) {
   constexpr int64_t kNone = INT64_MAX;
   DeviceArray<int64_t> first(&kNone, 1);
   launch(first.data());
-  const int64_t index = first.download(stream)[0];
+  const int64_t index = first.download()[0];
   return index == kNone ? -1 : index;
 }
 

@@ -271,7 +271,7 @@ class CudaBackend final : public Backend {
       attention_16bit(in(q, "attention q"), in(k, "attention k"), in(v, "attention v"), batch.n_seqs,
                       batch.seq_len, n_heads, n_kv_heads, head_dim, scale, operands,
                       attention_query_tile(n_heads, batch.seq_len, kAttentionTileBytes), attention_scratch_,
-                      od, {});
+                      od);
       return;
     }
     launch_attention(in(q, "attention q"), in(k, "attention k"), in(v, "attention v"), batch.n_seqs,

@@ -8,20 +8,19 @@
 
 namespace symprune::cuda {
 
-DeviceActivationStats::DeviceActivationStats(int64_t in_features, int64_t out_features, DeviceStream stream)
+DeviceActivationStats::DeviceActivationStats(int64_t in_features, int64_t out_features)
     : n_(in_features),
       m_(out_features),
-      stream_(stream),
       in_sumsq_(in_features),
       in_sum_(in_features),
       in_seqsq_(in_features),
       out_sumsq_(out_features) {
   SYMPRUNE_CHECK(in_features > 0 && out_features >= 0, "activation statistics: invalid widths {} and {}",
                  in_features, out_features);
-  in_sumsq_.zero(stream_);
-  in_sum_.zero(stream_);
-  in_seqsq_.zero(stream_);
-  out_sumsq_.zero(stream_);
+  in_sumsq_.zero();
+  in_sum_.zero();
+  in_seqsq_.zero();
+  out_sumsq_.zero();
 }
 
 void DeviceActivationStats::accumulate(const float* input, const float* output, int64_t seqs, int64_t seq_len,
@@ -39,13 +38,12 @@ void DeviceActivationStats::accumulate(const float* input, const float* output, 
     seq_sumsq_ = DeviceArray<double>(scratch);
     seq_sum_ = DeviceArray<double>(scratch);
   }
-  launch_sequence_sums(input, nullptr, seqs, seq_len, n_, seq_sumsq_.data(), seq_sum_.data(), stream_);
+  launch_sequence_sums(input, nullptr, seqs, seq_len, n_, seq_sumsq_.data(), seq_sum_.data(), {});
   launch_combine_sequences(seq_sumsq_.data(), seq_sum_.data(), seqs, n_, in_sumsq_.data(), in_sum_.data(),
-                           in_seqsq_.data(), stream_);
+                           in_seqsq_.data(), {});
   if (m_ > 0) {
-    launch_sequence_sums(output, output_bias, seqs, seq_len, m_, seq_sumsq_.data(), nullptr, stream_);
-    launch_combine_sequences(seq_sumsq_.data(), nullptr, seqs, m_, out_sumsq_.data(), nullptr, nullptr,
-                             stream_);
+    launch_sequence_sums(output, output_bias, seqs, seq_len, m_, seq_sumsq_.data(), nullptr, {});
+    launch_combine_sequences(seq_sumsq_.data(), nullptr, seqs, m_, out_sumsq_.data(), nullptr, nullptr, {});
   }
   n_seqs_ += seqs;
   seq_len_ = seq_len;
@@ -53,10 +51,10 @@ void DeviceActivationStats::accumulate(const float* input, const float* output, 
 
 ActivationStats DeviceActivationStats::download() const {
   ActivationStats stats;
-  stats.in_sumsq = in_sumsq_.download(stream_);
-  stats.in_sum = in_sum_.download(stream_);
-  stats.in_seqsq = in_seqsq_.download(stream_);
-  if (m_ > 0) stats.out_sumsq = out_sumsq_.download(stream_);
+  stats.in_sumsq = in_sumsq_.download();
+  stats.in_sum = in_sum_.download();
+  stats.in_seqsq = in_seqsq_.download();
+  if (m_ > 0) stats.out_sumsq = out_sumsq_.download();
   stats.n_seqs = n_seqs_;
   stats.seq_len = seq_len_;
   return stats;

@@ -12,7 +12,7 @@ namespace symprune::cuda {
 class DeviceActivationStats {
  public:
   // in_features = n (input width); out_features = m, or 0 to collect no output statistic.
-  DeviceActivationStats(int64_t in_features, int64_t out_features, DeviceStream stream = {});
+  DeviceActivationStats(int64_t in_features, int64_t out_features);
 
   // input: device [seqs · seq_len, n]; output: device [seqs · seq_len, m], or null when out_features is 0.
   // The same argument checks (and error texts) as ActivationStats::accumulate.
@@ -23,7 +23,6 @@ class DeviceActivationStats {
 
  private:
   int64_t n_, m_;
-  DeviceStream stream_;
   int64_t n_seqs_ = 0, seq_len_ = 0;
   DeviceArray<double> in_sumsq_, in_sum_, in_seqsq_, out_sumsq_;
   DeviceArray<double> seq_sumsq_, seq_sum_;  // per-call scratch, grown as needed

@@ -19,7 +19,7 @@ int64_t attention_query_tile(int64_t n_heads, int64_t seq_len, int64_t tile_byte
 
 void attention_16bit(const float* q, const float* k, const float* v, int64_t n_seqs, int64_t seq_len,
                      int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, DType dtype,
-                     int64_t query_tile, AttentionScratch& scratch, float* out, DeviceStream stream) {
+                     int64_t query_tile, AttentionScratch& scratch, float* out) {
   SYMPRUNE_CHECK(head_dim > 0 && head_dim <= 256 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
                      (dtype == DType::kBF16 || dtype == DType::kF16) && query_tile > 0,
                  "attention: head_dim {} (at most 256) with {} heads and {} kv heads in {}, tiles of {}",
@@ -33,9 +33,9 @@ void attention_16bit(const float* q, const float* k, const float* v, int64_t n_s
   const int64_t tile_cap = std::min(query_tile, seq_len);
   scratch.scores.reserve(n_heads * tile_cap * seq_len);
   scratch.probs.reserve(n_heads * tile_cap * seq_len);
-  launch_convert(q, DType::kF32, scratch.q.data(), dtype, rows * q_width, stream);
-  launch_convert(k, DType::kF32, scratch.k.data(), dtype, rows * kv_width, stream);
-  launch_convert(v, DType::kF32, scratch.v.data(), dtype, rows * kv_width, stream);
+  launch_convert(q, DType::kF32, scratch.q.data(), dtype, rows * q_width, {});
+  launch_convert(k, DType::kF32, scratch.k.data(), dtype, rows * kv_width, {});
+  launch_convert(v, DType::kF32, scratch.v.data(), dtype, rows * kv_width, {});
   // With one query head per kv head the heads are one strided batch; with groups, one batch per kv head
   // whose query heads read the same K and V (stride 0).
   const int64_t calls = group == 1 ? 1 : n_kv_heads, batch = group == 1 ? n_heads : group;
@@ -52,17 +52,17 @@ void attention_16bit(const float* q, const float* k, const float* v, int64_t n_s
         launch_gemm_strided_batched_16bit(
             keys, tile, head_dim, scale, {k_seq + kv_head * head_dim, kv_width, kv_stride, true},
             {q_seq + t0 * q_width + first_head * head_dim, q_width, head_dim, false}, dtype,
-            scratch.scores.data() + first_head * tile * keys, keys, tile * keys, batch, stream);
+            scratch.scores.data() + first_head * tile * keys, keys, tile * keys, batch, {});
       }
       launch_causal_softmax_16bit(scratch.scores.data(), n_heads, tile, keys, t0, dtype, scratch.probs.data(),
-                                  stream);
+                                  {});
       for (int64_t call = 0; call < calls; ++call) {
         const int64_t kv_head = group == 1 ? 0 : call, first_head = kv_head * group;
         // O_h [head_dim × tile] (column i: query t0 + i, in out's rows) = V_h P_h.
         launch_gemm_strided_batched_16bit(
             head_dim, tile, keys, 1.0f, {v_seq + kv_head * head_dim, kv_width, kv_stride, false},
             {scratch.probs.data() + first_head * tile * keys, keys, tile * keys, false}, dtype,
-            out + (s * seq_len + t0) * q_width + first_head * head_dim, q_width, head_dim, batch, stream);
+            out + (s * seq_len + t0) * q_width + first_head * head_dim, q_width, head_dim, batch, {});
       }
     }
   }

@@ -24,6 +24,6 @@ int64_t attention_query_tile(int64_t n_heads, int64_t seq_len, int64_t tile_byte
 // The layout of launch_attention (forward_kernels.h); dtype bf16 or fp16; hd ≤ 256.
 void attention_16bit(const float* q, const float* k, const float* v, int64_t n_seqs, int64_t seq_len,
                      int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, DType dtype,
-                     int64_t query_tile, AttentionScratch& scratch, float* out, DeviceStream stream = {});
+                     int64_t query_tile, AttentionScratch& scratch, float* out);
 
 }  // namespace symprune::cuda

@@ -38,17 +38,17 @@ void check_device_weight(const Tensor& weight) {
 
 }  // namespace
 
-std::vector<double> initial_column_l1_on_device(const Tensor& weight, const Mask& mask, DeviceStream stream) {
+std::vector<double> initial_column_l1_on_device(const Tensor& weight, const Mask& mask) {
   check_device_weight(weight);
   SYMPRUNE_CHECK(mask.rows() == weight.dim(0) && mask.cols() == weight.dim(1),
                  "initial_column_l1: mask [{}, {}] does not match the weight {}", mask.rows(), mask.cols(),
                  weight.shape_string());
-  const DeviceArray<uint8_t> device_mask = upload_mask(mask, stream);
+  const DeviceArray<uint8_t> device_mask = upload_mask(mask);
   DeviceArray<double> col_l1(weight.dim(1));
-  if (weight.dim(0) == 0) col_l1.zero(stream);
+  if (weight.dim(0) == 0) col_l1.zero();
   launch_initial_column_l1(weight.device_data(), weight.dim(0), weight.dim(1), device_mask.data(),
-                           col_l1.data(), stream);
-  return col_l1.download(stream);
+                           col_l1.data(), {});
+  return col_l1.download();
 }
 
 int dsnot_blocks(int64_t rows, int64_t n, int max_cycles) {
@@ -61,21 +61,20 @@ int dsnot_blocks(int64_t rows, int64_t n, int max_cycles) {
 RefineStats refine_dsnot_on_device(const Tensor& weight, const std::vector<double>& mu,
                                    const std::vector<double>& var, const std::vector<double>& act_norm,
                                    Mask& mask, const DsnotOptions& options, std::optional<NmPattern> nm,
-                                   const std::vector<double>* column_l1, DeviceStream stream) {
+                                   const std::vector<double>* column_l1) {
   SYMPRUNE_CHECK(weight.rank() == 2, "DSnoT: weight must be a matrix [rows, cols], got shape {}",
                  weight.shape_string());
   check_device_weight(weight);
   const int64_t rows = weight.dim(0), n = weight.dim(1);
   check_dsnot_arguments(rows, n, weight.shape_string(), mu, var, act_norm, mask, options, nm, column_l1);
-  const std::vector<double> col_l1 = !options.r2 ? std::vector<double>()
-                                     : column_l1 != nullptr
-                                         ? *column_l1
-                                         : initial_column_l1_on_device(weight, mask, stream);
+  const std::vector<double> col_l1 = !options.r2            ? std::vector<double>()
+                                     : column_l1 != nullptr ? *column_l1
+                                                            : initial_column_l1_on_device(weight, mask);
   const DsnotColumns host = dsnot_columns(mu, var, act_norm, options, col_l1);
   const DeviceArray<float> device_mu(host.mu), device_var_pow(host.var_pow);
   const DeviceArray<double> device_act_norm(host.act_norm), device_act_pow(host.act_pow),
       device_col_inv_l1(host.col_inv_l1);
-  DeviceArray<uint8_t> device_mask = upload_mask(mask, stream);
+  DeviceArray<uint8_t> device_mask = upload_mask(mask);
   DeviceArray<int64_t> swaps(rows);
   DeviceArray<double> before(rows), after(rows);
   const int64_t per_block = dsnot_scratch_bytes_per_block(n, options.max_cycles);
@@ -84,9 +83,9 @@ RefineStats refine_dsnot_on_device(const Tensor& weight, const std::vector<doubl
   const DsnotDeviceColumns columns{device_mu.data(), device_var_pow.data(), device_act_norm.data(),
                                    device_act_pow.data(), device_col_inv_l1.data()};
   launch_dsnot_rows(weight.device_data(), rows, n, device_mask.data(), columns, kernel_options(options, nm),
-                    {swaps.data(), before.data(), after.data()}, scratch.data(), blocks, stream);
-  mask = download_mask(device_mask.data(), rows, n, stream);
-  return dsnot_totals(swaps.download(stream), before.download(stream), after.download(stream));
+                    {swaps.data(), before.data(), after.data()}, scratch.data(), blocks, {});
+  mask = download_mask(device_mask.data(), rows, n);
+  return dsnot_totals(swaps.download(), before.download(), after.download());
 }
 
 }  // namespace symprune::cuda

@@ -14,10 +14,9 @@ namespace symprune::cuda {
 RefineStats refine_dsnot_on_device(const Tensor& weight, const std::vector<double>& mu,
                                    const std::vector<double>& var, const std::vector<double>& act_norm,
                                    Mask& mask, const DsnotOptions& options, std::optional<NmPattern> nm,
-                                   const std::vector<double>* column_l1, DeviceStream stream = {});
+                                   const std::vector<double>* column_l1);
 
-std::vector<double> initial_column_l1_on_device(const Tensor& weight, const Mask& mask,
-                                                DeviceStream stream = {});
+std::vector<double> initial_column_l1_on_device(const Tensor& weight, const Mask& mask);
 
 // Blocks of one refinement of rows [rows, n]: enough to fill an H100 (132 SMs × 8 blocks of 256 threads),
 // fewer when their scratch (dsnot_scratch_bytes_per_block each, at most 26·n + 8 bytes whatever max_cycles:

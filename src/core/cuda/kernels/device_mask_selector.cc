@@ -11,22 +11,21 @@
 
 namespace symprune::cuda {
 
-DeviceMaskSelector::DeviceMaskSelector(const float* scores, int64_t rows, int64_t cols, DeviceStream stream)
-    : scores_(scores), rows_(rows), cols_(cols), stream_(stream), mask_(rows * cols) {
-  mask_.zero(stream_);
+DeviceMaskSelector::DeviceMaskSelector(const float* scores, int64_t rows, int64_t cols)
+    : scores_(scores), rows_(rows), cols_(cols), mask_(rows * cols) {
+  mask_.zero();
 }
 
 int64_t DeviceMaskSelector::first_nan() {
-  return first_index_on_device(
-      [&](int64_t* first) { launch_first_nan(scores_, rows_ * cols_, first, stream_); }, stream_);
+  return first_index_on_device([&](int64_t* first) { launch_first_nan(scores_, rows_ * cols_, first, {}); });
 }
 
 void DeviceMaskSelector::select_rows(int64_t k) {
-  if (k > 0) launch_select_rows(scores_, rows_, cols_, k, mask_.data(), stream_);
+  if (k > 0) launch_select_rows(scores_, rows_, cols_, k, mask_.data(), {});
 }
 
 void DeviceMaskSelector::select_nm(int n, int m) {
-  launch_select_nm(scores_, rows_, cols_, n, m, mask_.data(), stream_);
+  launch_select_nm(scores_, rows_, cols_, n, m, mask_.data(), {});
 }
 
 void DeviceMaskSelector::key_histogram(uint32_t prefix, uint32_t prefix_mask, int shift,
@@ -34,47 +33,47 @@ void DeviceMaskSelector::key_histogram(uint32_t prefix, uint32_t prefix_mask, in
   SYMPRUNE_ASSERT(std::has_single_bit(hist.size()), "histogram of {} bins", hist.size());
   DeviceArray<int64_t> device_hist(static_cast<int64_t>(hist.size()));
   launch_key_histogram(scores_, rows_ * cols_, prefix, prefix_mask, shift, std::countr_zero(hist.size()),
-                       device_hist.data(), stream_);
-  copy_to_host(hist.data(), device_hist.data(), hist.size_bytes(), stream_);
+                       device_hist.data(), {});
+  copy_to_host(hist.data(), device_hist.data(), hist.size_bytes());
 }
 
 void DeviceMaskSelector::prune_below_key(uint32_t threshold_key, std::span<int64_t> equal_in_row) {
   DeviceArray<int64_t> equal(rows_);
-  launch_prune_below_key(scores_, rows_, cols_, threshold_key, mask_.data(), equal.data(), stream_);
-  if (rows_ > 0) copy_to_host(equal_in_row.data(), equal.data(), equal.bytes(), stream_);
+  launch_prune_below_key(scores_, rows_, cols_, threshold_key, mask_.data(), equal.data(), {});
+  if (rows_ > 0) copy_to_host(equal_in_row.data(), equal.data(), equal.bytes());
 }
 
 void DeviceMaskSelector::prune_first_equal(uint32_t threshold_key, std::span<const int64_t> quota) {
   const DeviceArray<int64_t> device_quota(quota.data(), static_cast<int64_t>(quota.size()));
-  launch_prune_first_equal(scores_, rows_, cols_, threshold_key, device_quota.data(), mask_.data(), stream_);
+  launch_prune_first_equal(scores_, rows_, cols_, threshold_key, device_quota.data(), mask_.data(), {});
 }
 
 void DeviceMaskSelector::prune_at_most(float theta) {
-  launch_prune_at_most(scores_, rows_ * cols_, theta, mask_.data(), stream_);
+  launch_prune_at_most(scores_, rows_ * cols_, theta, mask_.data(), {});
 }
 
 Mask DeviceMaskSelector::take_mask() {
-  Mask mask = download_mask(mask_.data(), rows_, cols_, stream_);
+  Mask mask = download_mask(mask_.data(), rows_, cols_);
   mask_ = DeviceArray<uint8_t>();
   return mask;
 }
 
-DeviceArray<uint8_t> upload_mask(const Mask& mask, DeviceStream stream) {
+DeviceArray<uint8_t> upload_mask(const Mask& mask) {
   const DeviceArray<uint8_t> bits(mask.pack_bits());
   DeviceArray<uint8_t> bytes(mask.size());
-  launch_unpack_mask_bits(bits.data(), mask.size(), bytes.data(), stream);
+  launch_unpack_mask_bits(bits.data(), mask.size(), bytes.data(), {});
   return bytes;
 }
 
-Mask download_mask(const uint8_t* device_bytes, int64_t rows, int64_t cols, DeviceStream stream) {
+Mask download_mask(const uint8_t* device_bytes, int64_t rows, int64_t cols) {
   DeviceArray<uint8_t> bits((rows * cols + 7) / 8);
-  launch_pack_mask_bits(device_bytes, rows * cols, bits.data(), stream);
-  return Mask::unpack_bits(rows, cols, bits.download(stream));
+  launch_pack_mask_bits(device_bytes, rows * cols, bits.data(), {});
+  return Mask::unpack_bits(rows, cols, bits.download());
 }
 
 Mask select_mask_on_device(const float* scores, int64_t rows, int64_t cols, const MaskSpec& spec,
-                           std::string_view matrix_name, const MatrixPart* part, DeviceStream stream) {
-  DeviceMaskSelector selector(scores, rows, cols, stream);
+                           std::string_view matrix_name, const MatrixPart* part) {
+  DeviceMaskSelector selector(scores, rows, cols);
   return select_mask(selector, spec, matrix_name, part);
 }
 

@@ -12,7 +12,7 @@ namespace symprune::cuda {
 class DeviceMaskSelector final : public MaskSelector {
  public:
   // `scores` is a device pointer to row-major fp32 [rows, cols]; it must outlive the selector.
-  DeviceMaskSelector(const float* scores, int64_t rows, int64_t cols, DeviceStream stream = {});
+  DeviceMaskSelector(const float* scores, int64_t rows, int64_t cols);
 
   int64_t rows() const override { return rows_; }
   int64_t cols() const override { return cols_; }
@@ -31,18 +31,16 @@ class DeviceMaskSelector final : public MaskSelector {
  private:
   const float* scores_;
   int64_t rows_, cols_;
-  DeviceStream stream_;
   DeviceArray<uint8_t> mask_;
 };
 
 // A host mask as a byte mask [rows·cols] on the device, and back: both cross the bus bit-packed (one
 // eighth of the bytes), packed and unpacked by kernels on the device.
-DeviceArray<uint8_t> upload_mask(const Mask& mask, DeviceStream stream = {});
-Mask download_mask(const uint8_t* device_bytes, int64_t rows, int64_t cols, DeviceStream stream = {});
+DeviceArray<uint8_t> upload_mask(const Mask& mask);
+Mask download_mask(const uint8_t* device_bytes, int64_t rows, int64_t cols);
 
 // select_mask on device scores.
 Mask select_mask_on_device(const float* scores, int64_t rows, int64_t cols, const MaskSpec& spec,
-                           std::string_view matrix_name = "<unnamed>", const MatrixPart* part = nullptr,
-                           DeviceStream stream = {});
+                           std::string_view matrix_name = "<unnamed>", const MatrixPart* part = nullptr);
 
 }  // namespace symprune::cuda

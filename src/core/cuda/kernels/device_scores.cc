@@ -26,18 +26,17 @@ const Tensor& need_host_weight(const Tensor* host_weight, std::string_view what,
 
 class DeviceWeightReductions final : public WeightReductions {
  public:
-  DeviceWeightReductions(const float* weight, int64_t m, int64_t n, DeviceStream stream)
-      : weight_(weight), m_(m), n_(n), stream_(stream) {}
+  DeviceWeightReductions(const float* weight, int64_t m, int64_t n) : weight_(weight), m_(m), n_(n) {}
 
   std::vector<double> row_norms(double p) override {
     DeviceArray<double> sums(m_);
-    launch_row_norm_sums(weight_, m_, n_, p, sums.data(), stream_);
-    return finished(sums.download(stream_), p);
+    launch_row_norm_sums(weight_, m_, n_, p, sums.data(), {});
+    return finished(sums.download(), p);
   }
   std::vector<double> column_norms(double p) override {
     DeviceArray<double> sums(n_);
-    launch_column_norm_sums(weight_, m_, n_, p, sums.data(), stream_);
-    return finished(sums.download(stream_), p);
+    launch_column_norm_sums(weight_, m_, n_, p, sums.data(), {});
+    return finished(sums.download(), p);
   }
   // The CPU's sampler draws the indices (no weight needed); the sums over them run where W is, so only
   // (m + n)·τ 32-bit indices cross the bus (a tenth of W's bytes at the default β = 0.1), in uploads of at
@@ -52,9 +51,9 @@ class DeviceWeightReductions final : public WeightReductions {
                                const DeviceArray<int32_t> device_picks(picks.data(),
                                                                        static_cast<int64_t>(picks.size()));
                                launch_sampled_abs_sums(weight_, n_, device_picks.data(), begin, end, tau,
-                                                       columns, sums.data(), stream_);
+                                                       columns, sums.data(), {});
                              });
-      (columns ? column_sums : row_sums) = sums.download(stream_);
+      (columns ? column_sums : row_sums) = sums.download();
     }
   }
 
@@ -66,14 +65,13 @@ class DeviceWeightReductions final : public WeightReductions {
 
   const float* weight_;
   int64_t m_, n_;
-  DeviceStream stream_;
 };
 
 }  // namespace
 
 void compute_scores_on_device(ScoreMethod method, const float* weight, int64_t m, int64_t n,
                               const Tensor* host_weight, const ActivationStats* stats,
-                              const ScoreOptions& options, float* scores, DeviceStream stream) {
+                              const ScoreOptions& options, float* scores) {
   validate_score_options(method, options);
   SYMPRUNE_CHECK(m > 0 && n > 0, "{}: scores need a non-empty weight, got shape [{}, {}]", label(options), m,
                  n);
@@ -82,11 +80,11 @@ void compute_scores_on_device(ScoreMethod method, const float* weight, int64_t m
                  "{}: score rows [{}, {}) outside the {} rows of the weight", label(options), row_begin,
                  row_end, m);
   {
-    const int64_t index = first_index_on_device(
-        [&](int64_t* first) { launch_first_nonfinite(weight, m * n, first, stream); }, stream);
+    const int64_t index =
+        first_index_on_device([&](int64_t* first) { launch_first_nonfinite(weight, m * n, first, {}); });
     if (index >= 0) {
       float value = 0.0f;
-      copy_to_host(&value, weight + index, sizeof value, stream);
+      copy_to_host(&value, weight + index, sizeof value);
       fail("{}: weight [{}, {}] is {} (NaN/Inf weights cannot be scored)", label(options), index / n,
            index % n, value);
     }
@@ -94,17 +92,16 @@ void compute_scores_on_device(ScoreMethod method, const float* weight, int64_t m
   if (options.compat_ria_fp16 && (method == ScoreMethod::kRI || method == ScoreMethod::kRIA)) {
     const Tensor host_scores =
         compute_scores(method, need_host_weight(host_weight, "--compat ria", options), stats, options);
-    copy_to_device(scores, host_scores.data(), static_cast<size_t>(host_scores.numel()) * sizeof(float),
-                   stream);
-    synchronize(stream);
+    copy_to_device(scores, host_scores.data(), static_cast<size_t>(host_scores.numel()) * sizeof(float), {});
+    synchronize();
     return;
   }
-  DeviceWeightReductions reductions(weight, m, n, stream);
+  DeviceWeightReductions reductions(weight, m, n);
   const ScorePlan plan = plan_scores(method, m, n, stats, options, reductions);
   const DeviceArray<double> u(plan.row_term), v(plan.column_term), f(plan.column_factor);
   launch_plan_scores(weight, n, row_begin, row_end, static_cast<int>(plan.form), u.data(), v.data(),
-                     plan.column_factor.empty() ? nullptr : f.data(), scores, stream);
-  synchronize(stream);  // u, v, f are freed on return
+                     plan.column_factor.empty() ? nullptr : f.data(), scores, {});
+  synchronize();  // u, v, f are freed on return
 }
 
 }  // namespace symprune::cuda

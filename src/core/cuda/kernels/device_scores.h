@@ -15,6 +15,6 @@ namespace symprune::cuda {
 // and summed on the device). Errors are the CPU's (same text).
 void compute_scores_on_device(ScoreMethod method, const float* weight, int64_t m, int64_t n,
                               const Tensor* host_weight, const ActivationStats* stats,
-                              const ScoreOptions& options, float* scores, DeviceStream stream = {});
+                              const ScoreOptions& options, float* scores);
 
 }  // namespace symprune::cuda
