@@ -34,9 +34,10 @@ void print_info() {
   }
   fmt::print("CUDA devices: {}\n", devices.size());
   for (const auto& d : devices) {
-    fmt::print("  [{}] {}, {:.1f} GiB, compute capability {}.{}\n", d.index, d.name,
+    fmt::print("  [{}] {}, {:.1f} GiB, compute capability {}.{}, {}\n", d.index, d.name,
                static_cast<double>(d.total_memory_bytes) / (1024.0 * 1024.0 * 1024.0),
-               d.compute_capability_major, d.compute_capability_minor);
+               d.compute_capability_major, d.compute_capability_minor,
+               d.memory_pools ? "memory pools" : "no memory pools (plain cudaMalloc)");
   }
 }
 

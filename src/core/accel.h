@@ -18,6 +18,8 @@ struct DeviceInfo {
   size_t total_memory_bytes = 0;
   int compute_capability_major = 0;
   int compute_capability_minor = 0;
+  // Stream-ordered memory pools (cudaMallocAsync); without them allocations are plain cudaMalloc/cudaFree.
+  bool memory_pools = false;
 };
 
 bool compiled_with_cuda();

@@ -4,7 +4,9 @@
 //    bit, NLL within 1e-12, Gram matrices within fp32 rounding (exact where the sums are exact);
 //  * an end-to-end prune of stories260K (a real trained LLaMA, converted from llama2.c) through
 //    engine::prune_model on either backend: the same masks, hence byte-identical pruned weights, and the
-//    same perplexities within 1e-4 relative (the forward passes differ only by fp32 rounding order);
+//    same perplexities within 1e-4 relative (the forward passes differ only by fp32 rounding order); on a
+//    GPU, masks that may differ in near ties (at most 1 weight in 10^4), perplexity then within 0.5 %;
+//  * the same run on plain allocations (a device without memory pools) as on the pool, byte for byte;
 //  * a device run stopped by SIGTERM after block 3 and resumed from its checkpoint gives the same output;
 //  * the same prune in bf16 (and fp16 on a GPU): perplexities within 2 % of the fp32 run's, the same
 //    pruned counts, masks differing in under 5 % of the weights, and the same stop and resume;
@@ -57,6 +59,15 @@ void expect_same_stats(const ActivationStats& a, const ActivationStats& e) {
   EXPECT_EQ(a.seq_len, e.seq_len);
 }
 
+// The 4-byte words (fp32 weights) in which two files of equal size differ.
+int64_t differing_words(const std::string& a, const std::string& b) {
+  EXPECT_EQ(a.size(), b.size());
+  int64_t differing = 0;
+  for (size_t i = 0; i + 4 <= std::min(a.size(), b.size()); i += 4)
+    differing += a.compare(i, 4, b, i, 4) != 0;
+  return differing;
+}
+
 void expect_same_values(const Tensor& a, const Tensor& e) {
   ASSERT_EQ(a.shape(), e.shape());
   for (int64_t i = 0; i < e.numel(); ++i) ASSERT_EQ(a[i], e[i]) << "element " << i;
@@ -84,6 +95,38 @@ TEST_F(KernelTest, MemoryPeakFollowsTheAllocationsSinceTheReset) {
   EXPECT_LT(after_reset, both);
   EXPECT_GE(after_reset, 8 * kMiB);
   if (emulated_device()) EXPECT_EQ(both - after_reset, 4 * kMiB);  // the emulation counts the bytes asked for
+}
+
+// Plain allocations (cudaMalloc/cudaFree, what a device without memory pools gets; the emulation's are all
+// plain) on any device: counted to the byte, freed, and memory the ops work in.
+TEST_F(KernelTest, PlainAllocationsAreCountedToTheByteAndWork) {
+  const bool was_plain = cuda::plain_device_allocations();
+  struct Restore {
+    bool plain;
+    ~Restore() { cuda::use_plain_device_allocations(plain); }
+  } restore{was_plain};
+  cuda::use_plain_device_allocations(true);
+  ASSERT_TRUE(cuda::plain_device_allocations());
+  device().reset_device_memory_peak();
+  const cuda::DevicePoolMemory before = cuda::device_pool_memory();
+  std::optional<cuda::DeviceArray<float>> first(3000);
+  const cuda::DeviceArray<double> second(1000);
+  cuda::DevicePoolMemory now = cuda::device_pool_memory();
+  EXPECT_EQ(now.used - before.used, 20000);
+  EXPECT_EQ(now.reserved, now.used);
+  EXPECT_EQ(now.peak_used, now.used);
+  first.reset();
+  now = cuda::device_pool_memory();
+  EXPECT_EQ(now.used - before.used, 8000);
+  EXPECT_EQ(now.peak_used - before.used, 20000);
+  device().reset_device_memory_peak();
+  EXPECT_EQ(cuda::device_pool_memory().peak_used, now.used);
+
+  const Tensor input = host_tensor({3 * 5, 24}, 1), output = host_tensor({3 * 5, 40}, 2);
+  const Tensor di = device().to_backend(input), dout = device().to_backend(output);
+  expect_same_values(device().to_host(di), input);
+  expect_same_stats(device().activation_stats(di, &dout, nullptr, 3, 5),
+                    cpu_backend().activation_stats(input, &output, nullptr, 3, 5));
 }
 
 TEST_F(DevicePruningOpsTest, StatisticsEqualTheCpuBitForBit) {
@@ -338,25 +381,65 @@ TEST_F(DevicePipelineTest, Stories260KPrunesAsOnTheCpu) {
     EXPECT_EQ(expected.config.at("device"), "cpu");
     expect_peak_within_the_plan(actual, on_device);
     EXPECT_TRUE(expected.device_memory.is_null());
-    // The same masks: the pruned weights are byte-identical.
-    EXPECT_EQ(file_bytes(on_device.out / "model.safetensors"), file_bytes(on_cpu.out / "model.safetensors"))
-        << k.name;
+    // The same masks, so byte-identical pruned weights, in the emulation (the CPU's fp32 arithmetic). On
+    // a GPU the forward passes round differently in the last bits (cuBLAS's summation order, CUDA's expf,
+    // FMA contraction), which can flip the entries whose scores tie within that rounding: the same
+    // pruned counts, and at most 1 weight in 10^4 differing (stories260K's linears hold 247 040; a flip
+    // within a row swaps two). The statistics, scores and selections themselves are bit for bit the CPU's
+    // on the same inputs (StatisticsEqualTheCpuBitForBit, ScoresAndSelectionEqualTheCpu).
+    const std::string device_bytes = file_bytes(on_device.out / "model.safetensors");
+    const int64_t differing = differing_words(device_bytes, file_bytes(on_cpu.out / "model.safetensors"));
+    RecordProperty(std::string(k.name) + "_weights_differing_from_the_cpu", std::to_string(differing));
+    if (emulated_device())
+      EXPECT_EQ(differing, 0) << k.name;
+    else
+      EXPECT_LE(differing, static_cast<int64_t>(device_bytes.size() / 4 / 10000)) << k.name;
+    // Identical masks give the CPU's figures within fp32 rounding; near-tie flips move them a little (the
+    // issue's bound for the perplexity: 0.5 %).
+    const double figures = differing == 0 ? 1e-4 : 5e-3;
     ASSERT_EQ(actual.layers.size(), expected.layers.size());
     for (size_t i = 0; i < expected.layers.size(); ++i) {
       EXPECT_EQ(actual.layers[i].pruned, expected.layers[i].pruned) << expected.layers[i].name;
       ASSERT_TRUE(actual.layers[i].recon_error && expected.layers[i].recon_error);
-      EXPECT_NEAR(*actual.layers[i].recon_error, *expected.layers[i].recon_error, 1e-4)
+      EXPECT_NEAR(*actual.layers[i].recon_error, *expected.layers[i].recon_error,
+                  differing == 0 ? 1e-4 : 5e-3 * std::max(1.0, *expected.layers[i].recon_error))
           << expected.layers[i].name;
     }
     ASSERT_TRUE(actual.perplexity && expected.perplexity);
     EXPECT_NEAR(actual.perplexity->dense / expected.perplexity->dense, 1.0, 1e-4) << k.name;
-    EXPECT_NEAR(actual.perplexity->pruned / expected.perplexity->pruned, 1.0, 1e-4) << k.name;
+    EXPECT_NEAR(actual.perplexity->pruned / expected.perplexity->pruned, 1.0, figures) << k.name;
     EXPECT_GT(expected.perplexity->pruned, expected.perplexity->dense) << k.name;
 
     // Stopped by a SIGTERM after block 3 (the state entering block 4 is saved from host copies of the
     // device hidden states), then resumed on the device (restored into device memory): the same output.
-    expect_stop_and_resume_give(on_device, k.name, actual, file_bytes(on_cpu.out / "model.safetensors"));
+    expect_stop_and_resume_give(on_device, k.name, actual, device_bytes);
   }
+}
+
+// The same run on plain allocations (cudaMalloc/cudaFree: a device without memory pools) as on the pool:
+// the same output, byte for byte, and a peak within the plan. On a GPU only (the emulation's allocations
+// are all plain: every other test of it runs them).
+TEST_F(DevicePipelineTest, Stories260KPrunesOnPlainAllocationsAsOnThePool) {
+  if (emulated_device()) GTEST_SKIP() << "the emulation's allocations are plain in every test";
+  const bool was_plain = cuda::plain_device_allocations();
+  struct Restore {
+    bool plain;
+    ~Restore() { cuda::use_plain_device_allocations(plain); }
+  } restore{was_plain};
+  engine::PruneConfig pooled = config("wanda_row_pooled", device());
+  pooled.method = "wanda";
+  pooled.sparsity = 0.5;
+  pooled.refine = "dsnot";
+  engine::PruneConfig plain = pooled;
+  plain.out = stories_dir() / "wanda_row_plain";
+  cuda::use_plain_device_allocations(false);
+  const engine::PruneResult on_pool = engine::prune_model(pooled);
+  cuda::use_plain_device_allocations(true);
+  const engine::PruneResult on_plain = engine::prune_model(plain);
+  EXPECT_EQ(file_bytes(plain.out / "model.safetensors"), file_bytes(pooled.out / "model.safetensors"));
+  expect_peak_within_the_plan(on_plain, plain);
+  ASSERT_TRUE(on_plain.perplexity && on_pool.perplexity);
+  EXPECT_EQ(on_plain.perplexity->pruned, on_pool.perplexity->pruned);
 }
 
 TEST_F(DevicePipelineTest, Stories260KPrunesInLowerPrecisionNearTheFp32Run) {
@@ -399,10 +482,8 @@ TEST_F(DevicePipelineTest, Stories260KPrunesInLowerPrecisionNearTheFp32Run) {
     // weights), and the output keeps the input's fp32 weights (bytes equal in size, most equal in value).
     const std::string bytes = file_bytes(on_device.out / "model.safetensors");
     ASSERT_EQ(bytes.size(), expected_bytes.size());
-    int64_t differing = 0;
-    for (size_t i = 0; i + 4 <= bytes.size(); i += 4)
-      differing += bytes.compare(i, 4, expected_bytes, i, 4) != 0;
-    EXPECT_LT(static_cast<double>(differing), 0.05 * static_cast<double>(bytes.size() / 4));
+    EXPECT_LT(static_cast<double>(differing_words(bytes, expected_bytes)),
+              0.05 * static_cast<double>(bytes.size() / 4));
     ASSERT_EQ(actual.layers.size(), expected.layers.size());
     for (size_t i = 0; i < expected.layers.size(); ++i) {
       EXPECT_EQ(actual.layers[i].pruned, expected.layers[i].pruned) << expected.layers[i].name;

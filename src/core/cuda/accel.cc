@@ -48,6 +48,7 @@ Probe run_probe() {
     info.total_memory_bytes = prop.totalGlobalMem;
     info.compute_capability_major = prop.major;
     info.compute_capability_minor = prop.minor;
+    info.memory_pools = prop.memoryPoolsSupported != 0;
     probe.devices.push_back(std::move(info));
   }
   return probe;

@@ -3,9 +3,11 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/kernels/allocation_ledger.h"
 #include "core/error.h"
 
 namespace symprune::cuda {
@@ -29,16 +31,41 @@ cudaMemPool_t default_pool() {
 // cudaMalloc/cudaFree cost about a millisecond each (cudaFree also synchronizes the device).
 void keep_pool_memory() {
   static const bool done = [] {
-    int device = 0;
-    cudaMemPool_t pool = nullptr;
-    if (cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
-      uint64_t threshold = UINT64_MAX;
-      (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
-    }
-    (void)cudaGetLastError();  // a device without pools keeps the default behaviour
+    uint64_t threshold = UINT64_MAX;
+    SYMPRUNE_CUDA_CHECK(cudaMemPoolSetAttribute(default_pool(), cudaMemPoolAttrReleaseThreshold, &threshold));
     return true;
   }();
   (void)done;
+}
+
+// Without pools (cudaMallocAsync would fail with cudaErrorNotSupported), cudaMalloc and cudaFree, whose
+// allocations this ledger counts. -1: not decided yet (the first allocation asks the current device).
+std::atomic<int> plain_mode{-1};
+AllocationLedger& plain_allocations() {
+  static AllocationLedger ledger;
+  return ledger;
+}
+
+bool allocations_are_plain() {
+  int mode = plain_mode.load();
+  if (mode < 0) {
+    int device = 0, pools = 0;
+    SYMPRUNE_CUDA_CHECK(cudaGetDevice(&device));
+    SYMPRUNE_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+    plain_mode.compare_exchange_strong(mode, pools != 0 ? 0 : 1);
+    mode = plain_mode.load();
+  }
+  return mode == 1;
+}
+
+[[noreturn]] void allocation_failed(size_t bytes, cudaError_t status) {
+  (void)cudaGetLastError();
+  size_t free_bytes = 0, total_bytes = 0;
+  (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+  (void)cudaGetLastError();
+  fail("CUDA: cannot allocate {:.1f} MiB of device memory ({:.1f} MiB free of {:.1f} MiB): {}",
+       static_cast<double>(bytes) / (1 << 20), static_cast<double>(free_bytes) / (1 << 20),
+       static_cast<double>(total_bytes) / (1 << 20), cudaGetErrorString(status));
 }
 
 }  // namespace
@@ -48,19 +75,25 @@ void throw_argument_error(const std::string& message) {
 }
 
 void* device_allocate(size_t bytes, DeviceStream stream) {
-  keep_pool_memory();
   void* pointer = nullptr;
-  const cudaError_t status = cudaMallocAsync(&pointer, bytes, native(stream));
-  if (status != cudaSuccess) {
-    (void)cudaGetLastError();
-    size_t free_bytes = 0, total_bytes = 0;
-    (void)cudaMemGetInfo(&free_bytes, &total_bytes);
-    (void)cudaGetLastError();
-    fail("CUDA: cannot allocate {:.1f} MiB of device memory ({:.1f} MiB free of {:.1f} MiB): {}",
-         static_cast<double>(bytes) / (1 << 20), static_cast<double>(free_bytes) / (1 << 20),
-         static_cast<double>(total_bytes) / (1 << 20), cudaGetErrorString(status));
+  if (allocations_are_plain()) {
+    const cudaError_t status = cudaMalloc(&pointer, bytes);
+    if (status != cudaSuccess) allocation_failed(bytes, status);
+    plain_allocations().add(pointer, static_cast<int64_t>(bytes));
+    return pointer;
   }
+  keep_pool_memory();
+  const cudaError_t status = cudaMallocAsync(&pointer, bytes, native(stream));
+  if (status != cudaSuccess) allocation_failed(bytes, status);
   return pointer;
+}
+
+void use_plain_device_allocations(bool plain) {
+  plain_mode.store(plain ? 1 : 0);
+}
+
+bool plain_device_allocations() {
+  return allocations_are_plain();
 }
 
 void device_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
@@ -71,6 +104,7 @@ void device_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
 }
 
 DevicePoolMemory device_pool_memory() {
+  if (allocations_are_plain()) return plain_allocations().memory();
   const cudaMemPool_t pool = default_pool();
   const auto read = [pool](cudaMemPoolAttr attribute) {
     uint64_t value = 0;
@@ -82,6 +116,10 @@ DevicePoolMemory device_pool_memory() {
 }
 
 void reset_device_memory_peak() {
+  if (allocations_are_plain()) {
+    plain_allocations().reset_peak();
+    return;
+  }
   const cudaMemPool_t pool = default_pool();
   uint64_t zero = 0;  // the only value these may be set to: they then follow what is held again
   SYMPRUNE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
@@ -89,8 +127,13 @@ void reset_device_memory_peak() {
 }
 
 void device_free(void* pointer) noexcept {
-  // Ordered after the work already queued on the default stream, which every kernel entry point uses.
-  if (pointer != nullptr) (void)cudaFreeAsync(pointer, nullptr);
+  if (pointer == nullptr) return;
+  // cudaFree waits for the whole device; a pool's free is ordered after the work already queued on the
+  // default stream, which every kernel entry point uses.
+  if (plain_allocations().remove(pointer))
+    (void)cudaFree(pointer);
+  else
+    (void)cudaFreeAsync(pointer, nullptr);
 }
 
 DeviceStream create_stream() {

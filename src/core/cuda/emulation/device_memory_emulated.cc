@@ -1,13 +1,11 @@
 // Device memory for the CPU emulation of the kernels: host memory, synchronous copies (launches are
 // synchronous there too). Fresh allocations are filled with 0xFF bytes, as cudaMalloc gives no zeros.
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <new>
-#include <unordered_map>
 
 #include "core/cuda/device_memory.h"
+#include "core/cuda/kernels/allocation_ledger.h"
 #include "core/error.h"
 #include "core/system_memory.h"
 
@@ -15,15 +13,10 @@ namespace symprune::cuda {
 
 namespace {
 
-// The bytes of every live allocation, for device_pool_memory (as a pool counts them).
-struct Allocations {
-  std::mutex mutex;
-  std::unordered_map<void*, int64_t> bytes;
-  int64_t held = 0, peak = 0;
-};
-Allocations& allocations() {
-  static Allocations a;
-  return a;
+// Every live allocation, for device_pool_memory (as a pool counts them).
+AllocationLedger& ledger() {
+  static AllocationLedger allocations;
+  return allocations;
 }
 
 }  // namespace
@@ -36,24 +29,22 @@ void* device_allocate(size_t bytes, DeviceStream) {
   void* pointer = std::malloc(bytes == 0 ? 1 : bytes);
   if (pointer == nullptr) fail("emulated CUDA: cannot allocate {} bytes", bytes);
   std::memset(pointer, 0xFF, bytes);
-  Allocations& a = allocations();
-  const std::lock_guard lock(a.mutex);
-  a.bytes[pointer] = static_cast<int64_t>(bytes);
-  a.held += static_cast<int64_t>(bytes);
-  a.peak = std::max(a.peak, a.held);
+  ledger().add(pointer, static_cast<int64_t>(bytes));
   return pointer;
 }
 
 DevicePoolMemory device_pool_memory() {
-  Allocations& a = allocations();
-  const std::lock_guard lock(a.mutex);
-  return {a.held, a.held, a.peak, a.peak};
+  return ledger().memory();
 }
 
 void reset_device_memory_peak() {
-  Allocations& a = allocations();
-  const std::lock_guard lock(a.mutex);
-  a.peak = a.held;
+  ledger().reset_peak();
+}
+
+// The emulation has no pool: its allocations are always counted by hand.
+void use_plain_device_allocations(bool) {}
+bool plain_device_allocations() {
+  return true;
 }
 
 void device_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
@@ -64,15 +55,7 @@ void device_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
 
 void device_free(void* pointer) noexcept {
   if (pointer == nullptr) return;
-  {
-    Allocations& a = allocations();
-    const std::lock_guard lock(a.mutex);
-    const auto it = a.bytes.find(pointer);
-    if (it != a.bytes.end()) {
-      a.held -= it->second;
-      a.bytes.erase(it);
-    }
-  }
+  ledger().remove(pointer);
   std::free(pointer);
 }
 
