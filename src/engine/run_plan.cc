@@ -595,6 +595,8 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       check_checkpoint_space(c.checkpoint, size);
       r.checkpoint_lock = std::make_unique<io::PathLock>(c.checkpoint, "--checkpoint");
     }
+  } else if (r.writes_model && comm.rank() < static_cast<int>(model.tensors().shards().size())) {
+    io::check_output_parent_writable(c.out, "--out");  // this rank writes shards too (pruned_model_writer)
   }
 }
 

@@ -273,6 +273,10 @@ void release_stale_output_lock(const fs::path& out, std::string_view option) {
   const PathLock lock(resolved_path(out), option);
 }
 
+void check_output_parent_writable(const fs::path& out, std::string_view option) {
+  check_parent(resolved_path(out), option, out);
+}
+
 OutputDirectory::OutputDirectory(const fs::path& out, const InputFootprint& inputs, bool force,
                                  std::string option)
     : option_(option), as_given_(out), inputs_(inputs) {

@@ -113,6 +113,11 @@ class OutputDirectory {
   std::unique_ptr<PathLock> lock_;
 };
 
+// For the ranks other than rank 0 (which makes the OutputDirectory) that write shards into `out`'s staging
+// directory: whether they can write in its parent, checked before any work like rank 0's (a file system one
+// node mounts read-only would otherwise fail the run after its last block).
+void check_output_parent_writable(const std::filesystem::path& out, std::string_view option);
+
 // Checks a single output file before any work; `out_dir` (optional) is the run's output directory.
 void check_output_file(const std::filesystem::path& file, const InputFootprint& inputs,
                        std::string_view option, const OutputDirectory* out_dir = nullptr);

@@ -1,5 +1,6 @@
 """Failures in symprune_dist end every rank promptly with the failing rank's message, never a hang in a
 collective, and leave nothing at --out (issue 9)."""
+import json
 import os
 import shutil
 import signal
@@ -95,6 +96,43 @@ def test_a_full_disk_on_one_writer_fails_all_ranks_cleanly(tmp_path, have_mpirun
         assert listing(point) == []
     finally:
         subprocess.run(["umount", point], check=True)
+
+
+def test_an_output_another_writer_rank_cannot_write_fails_before_any_work(stories, tmp_path, have_mpirun):
+    """Rank 1 writes the second of two shards, and its mount of --out's parent is read-only (a private bind
+    mount, as on a node that mounts the file system read-only). Before, every block ran and the run failed
+    when rank 1 wrote its shard; now every rank stops before the first block, with rank 1's reason."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a private read-only mount for one rank needs root and unshare")
+    model = tmp_path / "model"
+    model.mkdir()
+    for path in stories.model.iterdir():
+        if path.suffix != ".safetensors":
+            shutil.copy(path, model / path.name)
+    tensors = load_file(str(stories.model / "model.safetensors"))
+    names = sorted(tensors)
+    weight_map = {}
+    for i, part in enumerate([names[:24], names[24:]]):
+        shard = f"model-{i + 1:05d}-of-00002.safetensors"
+        save_file({name: tensors[name] for name in part}, str(model / shard))
+        weight_map.update({name: shard for name in part})
+    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    parent = tmp_path / "outputs"
+    parent.mkdir()
+    wrapper = tmp_path / "rank1_read_only.sh"
+    wrapper.write_text("#!/bin/bash\n"
+                       'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then\n'
+                       f"  exec unshare -m bash -c 'mount --bind -o ro \"$0\" \"$0\" && exec \"$@\"' {parent} {DIST} \"$@\"\n"
+                       "fi\n"
+                       f'exec {DIST} "$@"\n')
+    wrapper.chmod(0o755)
+    args = ["--model", model, "--calib", stories.first, *RUN, "--out", parent / "out"]
+    if mpirun(2, *args[:-1], tmp_path / "out", binary=wrapper, timeout=120).returncode != 0:
+        pytest.skip("no private read-only mount here")  # the same run, rank 1 writing elsewhere, must work
+    proc = mpirun(2, *args, binary=wrapper, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert f"--out {parent / 'out'}: cannot write in {parent}: Read-only file system" in proc.stderr, proc.stderr
+    assert "block 1/" not in proc.stderr and listing(parent) == []
 
 
 def test_sigterm_while_the_output_is_written_stops_every_rank_without_output(stories, tmp_path, have_mpirun):
