@@ -7,13 +7,13 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
 #include "command.h"
 #include "core/error.h"
 #include "io/checkpoint_file.h"
-#include <nlohmann/json.hpp>
 #include "io/hf_config.h"
 #include "io/model_layout.h"
 #include "io/model_resolver.h"
@@ -56,6 +56,12 @@ void run_inspect_checkpoint(const std::string& file) {
       reader.read_units("state", 0, text);
       state = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(text.data()), text.size()),
                                     nullptr, /*allow_exceptions=*/false);
+    }
+  }
+  if (!state.is_null()) {
+    if (const auto disagreement = io::header_disagreement(h, state)) {
+      verified = false;
+      problems.push_back(*disagreement);
     }
   }
   if (state.is_object()) {
@@ -159,10 +165,11 @@ void add_inspect(CLI::App& app) {
       "inspect",
       "Show a model's config and tensors and check the weights against config.json, or what a checkpoint "
       "holds");
-  auto* model = sub->add_option("--model", options->model,
-                                "model directory, short name (llama2-7b, opt-1.3b, ...) or Hugging Face repo id");
-  auto* checkpoint =
-      sub->add_option("checkpoint", options->checkpoint, "a checkpoint file (--checkpoint of prune) to describe");
+  auto* model =
+      sub->add_option("--model", options->model,
+                      "model directory, short name (llama2-7b, opt-1.3b, ...) or Hugging Face repo id");
+  auto* checkpoint = sub->add_option("checkpoint", options->checkpoint,
+                                     "a checkpoint file (--checkpoint of prune) to describe");
   model->excludes(checkpoint);
   sub->add_flag("--no-table", options->no_table, "omit the per-tensor table");
   sub->callback([options] {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -130,6 +131,10 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
     mask_bytes = pack_masks(masks, &index);
     saved["masks"] = index;
     saved["run_id"] = run_id_;
+    // The header's attributes again, inside the checksummed state: an attribute edited (or written wrong)
+    // no longer passes for a valid checkpoint (read_point compares them).
+    saved["next_block"] = next_block;
+    saved["blocks"] = blocks_;
     state_bytes = json_bytes(saved);
   }
   int64_t sizes[2] = {static_cast<int64_t>(state_bytes.size()), static_cast<int64_t>(mask_bytes.size())};
@@ -213,9 +218,20 @@ double Checkpointer::finish() {
   write_seconds_ += writer_last_seconds_;
   const int64_t next_block = in_flight_;
   in_flight_ = -1;
-  agree_on_errors(comm_, [&] {
-    if (!writer_error_.empty()) fail("{}", writer_error_);
-  });
+  try {
+    agree_on_errors(comm_, [&] {
+      if (!writer_error_.empty()) fail("{}", writer_error_);
+    });
+  } catch (...) {
+    // Whichever rank's part failed, the staging file is incomplete: rank 0 removes it.
+    if (comm_.rank() == 0) {
+      std::error_code ignored;
+      fs::remove(checkpoint_staging(file_), ignored);
+      if (cleanup_) cleanup_->release();
+      cleanup_.reset();
+    }
+    throw;
+  }
   agree_on_errors(comm_, [&] {
     if (comm_.rank() != 0) return;
     const fs::path staging = checkpoint_staging(file_);
@@ -279,6 +295,8 @@ ResumePoint read_point(const fs::path& file) {
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint {}: its state is not valid JSON: {}", file.string(), e.what());
   }
+  if (const auto disagreement = io::header_disagreement(point.header, point.state))
+    fail("checkpoint {}: {}", file.string(), *disagreement);
   const auto mask_shape = reader.shape("masks");
   std::vector<std::byte> masks(static_cast<size_t>(mask_shape.at(0)));
   reader.read_units("masks", 0, masks);
@@ -300,6 +318,22 @@ ResumePoint read_point(const fs::path& file) {
     fail("checkpoint {}: its mask index is malformed: {}", file.string(), e.what());
   }
   return point;
+}
+
+// A checkpoint this process may not read is not a corrupt one: skipping it would resume from FILE.prev and
+// the next save would then replace it, losing its blocks. Refused instead, for its permissions to be fixed.
+void check_permission_to_read(const fs::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::close(fd);
+    return;
+  }
+  const int error = errno;
+  if (error == EACCES || error == EPERM)
+    fail(
+        "checkpoint {}: cannot be read: {}. It was not used, and nothing was removed: give this user read "
+        "access to it and resume again",
+        file.string(), std::strerror(error));
 }
 
 }  // namespace
@@ -327,6 +361,7 @@ std::optional<ResumePoint> load_resume_point(
   for (const auto& file : candidates) {
     const char* next = &file != &candidates.back() ? "; trying the previous checkpoint" : "";
     std::optional<ResumePoint> point;
+    agree_on_errors(comm, [&] { check_permission_to_read(file); });
     try {
       agree_on_errors(comm, [&] { point = read_point(file); });
     } catch (const interrupt::Interrupted&) {

@@ -393,4 +393,18 @@ std::optional<CheckpointHeader> peek_checkpoint_header(const fs::path& path) {
   }
 }
 
+std::optional<std::string> header_disagreement(const CheckpointHeader& header, const nlohmann::json& state) {
+  const auto field = [&](const char* key) {
+    return state.is_object() ? state.value(key, nlohmann::json()) : nlohmann::json();
+  };
+  if (field("next_block") == header.next_block && field("blocks") == header.blocks &&
+      field("run_id") == header.run_id)
+    return std::nullopt;
+  return fmt::format(
+      "its header (blocks 1..{} of {} done, run {}) disagrees with its checksummed state (next_block {}, "
+      "blocks {}, run {}): edited or written wrong",
+      header.next_block, header.blocks, header.run_id, field("next_block").dump(), field("blocks").dump(),
+      field("run_id").dump());
+}
+
 }  // namespace symprune::io

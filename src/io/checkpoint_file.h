@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -58,6 +59,10 @@ struct CheckpointHeader {
   int64_t blocks = 0;
   std::string run_id;
 };
+
+// The root attributes are outside every checksum; the state dataset (JSON, checksummed) repeats next_block,
+// blocks and run_id. Where they disagree (an attribute edited, or written wrong), what to say, else nullopt.
+std::optional<std::string> header_disagreement(const CheckpointHeader& header, const nlohmann::json& state);
 
 // Creates `path` (truncating it) with the root attributes and every dataset allocated, and returns each
 // dataset's place. Throws symprune::Error naming the path on failure (full disk, no permission, ...).

@@ -8,7 +8,9 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -248,6 +250,53 @@ def test_another_format_version_is_refused(job, killed):
         f.attrs.modify("version", np.int64(2))
     (run / "run.h5.prev").unlink()
     refused(job, run, "format version 2, but this symprune reads version 1")
+
+
+def test_an_edited_header_attribute_is_caught_by_the_checksummed_state(job, reference, killed):
+    """next_block (outside every checksum) said 3 of a checkpoint of blocks 1..2: before, the run resumed at
+    block 4 with block 3 dense, exit 0. Now the header is compared with the state's copy of it."""
+    run = copy_state(killed, "header")
+    with h5py.File(run / "run.h5", "r") as f:
+        done = int(f.attrs["next_block"])
+    with h5py.File(run / "run.h5", "r+") as f:
+        f.attrs.modify("next_block", np.int64(done + 1))
+    proc = symprune("inspect", run / "run.h5", check=False)
+    assert proc.returncode == 1 and "disagrees with its checksummed state" in proc.stderr + proc.stdout
+    proc, report = finish_and_compare(job, run, reference)
+    assert f"its header (blocks 1..{done + 1} of 5 done" in proc.stderr
+    assert "trying the previous checkpoint" in proc.stderr
+    assert report["resumed"]["checkpoint"].endswith("run.h5.prev")
+
+
+def test_a_checkpoint_it_may_not_read_is_refused_not_skipped(job, killed):
+    """Permission denied is not corruption: before, the run fell back to FILE.prev (a block lost) and its next
+    save replaced the unreadable newer checkpoint. Run as another user when root (root reads any file), in a
+    directory that user can reach, with the inputs copied there (their fingerprints, not paths, are checked)."""
+    place = Path(tempfile.mkdtemp(prefix="symprune-permission-"))
+    try:
+        place.chmod(0o755)
+        args = list(job)
+        for option in ("--model", "--calib", "--eval"):
+            source = Path(args[args.index(option) + 1])
+            target = place / source.name
+            (shutil.copytree if source.is_dir() else shutil.copy)(source, target)
+            args[args.index(option) + 1] = target
+        for f in ("run.h5", "run.h5.prev"):
+            shutil.copy(killed / f, place / f)
+        prefix = []
+        if os.geteuid() == 0:
+            subprocess.run(["chown", "-R", "65534:65534", place], check=True)
+            prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        (place / "run.h5").chmod(0)
+        proc = subprocess.run([*prefix, BIN, "prune", *map(str, args), "--out", place / "out", "--checkpoint",
+                               place / "run.h5", "--resume", "auto"], capture_output=True, text=True)
+        assert proc.returncode == 1, proc.stderr
+        assert "run.h5: cannot be read: Permission denied" in proc.stderr, proc.stderr
+        assert "nothing was removed" in proc.stderr and "trying the previous checkpoint" not in proc.stderr
+        assert (place / "run.h5").exists() and (place / "run.h5.prev").exists() and not (place / "out").exists()
+    finally:
+        (place / "run.h5").chmod(0o644)
+        shutil.rmtree(place, ignore_errors=True)
 
 
 def test_a_checkpoint_of_other_options_or_another_model_is_refused(job, stories, killed):

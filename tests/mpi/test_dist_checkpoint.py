@@ -48,6 +48,19 @@ def resume_and_compare(job, run_dir, reference, ranks):
     return report
 
 
+def test_a_failed_write_on_another_rank_leaves_no_staging_file(job, reference, tmp_path, have_mpirun):
+    """Rank 1's part of the second checkpoint fails (a full disk, a file size limit): every rank ends with
+    its message, the first checkpoint is kept, and FILE.tmp is removed (it was left before: rank 0's own
+    cleanup covered only its own failures)."""
+    proc = mpirun(2, *job, *checkpoint_args(tmp_path), env={"SYMPRUNE_FAULT": "checkpoint_write:2@1:error"},
+                  timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "injected fault at checkpoint_write:2" in proc.stderr
+    assert (tmp_path / "run.h5").exists() and not (tmp_path / "run.h5.tmp").exists()
+    assert not (tmp_path / "out").exists()
+    resume_and_compare(job, tmp_path, reference, 2)
+
+
 @pytest.mark.parametrize("fault,ranks,resume_ranks", [
     ("block:3@1:abort", 3, 2),       # one rank dies; fewer ranks continue
     ("block:3:abort", 2, 3),         # every rank dies; more ranks continue
