@@ -286,11 +286,11 @@ std::vector<double> initial_column_l1(const Tensor& W, const Mask& mask) {
   return col_l1;
 }
 
-double mean_abs_expected_error(const Tensor& W, const std::vector<double>& mu, const Mask& mask) {
+std::vector<double> abs_expected_errors(const Tensor& W, const std::vector<double>& mu, const Mask& mask) {
   SYMPRUNE_CHECK(W.rank() == 2 && mask.rows() == W.dim(0) && mask.cols() == W.dim(1) &&
                      static_cast<int64_t>(mu.size()) == W.dim(1),
-                 "mean_abs_expected_error: mask [{}, {}] and {} means do not match the weight {}",
-                 mask.rows(), mask.cols(), mu.size(), W.shape_string());
+                 "abs_expected_errors: mask [{}, {}] and {} means do not match the weight {}", mask.rows(),
+                 mask.cols(), mu.size(), W.shape_string());
   const int64_t m = W.dim(0), n = W.dim(1);
   const std::vector<float> mu_f(mu.begin(), mu.end());  // refine_dsnot's fp32 products
   std::vector<double> errors(static_cast<size_t>(m));
@@ -299,11 +299,15 @@ double mean_abs_expected_error(const Tensor& W, const std::vector<double>& mu, c
     std::vector<float> d(static_cast<size_t>(n));
     for (int64_t c = 0; c < n; ++c)
       d[static_cast<size_t>(c)] = W.data()[r * n + c] * mu_f[static_cast<size_t>(c)];
-    errors[static_cast<size_t>(r)] = row_error(d, mask.row(r));
+    errors[static_cast<size_t>(r)] = std::fabs(row_error(d, mask.row(r)));
   }
+  return errors;
+}
+
+double mean_of_rows(const std::vector<double>& values) {
   double sum = 0.0;
-  for (double e : errors) sum += std::fabs(e);  // row order, as refine_dsnot
-  return m > 0 ? sum / static_cast<double>(m) : 0.0;
+  for (double v : values) sum += v;  // row order, as refine_dsnot
+  return values.empty() ? 0.0 : sum / static_cast<double>(values.size());
 }
 
 void validate_dsnot_options(const DsnotOptions& options) {
@@ -376,13 +380,11 @@ RefineStats dsnot_totals(std::span<const int64_t> swaps, std::span<const double>
   RefineStats stats;
   for (size_t r = 0; r < swaps.size(); ++r) {  // fixed order: independent of the thread count
     stats.swaps += swaps[r];
-    stats.mean_abs_error_before += std::fabs(error_before[r]);
-    stats.mean_abs_error_after += std::fabs(error_after[r]);
+    stats.row_abs_error_before.push_back(std::fabs(error_before[r]));
+    stats.row_abs_error_after.push_back(std::fabs(error_after[r]));
   }
-  if (!swaps.empty()) {
-    stats.mean_abs_error_before /= static_cast<double>(swaps.size());
-    stats.mean_abs_error_after /= static_cast<double>(swaps.size());
-  }
+  stats.mean_abs_error_before = mean_of_rows(stats.row_abs_error_before);
+  stats.mean_abs_error_after = mean_of_rows(stats.row_abs_error_after);
   return stats;
 }
 

@@ -93,6 +93,10 @@ struct RefineStats {
   // refine_recon and by the guard; refine_dsnot has no G and leaves it unset.
   std::optional<double> recon_sq_change;
   int64_t rows_reverted = 0;  // --refine-guard: rows restored to the initial mask (refine_recon.h)
+  // The same per row, in row order: |e_r| before and after, and the change of E_r (where recon_sq_change is
+  // set). The figures above are their row-order sums (over m); with several ranks each holds its rows', and
+  // the report adds all of them in row order (engine/mask_stage.cc), whatever the rank count.
+  std::vector<double> row_abs_error_before, row_abs_error_after, row_recon_sq_change;
 };
 
 // W [m, n]; mu = μ̃ (n), var = v (n), act_norm (n): the prune key is |W|·act_norm (a_c: the Wanda order); mask
@@ -133,9 +137,11 @@ DsnotColumns dsnot_columns(const std::vector<double>& mu, const std::vector<doub
 RefineStats dsnot_totals(std::span<const int64_t> swaps, std::span<const double> error_before,
                          std::span<const double> error_after);
 
-// Mean over rows of |e_r|, e_r = Σ_{pruned c} W[r,c]·μ̃_c with fp32 products summed in fp64: the
-// mean_abs_error_* that refine_dsnot reports, for any mask (also one refined another way).
-double mean_abs_expected_error(const Tensor& W, const std::vector<double>& mu, const Mask& mask);
+// |e_r| per row, e_r = Σ_{pruned c} W[r,c]·μ̃_c with fp32 products summed in fp64: the row_abs_error_* that
+// refine_dsnot reports, for any mask (also one refined another way).
+std::vector<double> abs_expected_errors(const Tensor& W, const std::vector<double>& mu, const Mask& mask);
+// Their mean, in row order (mean_abs_error_*).
+double mean_of_rows(const std::vector<double>& values);
 
 // Σ_r |W[r,c]| over the kept entries of `mask` (‖W̃[:,c]‖₁), summed in row order.
 std::vector<double> initial_column_l1(const Tensor& W, const Mask& mask);

@@ -379,7 +379,10 @@ RefineStats refine_recon(const Tensor& W, const double* gram, int64_t n, Mask& m
   }
   RefineStats stats;
   stats.recon_sq_change = 0.0;
-  if (options.max_cycles == 0 || m == 0 || n < 2) return stats;
+  if (options.max_cycles == 0 || m == 0 || n < 2) {
+    stats.row_recon_sq_change.assign(static_cast<size_t>(m), 0.0);
+    return stats;
+  }
 
   const int64_t pool = std::min<int64_t>(options.pool, n);
   // Blocks of rows, one at a time per thread: a block's pool blocks S fit kBlockBudget, and G is streamed
@@ -416,6 +419,7 @@ RefineStats refine_recon(const Tensor& W, const double* gram, int64_t n, Mask& m
   for (const RowResult& row : results) {  // row order: independent of the thread count
     stats.swaps += row.swaps;
     *stats.recon_sq_change += row.change;
+    stats.row_recon_sq_change.push_back(row.change);
   }
   return stats;
 }

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "dist/partition.h"
+#include "engine/ordered_reduce.h"
 
 namespace symprune::engine {
 namespace {
@@ -166,18 +167,29 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
     const RefineStats local =
         refine_linear(backend, refine, own_weight, *stats, gram ? gram->g.data() : nullptr,
                       gram ? gram->n : 0, own, nm, column_l1.empty() ? nullptr : &column_l1);
-    // Totals over all rows: the ranks' row sums added up (report figures).
-    std::vector<double> sums = {
-        static_cast<double>(local.swaps), local.mean_abs_error_before * static_cast<double>(rows.size()),
-        local.mean_abs_error_after * static_cast<double>(rows.size()),
-        static_cast<double>(local.rows_reverted), local.recon_sq_change.value_or(0.0)};
-    comm.all_reduce_sum(sums);
+    // Totals over all rows (report figures): the counts added up; the errors and changes added row by row
+    // in row order over every rank's rows, so that they are the single process's sums, whatever the rank
+    // count (adding each rank's partial sum would round differently with each split).
+    std::vector<double> counts = {static_cast<double>(local.swaps), static_cast<double>(local.rows_reverted)};
+    comm.all_reduce_sum(counts);
+    const auto own_rows = static_cast<size_t>(rows.size());
+    SYMPRUNE_ASSERT(local.row_abs_error_before.size() == own_rows &&
+                        local.row_abs_error_after.size() == own_rows &&
+                        (!local.recon_sq_change || local.row_recon_sq_change.size() == own_rows),
+                    "refinement of {}: per-row figures for {} rows", options.matrix_name, own_rows);
+    std::vector<double> per_row(3 * own_rows);
+    for (size_t r = 0; r < own_rows; ++r) {
+      per_row[3 * r] = local.row_abs_error_before[r];
+      per_row[3 * r + 1] = local.row_abs_error_after[r];
+      per_row[3 * r + 2] = local.recon_sq_change ? local.row_recon_sq_change[r] : 0.0;
+    }
+    const std::vector<double> sums = ordered_sum(comm, per_row, 3);
     RefineStats total;
-    total.swaps = static_cast<int64_t>(sums[0]);
-    total.mean_abs_error_before = sums[1] / static_cast<double>(m);
-    total.mean_abs_error_after = sums[2] / static_cast<double>(m);
-    total.rows_reverted = static_cast<int64_t>(sums[3]);
-    if (local.recon_sq_change) total.recon_sq_change = sums[4];
+    total.swaps = static_cast<int64_t>(counts[0]);
+    total.mean_abs_error_before = m > 0 ? sums[0] / static_cast<double>(m) : 0.0;
+    total.mean_abs_error_after = m > 0 ? sums[1] / static_cast<double>(m) : 0.0;
+    total.rows_reverted = static_cast<int64_t>(counts[1]);
+    if (local.recon_sq_change) total.recon_sq_change = sums[2];
     out.refine = total;
     out.refine_seconds = seconds_since(start);
   }

@@ -88,8 +88,10 @@ RefineStats refine_linear(Backend& backend, const RefineSettings& s, const Tenso
     const Tensor& w = backend.host_view(weight, host_copy);
     const Mask initial = mask;
     RefineStats result = refine_recon(w, gram, n, mask, s.recon, nm);
-    result.mean_abs_error_before = mean_abs_expected_error(w, in.mu, initial);
-    result.mean_abs_error_after = mean_abs_expected_error(w, in.mu, mask);
+    result.row_abs_error_before = abs_expected_errors(w, in.mu, initial);
+    result.row_abs_error_after = abs_expected_errors(w, in.mu, mask);
+    result.mean_abs_error_before = mean_of_rows(result.row_abs_error_before);
+    result.mean_abs_error_after = mean_of_rows(result.row_abs_error_after);
     return result;
   }
   const Mask initial = s.guard ? mask : Mask();
@@ -107,7 +109,11 @@ RefineStats refine_linear(Backend& backend, const RefineSettings& s, const Tenso
   double change = 0.0;
   for (double row : changes) change += row;  // row order: independent of the thread count
   result.recon_sq_change = change;
-  if (result.rows_reverted > 0) result.mean_abs_error_after = mean_abs_expected_error(w, in.mu, mask);
+  result.row_recon_sq_change = std::move(changes);
+  if (result.rows_reverted > 0) {
+    result.row_abs_error_after = abs_expected_errors(w, in.mu, mask);
+    result.mean_abs_error_after = mean_of_rows(result.row_abs_error_after);
+  }
   return result;
 }
 

@@ -57,6 +57,9 @@ def test_llama_outputs_are_byte_identical_for_every_rank_count(stories, tmp_path
         assert [l["pruned"] for l in report["layers"]] == [l["pruned"] for l in reference["layers"]]
         # The report's reconstruction errors (a token sample, per-row sums in row order) too, bit for bit.
         assert [l["recon_error"] for l in report["layers"]] == [l["recon_error"] for l in reference["layers"]]
+        # The refinement's figures (swaps, errors, the exact change of E_r), added row by row in row order
+        # over all ranks' rows: they differed in the last bits when each rank's partial sums were added.
+        assert [l.get("refine") for l in report["layers"]] == [l.get("refine") for l in reference["layers"]]
 
 
 @pytest.mark.parametrize("name", ["wanda", "ria-layer", "wanda+dsnot"])

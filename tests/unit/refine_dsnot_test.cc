@@ -490,7 +490,7 @@ TEST(RefineR2Dsnot, RowPartitionsMatchTheWholeMatrix) {
 
 // The helper the pipeline uses for masks refined another way (recon, or reverted by the guard) reports what
 // refine_dsnot reports for its own masks.
-TEST(RefineDsnot, MeanAbsExpectedErrorMatchesTheStats) {
+TEST(RefineDsnot, AbsExpectedErrorsMatchTheStats) {
   for (const MaskSpec& spec : {MaskSpec::row(0.6), MaskSpec::nm(2, 4)}) {
     RandomLayer layer = random_layer(32, 64, 9);
     const Mask initial = select_mask(layer.wanda, spec);
@@ -500,12 +500,15 @@ TEST(RefineDsnot, MeanAbsExpectedErrorMatchesTheStats) {
     const RefineStats stats = refine_dsnot(layer.w, layer.mu, layer.var, layer.act, mask, DsnotOptions{}, nm);
     ASSERT_GT(stats.swaps, 0);
     EXPECT_FALSE(stats.recon_sq_change.has_value());  // no G here
-    EXPECT_EQ(mean_abs_expected_error(layer.w, layer.mu, initial), stats.mean_abs_error_before);
-    EXPECT_EQ(mean_abs_expected_error(layer.w, layer.mu, mask), stats.mean_abs_error_after);
+    EXPECT_EQ(abs_expected_errors(layer.w, layer.mu, initial), stats.row_abs_error_before);
+    EXPECT_EQ(abs_expected_errors(layer.w, layer.mu, mask), stats.row_abs_error_after);
+    EXPECT_EQ(mean_of_rows(stats.row_abs_error_before), stats.mean_abs_error_before);
+    EXPECT_EQ(mean_of_rows(stats.row_abs_error_after), stats.mean_abs_error_after);
+    ASSERT_EQ(stats.row_abs_error_after.size(), 32u);
   }
   expect_error(
       [] {
-        mean_abs_expected_error(Tensor({2, 4}), std::vector<double>(3, 1.0), Mask(2, 4));
+        abs_expected_errors(Tensor({2, 4}), std::vector<double>(3, 1.0), Mask(2, 4));
       },
       "mask [2, 4] and 3 means do not match the weight [2, 4]");
 }
