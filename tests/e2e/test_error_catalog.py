@@ -1176,6 +1176,19 @@ def _(env, tmp):
     return Case(*checkpointed(env, tmp, "--resume", "auto"))
 
 
+@trigger("E-CKPT-UNREADABLE")
+def _(env, tmp):
+    args = checkpointed(env, tmp, "--resume", "auto", fault="block:3:exit=137")
+    (tmp / "run.h5").chmod(0)
+    case = Case(*args)
+    if os.geteuid() == 0:  # root reads any file: without the capabilities that let it
+        wrapper = tmp / "without_dac_override.sh"
+        wrapper.write_text(f'#!/bin/sh\nexec setpriv --bounding-set=-dac_override,-dac_read_search {BIN} "$@"\n')
+        wrapper.chmod(0o755)
+        case.binary = wrapper
+    return case
+
+
 @trigger("E-CKPT-MARKER-OTHER-RUN")
 def _(env, tmp):
     args = checkpointed(env, tmp, "--resume", "auto")
