@@ -90,6 +90,9 @@ int main(int argc, char** argv) {
   }
   const int rank = world->rank(), size = world->size();
   const bool root = rank == 0;
+  // Signal notices tagged like the log lines (a signal before this point is noticed as "symprune").
+  interrupt::set_notice_prefix(size == 1 ? "symprune_dist"
+                                         : fmt::format("symprune_dist [rank {}/{}]", rank, size));
   // A rank stops only where all ranks agree (engine/collective_errors.h), never alone inside a collective.
   interrupt::set_local_checks(size == 1);
 

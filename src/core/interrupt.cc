@@ -10,7 +10,9 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace symprune::interrupt {
@@ -24,6 +26,13 @@ std::mutex g_cleanup_mutex;
 std::vector<fs::path>& cleanup_paths() {
   static std::vector<fs::path> paths;
   return paths;
+}
+
+std::mutex g_prefix_mutex;
+std::string g_prefix = "symprune";
+std::string notice_prefix() {
+  const std::lock_guard lock(g_prefix_mutex);
+  return g_prefix;
 }
 
 // SIGUSR1 is what Slurm sends before a time limit or preemption (--signal=B:USR1@T).
@@ -52,7 +61,7 @@ void forward_signal(int signal) {
       removed += path.string();
     }
   }
-  const std::string message = "symprune: second " + signal_name(signal) + ": stopped at once" +
+  const std::string message = notice_prefix() + ": second " + signal_name(signal) + ": stopped at once" +
                               (removed.empty() ? std::string(" (nothing to clean up)\n")
                                                : "; removed the unfinished " + removed + "\n");
   [[maybe_unused]] const ssize_t ignored = ::write(STDERR_FILENO, message.data(), message.size());
@@ -69,9 +78,9 @@ void watch() {
     int expected = 0;
     if (g_received.compare_exchange_strong(expected, signal)) {
       std::fprintf(stderr,
-                   "symprune: %s received: stopping at the next safe point and cleaning up (send it again "
-                   "to stop at once)\n",
-                   signal_name(signal).c_str());
+                   "%s: %s received: stopping at the next safe point and cleaning up (send it again to stop "
+                   "at once)\n",
+                   notice_prefix().c_str(), signal_name(signal).c_str());
       continue;
     }
     stop_at_once(signal);
@@ -104,6 +113,11 @@ void install() {
       ::sigaction(signal, &action, nullptr);
     }
   });
+}
+
+void set_notice_prefix(std::string prefix) {
+  const std::lock_guard lock(g_prefix_mutex);
+  g_prefix = std::move(prefix);
 }
 
 int received() {

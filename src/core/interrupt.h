@@ -45,6 +45,10 @@ void check();
 // received()). On by default.
 void set_local_checks(bool enabled);
 
+// What the notices printed when a signal arrives start with: "symprune" unless set (symprune_dist names
+// itself and the rank, as its log lines do). Set it before signals may arrive (the watcher reads it).
+void set_notice_prefix(std::string prefix);
+
 // "SIGINT", "SIGTERM", ...
 std::string signal_name(int signal);
 

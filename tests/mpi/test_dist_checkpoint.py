@@ -87,6 +87,9 @@ def test_sigusr1_to_mpirun_saves_and_exits_75_then_resumes(job, reference, tmp_p
     proc.send_signal(signal.SIGUSR1)  # mpirun forwards SIGUSR1 to every rank
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 75, stderr
+    # Each rank's notice names the program and the rank, as its log lines do.
+    for rank in range(3):
+        assert f"symprune_dist [rank {rank}/3]: SIGUSR1 received: stopping at the next safe point" in stderr
     # The signal lands at the boundary after the first installed checkpoint or during the next block.
     saved = re.search(r"interrupted by SIGUSR1: blocks 1\.\.(\d) of 5 are saved in checkpoint", stderr)
     assert saved and int(saved.group(1)) in (2, 3), stderr
