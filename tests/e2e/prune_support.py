@@ -5,6 +5,7 @@ pruned output."""
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,17 @@ def assert_only_the_mask_changed(name, dense, plain, refined, nm):
     assert np.array_equal(p.sum(axis=1), r.sum(axis=1)), name  # count per row unchanged
     if nm:
         assert np.all(r.reshape(-1, nm[1]).sum(axis=1) == nm[0]), name
+
+
+def two_shard_layout(stories, tmp_path):
+    """A model directory holding the stories260K files but its weights, the weights, and a split of their
+    names into two shards (to be written by the test)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for path in stories.model.iterdir():
+        if path.suffix != ".safetensors":
+            shutil.copy(path, model / path.name)
+    tensors = load_file(str(stories.model / "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[:24], "model-00002-of-00002.safetensors": names[24:]}
+    return model, tensors, shards

@@ -17,7 +17,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from prune_support import Stories, symprune, tree_digest
+from prune_support import Stories, symprune, tree_digest, two_shard_layout
 
 CALIB = ["--nsamples", "4", "--seqlen", "64"]
 WANDA = ["--method", "wanda", "--sparsity", "0.5"]
@@ -65,20 +65,6 @@ def test_single_file_with_pickle_like_header_length(stories, tmp_path):
     symprune("prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out", tmp_path / "pruned")
     assert load_file(str(tmp_path / "pruned" / "model.safetensors")).keys() == load_file(
         str(model / "model.safetensors")).keys()
-
-
-def two_shard_layout(stories, tmp_path):
-    """A model directory holding the stories260K files but its weights, the weights, and a split of their
-    names into two shards (to be written by the test)."""
-    model = tmp_path / "model"
-    model.mkdir()
-    for path in stories.model.iterdir():
-        if path.suffix != ".safetensors":
-            shutil.copy(path, model / path.name)
-    tensors = load_file(str(stories.model / "model.safetensors"))
-    names = sorted(tensors)
-    shards = {"model-00001-of-00002.safetensors": names[:24], "model-00002-of-00002.safetensors": names[24:]}
-    return model, tensors, shards
 
 
 def test_sharded_model_with_pickle_like_header_lengths(stories, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import DIST, MPIEXEC, mpirun
-from prune_support import symprune
+from prune_support import symprune, two_shard_layout
 
 RUN = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "16", "--seqlen", "64", "--micro-batch", "3",
        "--threads", "1"]
@@ -104,18 +104,11 @@ def test_an_output_another_writer_rank_cannot_write_fails_before_any_work(storie
     when rank 1 wrote its shard; now every rank stops before the first block, with rank 1's reason."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("a private read-only mount for one rank needs root and unshare")
-    model = tmp_path / "model"
-    model.mkdir()
-    for path in stories.model.iterdir():
-        if path.suffix != ".safetensors":
-            shutil.copy(path, model / path.name)
-    tensors = load_file(str(stories.model / "model.safetensors"))
-    names = sorted(tensors)
+    model, tensors, shards = two_shard_layout(stories, tmp_path)
     weight_map = {}
-    for i, part in enumerate([names[:24], names[24:]]):
-        shard = f"model-{i + 1:05d}-of-00002.safetensors"
-        save_file({name: tensors[name] for name in part}, str(model / shard))
-        weight_map.update({name: shard for name in part})
+    for shard, names in shards.items():
+        save_file({name: tensors[name] for name in names}, str(model / shard))
+        weight_map.update({name: shard for name in names})
     (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     parent = tmp_path / "outputs"
     parent.mkdir()
