@@ -245,7 +245,9 @@ std::string output_run_id(const fs::path& out) {
 
 // Whether --resume finds the completion marker of this very run (then there is nothing to do); a marker of
 // another run is an error.
-bool completed_before(const PruneConfig& c, RunPlan& r, bool root) {
+// `weight_files`: the files the pruned model's weights are written to (the input's shards, by name).
+bool completed_before(const PruneConfig& c, RunPlan& r, bool root,
+                      const std::vector<std::string>& weight_files) {
   if (c.resume.empty()) return false;
   const fs::path marker = checkpoint_marker(c.resume == "auto" ? c.checkpoint : fs::path(c.resume));
   std::error_code ec;
@@ -273,6 +275,11 @@ bool completed_before(const PruneConfig& c, RunPlan& r, bool root) {
                    "its run id {}): remove the marker to run again",
                    marker.string(), c.out.string(), io::kProvenanceFile,
                    saved.value("run_id", std::string("?")));
+    for (const std::string& file : weight_files)
+      SYMPRUNE_CHECK(fs::is_regular_file(c.out / file, ec),
+                     "{} marks this run as finished, but --out {} does not hold its pruned model ({} is "
+                     "missing): remove the marker to run again",
+                     marker.string(), c.out.string(), file);
   }
   r.already_complete = true;
   // A run killed between writing the marker and removing its checkpoints left them behind: remove them now
@@ -575,7 +582,9 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
 
   // Outputs are checked (and --out locked, by rank 0) before any block is read: no input may be
   // overwritten, and a path that cannot work must not fail after hours of pruning.
-  if (completed_before(c, r, comm.rank() == 0)) return;
+  std::vector<std::string> weight_files;
+  for (const auto& shard : model.tensors().shards()) weight_files.push_back(shard.file);
+  if (completed_before(c, r, comm.rank() == 0, weight_files)) return;
   const int64_t eval_chunks_total =
       r.evaluate ? (c.eval_max_chunks > 0
                         ? std::min<int64_t>(static_cast<int64_t>(r.eval_tokens.size()) / eval_seqlen,

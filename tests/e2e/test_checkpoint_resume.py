@@ -171,6 +171,10 @@ def test_a_finished_run_is_not_redone(job, reference, tmp_path):
     # The same checkpoint path with other options: that is another run, refused.
     other = resume(replaced(job, "--sparsity", "0.6"), tmp_path, check=False)
     assert other.returncode == 1 and "config.sparsity: the checkpoint has 0.5, this run has 0.6" in other.stderr
+    # Its weights removed from --out (the provenance file kept): not "already complete" any more.
+    (tmp_path / "out" / "model.safetensors").unlink()
+    gone = resume(job, tmp_path, check=False)
+    assert gone.returncode == 1 and "(model.safetensors is missing): remove the marker to run again" in gone.stderr
 
 
 def test_checkpoints_left_by_a_kill_after_the_marker_are_removed_by_the_next_start(job, reference, tmp_path):
