@@ -237,7 +237,13 @@ void write_checkpoint_units(int fd, const fs::path& path, const CheckpointDatase
 
 CheckpointReader::CheckpointReader(const fs::path& path) : path_(path) {
   std::error_code ec;
-  SYMPRUNE_CHECK(fs::is_regular_file(path, ec), "checkpoint {}: no such file", path.string());
+  const fs::file_status status = fs::status(path, ec);
+  SYMPRUNE_CHECK(fs::exists(status), "checkpoint {}: no such file", path.string());
+  SYMPRUNE_CHECK(fs::is_regular_file(status), "checkpoint {}: not a regular file (a {}{})", path.string(),
+                 fs::is_directory(status) ? "directory"
+                 : fs::is_fifo(status)    ? "FIFO"
+                                          : "device or socket",
+                 fs::is_symlink(fs::symlink_status(path, ec)) ? ", through a symbolic link" : "");
   std::string why;
   const hid_t file = open_file(path, &why);
   SYMPRUNE_CHECK(file >= 0, "checkpoint {}: not a readable HDF5 file (truncated or corrupt?): {}",

@@ -1,6 +1,8 @@
 // The checkpoint file (io/checkpoint_file.h) and the run identity (engine/checkpoint.h): rows written with
 // pwrite at HDF5's offsets read back through HDF5 with their checksums, in any split; a flipped byte, a
 // truncated file and another format are named; identity differences list every field.
+#include "io/checkpoint_file.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,7 +14,6 @@
 
 #include "core/error.h"
 #include "engine/checkpoint.h"
-#include "io/checkpoint_file.h"
 
 namespace symprune {
 namespace {
@@ -32,9 +33,9 @@ class CheckpointFileTest : public ::testing::Test {
   // byte dataset of `bytes` bytes.
   fs::path write(int64_t rows, int64_t split, int64_t bytes) {
     const fs::path path = dir_ / "c.h5";
-    const auto places = io::create_checkpoint_file(
-        path, {io::kCheckpointVersion, 3, 7, "abc123"},
-        {{"hidden", io::CheckpointType::kFloat32, {rows, 3, 4}}, {"blob", io::CheckpointType::kUint8, {bytes}}});
+    const auto places = io::create_checkpoint_file(path, {io::kCheckpointVersion, 3, 7, "abc123"},
+                                                   {{"hidden", io::CheckpointType::kFloat32, {rows, 3, 4}},
+                                                    {"blob", io::CheckpointType::kUint8, {bytes}}});
     floats_.resize(static_cast<size_t>(rows * 12));
     std::iota(floats_.begin(), floats_.end(), 0.5f);
     bytes_.resize(static_cast<size_t>(bytes));
@@ -43,7 +44,8 @@ class CheckpointFileTest : public ::testing::Test {
     EXPECT_GE(fd, 0);
     const auto all = std::as_bytes(std::span<const float>(floats_));
     // Second slab first: the order of the ranks' writes does not matter.
-    io::write_checkpoint_units(fd, path, places.at("hidden"), split, all.subspan(static_cast<size_t>(split * 48)));
+    io::write_checkpoint_units(fd, path, places.at("hidden"), split,
+                               all.subspan(static_cast<size_t>(split * 48)));
     io::write_checkpoint_units(fd, path, places.at("hidden"), 0, all.first(static_cast<size_t>(split * 48)));
     io::write_checkpoint_units(fd, path, places.at("blob"), 0, bytes_);
     ::close(fd);
@@ -96,7 +98,8 @@ TEST_F(CheckpointFileTest, AFlippedByteIsNamedByDatasetAndUnit) {
   const io::CheckpointReader reader(path);
   const auto problem = reader.verify("hidden");
   ASSERT_TRUE(problem);
-  EXPECT_NE(problem->find("dataset hidden is corrupt: checksum mismatch in unit 2"), std::string::npos) << *problem;
+  EXPECT_NE(problem->find("dataset hidden is corrupt: checksum mismatch in unit 2"), std::string::npos)
+      << *problem;
   EXPECT_NO_THROW(engine::read_checkpoint_rows(reader, "hidden", {4, 3, 4}, 0, 2));  // rows 0..1 are fine
   EXPECT_THROW(engine::read_checkpoint_rows(reader, "hidden", {4, 3, 4}, 2, 1), Error);
 }
@@ -108,7 +111,8 @@ TEST_F(CheckpointFileTest, TruncatedAndForeignFilesAreRefusedWithTheReason) {
     io::CheckpointReader reader(path);
     FAIL() << "a truncated file was opened";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not a readable HDF5 file (truncated or corrupt?)"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("not a readable HDF5 file (truncated or corrupt?)"),
+              std::string::npos);
   }
   EXPECT_FALSE(io::peek_checkpoint_header(path));
   std::ofstream(dir_ / "text.h5") << "hello";
@@ -116,8 +120,28 @@ TEST_F(CheckpointFileTest, TruncatedAndForeignFilesAreRefusedWithTheReason) {
   EXPECT_THROW(io::CheckpointReader(dir_ / "missing.h5"), Error);
 }
 
+TEST_F(CheckpointFileTest, WhatIsNotAFileIsNamedForWhatItIs) {
+  const auto error_of = [](const fs::path& path) {
+    try {
+      io::CheckpointReader reader(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of(dir_ / "missing.h5"), "checkpoint " + (dir_ / "missing.h5").string() + ": no such file");
+  fs::create_symlink("/dev/zero", dir_ / "zero.h5");  // it exists: "no such file" misled
+  EXPECT_EQ(error_of(dir_ / "zero.h5"),
+            "checkpoint " + (dir_ / "zero.h5").string() +
+                ": not a regular file (a device or socket, through a symbolic link)");
+  fs::create_directory(dir_ / "dir.h5");
+  EXPECT_EQ(error_of(dir_ / "dir.h5"),
+            "checkpoint " + (dir_ / "dir.h5").string() + ": not a regular file (a directory)");
+}
+
 TEST(RunIdentity, DifferencesNameEveryFieldAndIgnoreWhatMayChange) {
-  const nlohmann::json a = {{"method", "wanda"}, {"sparsity", 0.5}, {"threads", 2}, {"out", "x"}, {"ranks", 1}};
+  const nlohmann::json a = {
+      {"method", "wanda"}, {"sparsity", 0.5}, {"threads", 2}, {"out", "x"}, {"ranks", 1}};
   nlohmann::json b = a;
   b["threads"] = 8;
   b["out"] = "y";
@@ -130,7 +154,8 @@ TEST(RunIdentity, DifferencesNameEveryFieldAndIgnoreWhatMayChange) {
       engine::identity_difference(engine::run_identity(a, fp), engine::run_identity(b, {{"model", "m2"}}));
   ASSERT_TRUE(diff);
   EXPECT_EQ(*diff,
-            "config.method: the checkpoint has \"wanda\", this run has \"ria\"; config.sparsity: the checkpoint has "
+            "config.method: the checkpoint has \"wanda\", this run has \"ria\"; config.sparsity: the "
+            "checkpoint has "
             "0.5, this run has 0.6; fingerprints.model: the checkpoint has \"m1\", this run has \"m2\"");
 }
 
