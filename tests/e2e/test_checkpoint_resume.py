@@ -272,6 +272,22 @@ def test_an_edited_header_attribute_is_caught_by_the_checksummed_state(job, refe
     assert report["resumed"]["checkpoint"].endswith("run.h5.prev")
 
 
+def test_a_checkpoint_resumed_through_a_symbolic_link_is_replaced_where_it_lies(job, reference, killed,
+                                                                             tmp_path_factory):
+    """--checkpoint LINK -> the killed run's run.h5: its successors, .prev and the marker go beside the file,
+    and the finished run leaves no checkpoint data there (before, the link was replaced and the target, a
+    whole checkpoint, was left behind)."""
+    elsewhere = tmp_path_factory.mktemp("link")
+    (elsewhere / "run.h5").symlink_to(killed / "run.h5")
+    proc = symprune("prune", *job, "--out", elsewhere / "out", "--checkpoint", elsewhere / "run.h5", "--resume",
+                    "auto")
+    assert "resuming from checkpoint" in proc.stderr
+    assert output_digest(elsewhere / "out") == reference[0]
+    assert (killed / "run.h5.done").exists()
+    assert sorted(p.name for p in killed.glob("run.h5*")) == ["run.h5.done"]
+    assert (elsewhere / "run.h5").is_symlink()  # the user's link, untouched
+
+
 def test_a_checkpoint_it_may_not_read_is_refused_not_skipped(job, killed):
     """Permission denied is not corruption: before, the run fell back to FILE.prev (a block lost) and its next
     save replaced the unreadable newer checkpoint. Run as another user when root (root reads any file), in a
