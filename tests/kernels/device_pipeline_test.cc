@@ -418,7 +418,7 @@ TEST_F(DevicePipelineTest, Stories260KPrunesAsOnTheCpu) {
 
 // The same run on plain allocations (cudaMalloc/cudaFree: a device without memory pools) as on the pool:
 // the same output, byte for byte, and a peak within the plan. On a GPU only (the emulation's allocations
-// are all plain: every other test of it runs them).
+// are all plain: every other test of it runs them); on a GPU without pools both runs are plain.
 TEST_F(DevicePipelineTest, Stories260KPrunesOnPlainAllocationsAsOnThePool) {
   if (emulated_device()) GTEST_SKIP() << "the emulation's allocations are plain in every test";
   const bool was_plain = cuda::plain_device_allocations();

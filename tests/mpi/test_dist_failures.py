@@ -115,7 +115,8 @@ def test_an_output_another_writer_rank_cannot_write_fails_before_any_work(storie
     wrapper = tmp_path / "rank1_read_only.sh"
     wrapper.write_text("#!/bin/bash\n"
                        'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then\n'
-                       f"  exec unshare -m bash -c 'mount --bind -o ro \"$0\" \"$0\" && exec \"$@\"' {parent} {DIST} \"$@\"\n"
+                       "  exec unshare -m bash -c 'mount --bind -o ro \"$0\" \"$0\" && exec \"$@\"' "
+                       f'{parent} {DIST} "$@"\n'
                        "fi\n"
                        f'exec {DIST} "$@"\n')
     wrapper.chmod(0o755)

@@ -89,7 +89,7 @@ void* device_allocate(size_t bytes, DeviceStream stream) {
 }
 
 void use_plain_device_allocations(bool plain) {
-  plain_mode.store(plain ? 1 : 0);
+  plain_mode.store(plain ? 1 : -1);  // -1: the next allocation asks the device again
 }
 
 bool plain_device_allocations() {

@@ -28,8 +28,8 @@ struct DeviceStream {
 // virtualized GPUs) gets cudaMalloc and cudaFree instead, counted by hand for device_pool_memory.
 void* device_allocate(size_t bytes, DeviceStream stream = {});  // Error naming the size and the free memory
 void device_free(void* pointer) noexcept;
-// The allocations from here on are plain (cudaMalloc/cudaFree) or back from the pool, whatever the device
-// supports: what tests use to run the fallback on a device with pools. Earlier allocations keep their kind
+// The allocations from here on are plain (cudaMalloc/cudaFree), or (false) again what the device supports:
+// what tests use to run the fallback on a device with pools. Earlier allocations keep their kind
 // (device_free tells them apart); device_pool_memory then counts the plain ones only.
 void use_plain_device_allocations(bool plain);
 bool plain_device_allocations();  // whether the next allocation is plain (the emulation's always are)
