@@ -304,10 +304,14 @@ std::vector<double> abs_expected_errors(const Tensor& W, const std::vector<doubl
   return errors;
 }
 
-double mean_of_rows(const std::vector<double>& values) {
+double sum_of_rows(const std::vector<double>& values) {
   double sum = 0.0;
-  for (double v : values) sum += v;  // row order, as refine_dsnot
-  return values.empty() ? 0.0 : sum / static_cast<double>(values.size());
+  for (double v : values) sum += v;
+  return sum;
+}
+
+double mean_of_rows(const std::vector<double>& values) {
+  return values.empty() ? 0.0 : sum_of_rows(values) / static_cast<double>(values.size());
 }
 
 void validate_dsnot_options(const DsnotOptions& options) {

@@ -140,7 +140,9 @@ RefineStats dsnot_totals(std::span<const int64_t> swaps, std::span<const double>
 // |e_r| per row, e_r = Σ_{pruned c} W[r,c]·μ̃_c with fp32 products summed in fp64: the row_abs_error_* that
 // refine_dsnot reports, for any mask (also one refined another way).
 std::vector<double> abs_expected_errors(const Tensor& W, const std::vector<double>& mu, const Mask& mask);
-// Their mean, in row order (mean_abs_error_*).
+// Per-row values added in row order from 0 (independent of how the rows were processed), and their mean
+// (mean_abs_error_*; 0 without rows).
+double sum_of_rows(const std::vector<double>& values);
 double mean_of_rows(const std::vector<double>& values);
 
 // Σ_r |W[r,c]| over the kept entries of `mask` (‖W̃[:,c]‖₁), summed in row order.

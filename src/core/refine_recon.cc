@@ -378,9 +378,9 @@ RefineStats refine_recon(const Tensor& W, const double* gram, int64_t n, Mask& m
                    diag[static_cast<size_t>(c)]);
   }
   RefineStats stats;
-  stats.recon_sq_change = 0.0;
   if (options.max_cycles == 0 || m == 0 || n < 2) {
     stats.row_recon_sq_change.assign(static_cast<size_t>(m), 0.0);
+    stats.recon_sq_change = 0.0;
     return stats;
   }
 
@@ -416,11 +416,11 @@ RefineStats refine_recon(const Tensor& W, const double* gram, int64_t n, Mask& m
                                                              rows[static_cast<size_t>(i)], options, nm);
     }
   }
-  for (const RowResult& row : results) {  // row order: independent of the thread count
+  for (const RowResult& row : results) {
     stats.swaps += row.swaps;
-    *stats.recon_sq_change += row.change;
     stats.row_recon_sq_change.push_back(row.change);
   }
+  stats.recon_sq_change = sum_of_rows(stats.row_recon_sq_change);
   return stats;
 }
 

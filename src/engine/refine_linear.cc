@@ -106,9 +106,7 @@ RefineStats refine_linear(Backend& backend, const RefineSettings& s, const Tenso
   const Tensor& w = backend.host_view(weight, host_copy);
   std::vector<double> changes = recon_row_changes(w, gram, n, initial, mask);
   result.rows_reverted = revert_rows_that_rose(initial, mask, changes);
-  double change = 0.0;
-  for (double row : changes) change += row;  // row order: independent of the thread count
-  result.recon_sq_change = change;
+  result.recon_sq_change = sum_of_rows(changes);
   result.row_recon_sq_change = std::move(changes);
   if (result.rows_reverted > 0) {
     result.row_abs_error_after = abs_expected_errors(w, in.mu, mask);

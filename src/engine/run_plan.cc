@@ -582,8 +582,9 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
 
   // Outputs are checked (and --out locked, by rank 0) before any block is read: no input may be
   // overwritten, and a path that cannot work must not fail after hours of pruning.
+  const std::vector<io::TensorSource::Shard> shards = model.tensors().shards();
   std::vector<std::string> weight_files;
-  for (const auto& shard : model.tensors().shards()) weight_files.push_back(shard.file);
+  for (const auto& shard : shards) weight_files.push_back(shard.file);
   if (completed_before(c, r, comm.rank() == 0, weight_files)) return;
   const int64_t eval_chunks_total =
       r.evaluate ? (c.eval_max_chunks > 0
@@ -604,7 +605,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       check_checkpoint_space(c.checkpoint, size);
       r.checkpoint_lock = std::make_unique<io::PathLock>(c.checkpoint, "--checkpoint");
     }
-  } else if (r.writes_model && comm.rank() < static_cast<int>(model.tensors().shards().size())) {
+  } else if (r.writes_model && comm.rank() < static_cast<int>(shards.size())) {
     io::check_output_parent_writable(c.out, "--out");  // this rank writes shards too (pruned_model_writer)
   }
 }

@@ -46,18 +46,6 @@ AllocationLedger& plain_allocations() {
   return ledger;
 }
 
-bool allocations_are_plain() {
-  int mode = plain_mode.load();
-  if (mode < 0) {
-    int device = 0, pools = 0;
-    SYMPRUNE_CUDA_CHECK(cudaGetDevice(&device));
-    SYMPRUNE_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
-    plain_mode.compare_exchange_strong(mode, pools != 0 ? 0 : 1);
-    mode = plain_mode.load();
-  }
-  return mode == 1;
-}
-
 [[noreturn]] void allocation_failed(size_t bytes, cudaError_t status) {
   (void)cudaGetLastError();
   size_t free_bytes = 0, total_bytes = 0;
@@ -70,13 +58,25 @@ bool allocations_are_plain() {
 
 }  // namespace
 
+bool plain_device_allocations() {
+  int mode = plain_mode.load();
+  if (mode < 0) {
+    int device = 0, pools = 0;
+    SYMPRUNE_CUDA_CHECK(cudaGetDevice(&device));
+    SYMPRUNE_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+    plain_mode.compare_exchange_strong(mode, pools != 0 ? 0 : 1);
+    mode = plain_mode.load();
+  }
+  return mode == 1;
+}
+
 void throw_argument_error(const std::string& message) {
   throw Error(message);
 }
 
 void* device_allocate(size_t bytes, DeviceStream stream) {
   void* pointer = nullptr;
-  if (allocations_are_plain()) {
+  if (plain_device_allocations()) {
     const cudaError_t status = cudaMalloc(&pointer, bytes);
     if (status != cudaSuccess) allocation_failed(bytes, status);
     plain_allocations().add(pointer, static_cast<int64_t>(bytes));
@@ -92,10 +92,6 @@ void use_plain_device_allocations(bool plain) {
   plain_mode.store(plain ? 1 : -1);  // -1: the next allocation asks the device again
 }
 
-bool plain_device_allocations() {
-  return allocations_are_plain();
-}
-
 void device_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
   size_t free_memory = 0, total_memory = 0;
   SYMPRUNE_CUDA_CHECK(cudaMemGetInfo(&free_memory, &total_memory));
@@ -104,7 +100,7 @@ void device_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
 }
 
 DevicePoolMemory device_pool_memory() {
-  if (allocations_are_plain()) return plain_allocations().memory();
+  if (plain_device_allocations()) return plain_allocations().memory();
   const cudaMemPool_t pool = default_pool();
   const auto read = [pool](cudaMemPoolAttr attribute) {
     uint64_t value = 0;
@@ -116,7 +112,7 @@ DevicePoolMemory device_pool_memory() {
 }
 
 void reset_device_memory_peak() {
-  if (allocations_are_plain()) {
+  if (plain_device_allocations()) {
     plain_allocations().reset_peak();
     return;
   }
