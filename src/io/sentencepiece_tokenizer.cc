@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/sentencepiece_model_check.h"
 #include "io/tokenizer.h"
 
 namespace symprune::io {
@@ -21,6 +22,10 @@ class SentencePieceTokenizer final : public Tokenizer {
     SYMPRUNE_CHECK(in.good(), "cannot open SentencePiece model {}", model_file.string());
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     SYMPRUNE_CHECK(!bytes.empty(), "SentencePiece model {} is empty", model_file.string());
+    // libsentencepiece trusts the normalization trie's indices; a corrupt one crashes it (found by fuzzing).
+    const std::string unsafe = find_unsafe_sentencepiece_model(bytes);
+    SYMPRUNE_CHECK(unsafe.empty(), "SentencePiece model {} could not be loaded: {}", model_file.string(),
+                   unsafe);
     sentencepiece::util::Status status;
     try {
       status = processor_.LoadFromSerializedProto(bytes);

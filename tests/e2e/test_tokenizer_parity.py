@@ -87,6 +87,35 @@ def test_sentencepiece_model_matches_python(tmp_path):
     assert_same(with_bos, [[1] + sp.encode(t) for t in SAMPLES], SAMPLES)
 
 
+@pytest.mark.parametrize("rules", ["nmt_nfkc", "nmt_nfkc_cf", "custom_tsv"])
+def test_sentencepiece_normalization_rules_match_python(tmp_path, rules):
+    """Models whose precompiled_charsmap holds real rules (NFKC, case folding, a rule table) are checked
+    before use (io/sentencepiece_model_check.cc) and must still normalize exactly as Python does."""
+    import io
+
+    import sentencepiece as spm
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(head(TINYSTORIES, 60_000), encoding="utf-8")
+    options = {"normalization_rule_name": rules}
+    if rules == "custom_tsv":
+        table = tmp_path / "rules.tsv"  # code points in hex: "AB" -> "ab", fullwidth 1 -> 1, "CD" -> "c"
+        table.write_text("41\t61\n42\t62\nFF11\t31\n43 44\t63\n", encoding="utf-8")
+        options = {"normalization_rule_tsv": str(table)}
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(input=str(corpus), model_writer=proto, vocab_size=120, minloglevel=2, **options)
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(proto.getvalue())
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    texts = SAMPLES + ["AB CD \uff11 \uff28\uff45\uff4c\uff4c\uff4f \ufb01 Caf\u00e9 \u2460 \u3392 \u00c5"]
+    # The rules are in use (not the identity): each pair below is normalized to the same text.
+    folded = {"nmt_nfkc": ("\uff28\uff45\uff4c\uff4c\uff4f", "Hello"), "nmt_nfkc_cf": ("HELLO", "hello"),
+              "custom_tsv": ("AB", "ab")}[rules]
+    assert sp.encode(folded[0]) == sp.encode(folded[1])
+    texts += list(folded)
+    assert_same(symprune_ids(model, texts, tmp_path), [sp.encode(t) for t in texts], texts)
+
+
 # ---- Hugging Face tokenizer.json -----------------------------------------------------------------
 
 

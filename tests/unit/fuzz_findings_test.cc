@@ -8,8 +8,10 @@
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/error.h"
+#include "io/sentencepiece_model_check.h"
 #include "io/tokenizer.h"
 #include "support/error_text.h"
 #include "support/test_support.h"
@@ -44,15 +46,25 @@ TEST(FuzzFindings, Gpt2MergeLineWithInvalidUtf8IsQuotedInTheError) {
   fs::remove_all(dir);
 }
 
+// Protobuf length-delimited field `number` holding `payload` (varint tag and length).
+std::string proto_field(int number, std::string_view payload) {
+  std::string out;
+  const auto varint = [&](uint64_t value) {
+    for (; value >= 0x80; value >>= 7) out += static_cast<char>((value & 0x7f) | 0x80);
+    out += static_cast<char>(value);
+  };
+  varint(static_cast<uint64_t>(number) << 3 | 2);
+  varint(payload.size());
+  out += payload;
+  return out;
+}
+
 // One SentencePiece piece in protobuf wire format (ModelProto.pieces: piece, score, type).
 std::string sentencepiece_piece(std::string_view text, float score, int type) {
-  std::string m = "\x0a" + std::string(1, static_cast<char>(text.size())) + std::string(text) + "\x15";
   char bits[4];
   std::memcpy(bits, &score, 4);
-  m.append(bits, 4);
-  m += '\x18';
-  m += static_cast<char>(type);
-  return "\x0a" + std::string(1, static_cast<char>(m.size())) + m;
+  std::string m = proto_field(1, text) + "\x15" + std::string(bits, 4) + "\x18" + static_cast<char>(type);
+  return proto_field(1, m);
 }
 
 // A piece made of NUL bytes made libsentencepiece throw Darts::Details::Exception ("zero-length key") from
@@ -66,6 +78,114 @@ TEST(FuzzFindings, SentencePieceModelWithNulPieceIsAnErrorNamingTheFile) {
   const std::string message = error_of([&] { symprune::io::load_sentencepiece_tokenizer(path); });
   EXPECT_THAT(message, HasSubstr("SentencePiece model " + path.string() + " could not be loaded: "));
   EXPECT_THAT(message, HasSubstr("zero-length key"));
+  fs::remove_all(dir);
+}
+
+// A precompiled_charsmap holding one rule, "A" -> "a", as a 512-unit darts-clone double array: the root
+// (unit 0) sends lookups to state 256; unit 256 ^ 'A' = 321 is labelled 'A' with a leaf, and leads to
+// state 384, whose unit holds the replacement's offset (0) in the strings after the trie ("a\0").
+struct Charsmap {
+  std::vector<uint32_t> units = std::vector<uint32_t>(512, 0);
+  std::string strings = std::string("a\0", 2);
+  Charsmap() {
+    units[0] = 256U << 10;
+    units[321] = (321U ^ 384U) << 10 | 1U << 8 | 'A';
+    units[384] = 1U << 31 | 0;
+  }
+  std::string blob() const {
+    std::string out(4 + 4 * units.size(), '\0');
+    const auto trie_bytes = static_cast<uint32_t>(4 * units.size());
+    std::memcpy(out.data(), &trie_bytes, 4);
+    std::memcpy(out.data() + 4, units.data(), 4 * units.size());
+    return out + strings;
+  }
+};
+
+// A model of pieces a, b, A with the given NormalizerSpec (field 3) fields.
+std::string model_with_normalizer(std::string_view normalizer_fields) {
+  return sentencepiece_piece("<unk>", 0, 2) + sentencepiece_piece("<s>", 0, 3) +
+         sentencepiece_piece("</s>", 0, 3) + sentencepiece_piece("a", -1, 1) +
+         sentencepiece_piece("b", -2, 1) + sentencepiece_piece("A", -3, 1) +
+         proto_field(3, normalizer_fields);
+}
+
+// libsentencepiece walks a model's normalization trie without bounds checks: a fuzzed model crashed it
+// (SIGSEGV in Normalizer::NormalizePrefix). Every state a lookup can reach is now checked first.
+TEST(FuzzFindings, SentencePieceNormalizationTrieIsCheckedBeforeUse) {
+  const fs::path dir = symprune::testing::make_temp_dir("symprune_fuzz_findings_");
+  const fs::path path = dir / "tokenizer.model";
+  const auto load = [&](std::string_view model_bytes) {
+    write_file(path, model_bytes);
+    return symprune::io::load_sentencepiece_tokenizer(path);
+  };
+  const auto message_for = [&](std::string_view model_bytes) { return error_of([&] { load(model_bytes); }); };
+  // The well-formed trie is used as written: "A" is normalized to "a" (piece 3), "b" is untouched.
+  const std::string add_dummy_prefix_off("\x18\x00", 2);
+  EXPECT_EQ(load(model_with_normalizer(proto_field(2, Charsmap().blob()) + add_dummy_prefix_off))
+                ->encode("Ab", false),
+            (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(load(model_with_normalizer(add_dummy_prefix_off))->encode("Ab", false),
+            (std::vector<int32_t>{5, 4}));
+
+  const std::string loading = "SentencePiece model " + path.string() + " could not be loaded: ";
+  const auto charsmap_error = [&](const Charsmap& charsmap) {
+    return message_for(model_with_normalizer(proto_field(2, charsmap.blob())));
+  };
+  Charsmap root_outside;
+  root_outside.units[0] = 1024U << 10;
+  EXPECT_THAT(charsmap_error(root_outside),
+              HasSubstr(loading + "normalizer_spec.precompiled_charsmap is corrupt: trie state 1024 leads "
+                                  "outside the trie (512 units)"));
+  Charsmap root_far_outside;  // the shape of the fuzzed model: an offset of 2^30 units, a read 4 GiB away
+  root_far_outside.units[0] = 0x3FFFFFU << 10 | 1U << 9;
+  EXPECT_THAT(charsmap_error(root_far_outside), HasSubstr("trie state 1073741568 leads outside the trie"));
+  Charsmap child_outside;
+  child_outside.units[321] = (321U ^ 4096U) << 10 | 1U << 8 | 'A';
+  EXPECT_THAT(charsmap_error(child_outside), HasSubstr("trie state 4096 leads outside the trie (512 units)"));
+  Charsmap replacement_outside;
+  replacement_outside.units[384] = 1U << 31 | 100;
+  EXPECT_THAT(charsmap_error(replacement_outside),
+              HasSubstr("trie unit 384 points at replacement byte 100 of 2"));
+  Charsmap no_strings;
+  no_strings.strings.clear();
+  EXPECT_THAT(charsmap_error(no_strings), HasSubstr("trie unit 384 points at replacement byte 0 of 0"));
+
+  const std::string blob = Charsmap().blob();
+  EXPECT_THAT(message_for(model_with_normalizer(proto_field(2, blob.substr(0, 3)))),
+              HasSubstr("precompiled_charsmap is corrupt: 3 bytes, too short to hold a trie"));
+  EXPECT_THAT(message_for(model_with_normalizer(proto_field(2, blob.substr(0, 1000)))),
+              HasSubstr("precompiled_charsmap is corrupt: its trie of 2048 bytes does not fit in 996 bytes"));
+  EXPECT_THAT(message_for(model_with_normalizer(proto_field(2, std::string(4, '\0') + "a"))),
+              HasSubstr("precompiled_charsmap is corrupt: its trie is empty"));
+  // The denormalizer (field 5) is checked the same way.
+  EXPECT_THAT(message_for(model_with_normalizer("") + proto_field(5, proto_field(2, root_outside.blob()))),
+              HasSubstr(loading + "denormalizer_spec.precompiled_charsmap is corrupt: trie state 1024"));
+  // A spec cut short is reported where the cut is.
+  const std::string truncated_spec =
+      "\x1a\x04\x12\x10"
+      "ab";
+  EXPECT_THAT(
+      message_for(truncated_spec),
+      HasSubstr(loading + "normalizer_spec: malformed protobuf at byte 2: a field longer than the rest"));
+  fs::remove_all(dir);
+}
+
+// darts-clone recurses once per byte of a piece while libsentencepiece builds its trie: a piece of ~100 KB
+// overflowed the stack at load (SIGSEGV; google/sentencepiece#1263). Pieces are limited to 16 KiB.
+TEST(FuzzFindings, SentencePiecePieceLongerThanTheLimitIsRefused) {
+  const fs::path dir = symprune::testing::make_temp_dir("symprune_fuzz_findings_");
+  const fs::path path = dir / "tokenizer.model";
+  const auto model_with_piece_of = [](size_t bytes) {
+    return sentencepiece_piece("<unk>", 0, 2) + sentencepiece_piece("<s>", 0, 3) +
+           sentencepiece_piece("</s>", 0, 3) + sentencepiece_piece("a", -1, 1) +
+           sentencepiece_piece(std::string(bytes, 'x'), -2, 1);
+  };
+  write_file(path, model_with_piece_of(symprune::io::kMaxSentencePieceBytes));
+  EXPECT_EQ(symprune::io::load_sentencepiece_tokenizer(path)->vocab_size(), 5);
+  write_file(path, model_with_piece_of(200000));
+  EXPECT_THAT(error_of([&] { symprune::io::load_sentencepiece_tokenizer(path); }),
+              HasSubstr("SentencePiece model " + path.string() +
+                        " could not be loaded: piece 4 is 200000 bytes long, more than the 16384 accepted"));
   fs::remove_all(dir);
 }
 
