@@ -102,7 +102,7 @@ std::optional<ResolvedModel> find_in_hf_cache(const fs::path& cache, const std::
   }
   if (!revision.empty() && is_safe_relative(revision) && revision.find('/') == std::string::npos) {
     const fs::path snapshot = snapshots / revision;
-    if (search.accept(snapshot)) return ResolvedModel{snapshot, "hf-cache " + repo + "@" + revision};
+    if (search.accept(snapshot)) return ResolvedModel{snapshot, "hf-cache " + repo + "@" + revision, {}};
   } else {
     search.looked.push_back((repo_dir / "refs" / "main").string() +
                             " (missing, or not a plain revision name)");
@@ -125,7 +125,8 @@ std::optional<ResolvedModel> find_in_hf_cache(const fs::path& cache, const std::
     const auto tb = fs::last_write_time(b, e2);
     return ta != tb ? ta > tb : a < b;
   });
-  return ResolvedModel{candidates.front(), "hf-cache " + repo + "@" + candidates.front().filename().string()};
+  return ResolvedModel{
+      candidates.front(), "hf-cache " + repo + "@" + candidates.front().filename().string(), {}};
 }
 
 }  // namespace
@@ -181,7 +182,7 @@ ResolvedModel resolve_model(const std::string& name_or_path) {
   if (is_dir(name_or_path)) {
     const fs::path dir(name_or_path);
     SYMPRUNE_CHECK(has_config(dir), "{}: model directory has no config.json", dir.string());
-    return {dir, "path"};
+    return {dir, "path", {}};
   }
   search.looked.push_back(name_or_path + " (not a directory)");
 
@@ -209,7 +210,7 @@ ResolvedModel resolve_model(const std::string& name_or_path) {
       if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
       seen.push_back(name);
       const fs::path dir = fs::path(models_root) / name;
-      if (search.accept(dir)) return {dir, "$SYMPRUNE_MODELS"};
+      if (search.accept(dir)) return {dir, "$SYMPRUNE_MODELS", {}};
     }
   }
 

@@ -167,6 +167,10 @@ nlohmann::json synthetic_config_json(const SyntheticSpec& spec) {
   return j;
 }
 
+// Token draws scale z in [0, 2^64) to [0, vocab) by the high half of a 128-bit product; 128-bit integers
+// are a GCC/Clang extension (__extension__ silences -Wpedantic).
+__extension__ using Uint128 = unsigned __int128;
+
 std::vector<int32_t> synthetic_tokens(uint64_t seed, int64_t nsamples, int64_t seqlen, int64_t vocab) {
   SYMPRUNE_CHECK(nsamples >= 1 && seqlen >= 1 && vocab >= 1,
                  "synthetic calibration: {} x {} tokens of a vocabulary "
@@ -176,8 +180,7 @@ std::vector<int32_t> synthetic_tokens(uint64_t seed, int64_t nsamples, int64_t s
   const uint64_t key = name_key(seed, "calibration");
   for (size_t i = 0; i < tokens.size(); ++i) {
     const uint64_t z = splitmix64(key + static_cast<uint64_t>(i + 1) * 0x9e3779b97f4a7c15ull);
-    tokens[i] =
-        static_cast<int32_t>((static_cast<unsigned __int128>(z) * static_cast<uint64_t>(vocab)) >> 64);
+    tokens[i] = static_cast<int32_t>((static_cast<Uint128>(z) * static_cast<uint64_t>(vocab)) >> 64);
   }
   return tokens;
 }
