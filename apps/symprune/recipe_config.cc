@@ -1,6 +1,7 @@
 #include "recipe_config.h"
 
 #include <fmt/ranges.h>
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -243,6 +244,12 @@ std::vector<RecipeEntry> read_yaml(const std::filesystem::path& path, const std:
   YAML::Node root;
   try {
     root = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {
+    // yaml-cpp's own message for its nesting limit is only "bad file", at a mark that need not be the place.
+    fail(
+        "recipe {}: YAML nested {} levels deep, deeper than yaml-cpp reads (a recipe is flat `option: value` "
+        "lines)",
+        path.string(), e.depth());
   } catch (const YAML::Exception& e) {
     if (e.mark.is_null()) fail("recipe {}: YAML: {}", path.string(), e.msg);
     fail("recipe {}: YAML line {}, column {}: {}", path.string(), e.mark.line + 1, e.mark.column + 1, e.msg);

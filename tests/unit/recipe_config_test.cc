@@ -275,6 +275,13 @@ TEST_F(RecipeTest, MalformedYamlErrorsNameFileAndLine) {
   EXPECT_EQ(parse_error({"--recipe", list_root}),
             "recipe " + list_root + ": YAML line 1: expected a mapping of `option: value` lines");
 
+  // yaml-cpp stops at 500 levels of nesting with only "bad file"; the error says what it is.
+  std::string deep = write("deep.yaml", "model: " + std::string(50000, '['));
+  EXPECT_EQ(parse_error({"--recipe", deep}),
+            "recipe " + deep +
+                ": YAML nested 500 levels deep, deeper than yaml-cpp reads (a "
+                "recipe is flat `option: value` lines)");
+
   std::string dup = write("d.yaml", "model: m\nmodel: n\n");
   EXPECT_EQ(parse_error({"--recipe", dup}),
             "recipe " + dup + ": YAML line 2: key 'model' is given twice (first on line 1)");
