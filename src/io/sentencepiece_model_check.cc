@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -11,48 +12,66 @@ namespace {
 
 // Protobuf wire types (https://protobuf.dev/programming-guides/encoding/).
 constexpr int kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kStartGroup = 3, kEndGroup = 4, kFixed32 = 5;
-// ModelProto field numbers (sentencepiece_model.proto), with SentencePiece.piece and
-// NormalizerSpec.precompiled_charsmap inside them.
-constexpr uint64_t kPieces = 1, kNormalizerSpec = 3, kDenormalizerSpec = 5;
-constexpr uint64_t kPieceText = 1, kPrecompiledCharsmap = 2;
-constexpr int kMaxGroupDepth = 100;  // protobuf's own default recursion limit
+// Field numbers of sentencepiece_model.proto: ModelProto, SentencePiece, NormalizerSpec, SelfTestData.
+constexpr uint32_t kPieces = 1, kNormalizerSpec = 3, kSelfTestData = 4, kDenormalizerSpec = 5;
+constexpr uint32_t kPieceText = 1, kPieceType = 3;
+constexpr uint32_t kPrecompiledCharsmap = 2;
+constexpr uint32_t kSamples = 1, kSampleInput = 1;
+constexpr int32_t kUserDefinedType = 4;  // SentencePiece.Type.USER_DEFINED
+constexpr int kMaxGroupDepth = 100;      // protobuf's own default recursion limit
 
 struct Field {
-  uint64_t number = 0;
+  uint32_t number = 0;
   int wire_type = 0;
-  std::string_view payload;  // the bytes of a length-delimited field; empty otherwise
+  uint64_t value = 0;        // a varint field's value
+  std::string_view payload;  // a length-delimited field's bytes
 };
 
 // Reads the fields of one protobuf message in order; `error` is set (and next() returns false) when the
-// message is cut short or malformed. Groups (deprecated, wire types 3/4) are skipped whole.
+// message is cut short or malformed. Groups (deprecated, wire types 3/4) are skipped whole. Tags are read
+// as libsentencepiece's protobuf-lite reads them, at most 5 bytes; one whose value does not fit 32 bits is
+// refused, since protobuf-lite would drop the high bits and read a different field than this check did.
 class WireReader {
  public:
   WireReader(std::string_view message, std::string& error) : data_(message), error_(error) {}
 
   bool next(Field& field) {
+    field = {};
     if (pos_ == data_.size()) return false;
-    uint64_t tag = 0;
-    if (!varint(tag)) return false;
+    uint32_t tag = 0;
+    if (!read_tag(tag)) return false;
     field.number = tag >> 3;
     field.wire_type = static_cast<int>(tag & 7);
-    field.payload = {};
     if (field.number == 0) return broken("field number 0");
-    if (field.wire_type == kLengthDelimited) {
-      uint64_t length = 0;
-      if (!varint(length)) return false;
-      if (length > data_.size() - pos_) return broken("a field longer than the rest of the message");
-      field.payload = data_.substr(pos_, length);
-      pos_ += length;
-      return true;
+    switch (field.wire_type) {
+      case kVarint:
+        return varint(field.value);
+      case kLengthDelimited:
+        if (!varint(field.value)) return false;
+        if (field.value > data_.size() - pos_) return broken("a field longer than the rest of the message");
+        field.payload = data_.substr(pos_, field.value);
+        pos_ += field.value;
+        return true;
+      case kStartGroup:
+        return skip_group(field.number, 1);
+      default:
+        return skip_scalar(field.wire_type);
     }
-    if (field.wire_type == kStartGroup) return skip_group(field.number, 1);
-    return skip_scalar(field.wire_type);
   }
 
  private:
   bool broken(std::string_view what) {
     error_ = fmt::format("malformed protobuf at byte {}: {}", pos_, what);
     return false;
+  }
+
+  bool read_tag(uint32_t& tag) {
+    uint64_t value = 0;
+    const size_t start = pos_;
+    if (!varint(value)) return false;
+    if (pos_ - start > 5 || value > UINT32_MAX) return broken("a field tag longer than 32 bits");
+    tag = static_cast<uint32_t>(value);
+    return true;
   }
 
   bool varint(uint64_t& value) {
@@ -88,11 +107,11 @@ class WireReader {
     }
   }
 
-  bool skip_group(uint64_t number, int depth) {
+  bool skip_group(uint32_t number, int depth) {
     if (depth > kMaxGroupDepth) return broken("groups nested too deeply");
     for (;;) {
-      uint64_t tag = 0;
-      if (!varint(tag)) return false;
+      uint32_t tag = 0;
+      if (!read_tag(tag)) return false;
       const auto wire_type = static_cast<int>(tag & 7);
       if (wire_type == kEndGroup) return (tag >> 3) == number ? true : broken("mismatched end of group");
       if (wire_type == kStartGroup) {
@@ -117,10 +136,12 @@ struct TrieUnit {
   uint32_t offset() const { return (bits >> 10) << ((bits & (1U << 9)) >> 6); }
 };
 
-// What is unsafe in one precompiled_charsmap; empty when a lookup of any input stays inside it. A lookup
-// (commonPrefixSearch) starts at state offset(unit[0]) and, for each input byte c, reads unit[state ^ c];
-// when that unit's label is c it moves to (state ^ c) ^ its offset, and if the unit has a leaf the
-// replacement string starts at value(unit[new state]) in the strings that follow the trie.
+// What is unsafe in one precompiled_charsmap; empty when a lookup of any input stays inside it and within
+// the library's limits. A lookup (darts-clone's commonPrefixSearch) starts at state offset(unit[0]) and,
+// for each input byte c, reads unit[state ^ c]; when that unit's label is c it moves to (state ^ c) ^ its
+// offset, and if the unit has a leaf, a rule matches: its replacement starts at value(unit[new state]) in
+// the NUL-separated strings after the trie. States form a DAG (darts-clone shares common suffixes); every
+// reachable state is walked once, depth first, to find the most rules and bytes along any path.
 std::string check_charsmap(std::string_view blob) {
   if (blob.empty()) return {};  // no rules: the identity normalizer
   if (blob.size() <= 4) return fmt::format("{} bytes, too short to hold a trie", blob.size());
@@ -130,54 +151,116 @@ std::string check_charsmap(std::string_view blob) {
     return fmt::format("its trie of {} bytes does not fit in {} bytes", trie_bytes, blob.size() - 4);
   const uint32_t units = trie_bytes / 4;
   if (units == 0) return "its trie is empty";
-  const uint64_t strings_size = blob.size() - 4 - trie_bytes;
+  const std::string_view strings = blob.substr(4 + static_cast<size_t>(trie_bytes));
   const char* trie = blob.data() + 4;
   const auto unit_at = [&](uint32_t index) {
     TrieUnit unit{};
     std::memcpy(&unit.bits, trie + 4 * static_cast<size_t>(index), 4);
     return unit;
   };
-
-  std::vector<bool> queued(units, false);
-  std::vector<uint32_t> states;
-  const auto enqueue = [&](uint32_t state) -> std::string {
-    // The state's 256 successors state ^ c (any byte c) must all be inside the trie.
-    if ((static_cast<uint64_t>(state) | 0xFF) >= units)
-      return fmt::format("trie state {} leads outside the trie ({} units)", state, units);
-    if (!queued[state]) {
-      queued[state] = true;
-      states.push_back(state);
-    }
-    return {};
+  // The 256 successors state ^ c of a state (any byte c) must all be inside the trie.
+  const auto outside = [&](uint32_t state) { return (static_cast<uint64_t>(state) | 0xFF) >= units; };
+  const auto leads_outside = [&](uint32_t state) {
+    return fmt::format("trie state {} leads outside the trie ({} units)", state, units);
   };
-  if (auto problem = enqueue(unit_at(0).offset()); !problem.empty()) return problem;
-  while (!states.empty()) {
-    const uint32_t state = states.back();
-    states.pop_back();
-    for (uint32_t byte = 0; byte < 256; ++byte) {
-      const uint32_t child = state ^ byte;
-      const TrieUnit unit = unit_at(child);
-      if (unit.label() != byte) continue;
-      const uint32_t next = child ^ unit.offset();
-      if (auto problem = enqueue(next); !problem.empty()) return problem;
-      if (unit.has_leaf() && unit_at(next).value() >= strings_size)
-        return fmt::format("trie unit {} points at replacement byte {} of {}", next, unit_at(next).value(),
-                           strings_size);
+
+  enum : uint8_t { kUnvisited, kOnPath, kDone };
+  std::vector<uint8_t> visit(units, kUnvisited);
+  // The most rules (leaves) and bytes along any path from each finished state; capped one above the limits.
+  std::vector<uint16_t> rules_below(units, 0), bytes_below(units, 0);
+  struct Frame {
+    uint32_t state;
+    uint32_t byte;  // the next input byte to follow from this state
+  };
+  const uint32_t root = unit_at(0).offset();
+  if (outside(root)) return leads_outside(root);
+  std::vector<Frame> path{{root, 0}};
+  visit[root] = kOnPath;
+  while (!path.empty()) {
+    Frame& frame = path.back();
+    if (frame.byte == 256) {
+      visit[frame.state] = kDone;
+      path.pop_back();
+      continue;
     }
+    const uint32_t child = frame.state ^ frame.byte;
+    const TrieUnit unit = unit_at(child);
+    if (unit.label() != frame.byte) {
+      ++frame.byte;
+      continue;
+    }
+    const uint32_t next = child ^ unit.offset();
+    if (outside(next)) return leads_outside(next);
+    if (unit.has_leaf()) {  // checked for every edge: a state may be reached by several
+      const uint32_t start = unit_at(next).value();
+      if (start >= strings.size())
+        return fmt::format("trie unit {} points at replacement byte {} of {}", next, start, strings.size());
+      const size_t length = strings.substr(start, kMaxSentencePieceReplacementBytes + 1).find('\0');
+      if (length == std::string_view::npos && strings.size() - start > kMaxSentencePieceReplacementBytes)
+        return fmt::format("the replacement at byte {} is longer than the {} bytes accepted", start,
+                           kMaxSentencePieceReplacementBytes);
+    }
+    if (visit[next] == kOnPath) return fmt::format("trie state {} loops back to itself", next);
+    if (visit[next] == kUnvisited) {
+      if (path.size() > kMaxSentencePieceRuleBytes)  // the key grows to path.size() bytes
+        return fmt::format("a rule key is longer than {} bytes", kMaxSentencePieceRuleBytes);
+      visit[next] = kOnPath;
+      path.push_back({next, 0});  // `frame` is not used past this point: push_back may move it
+      continue;
+    }
+    // `next` is finished: this edge extends the longest paths below it by one byte (and one rule).
+    const auto rules = static_cast<uint16_t>(rules_below[next] + (unit.has_leaf() ? 1 : 0));
+    const auto bytes = static_cast<uint16_t>(bytes_below[next] + 1);
+    if (rules > kMaxSentencePieceRulesPerInput)
+      return fmt::format("more than {} rules match one input, the most libsentencepiece holds",
+                         kMaxSentencePieceRulesPerInput);
+    if (bytes > kMaxSentencePieceRuleBytes)
+      return fmt::format("a rule key is longer than {} bytes", kMaxSentencePieceRuleBytes);
+    rules_below[frame.state] = std::max(rules_below[frame.state], rules);
+    bytes_below[frame.state] = std::max(bytes_below[frame.state], bytes);
+    ++frame.byte;
   }
   return {};
 }
 
-// The first problem in a piece (ModelProto.pieces[index]); empty when there is none.
-std::string check_piece(std::string_view piece, size_t index, std::string& error) {
-  WireReader reader(piece, error);
+// A piece as libsentencepiece keeps it: the last `piece` and the last valid `type` given.
+struct Piece {
+  std::string_view text;
+  int32_t type = 1;  // NORMAL
+};
+
+std::string read_piece(std::string_view message, size_t index, Piece& piece, std::string& error) {
+  WireReader reader(message, error);
   Field field;
-  while (reader.next(field))
-    if (field.number == kPieceText && field.wire_type == kLengthDelimited &&
-        field.payload.size() > kMaxSentencePieceBytes)
-      return fmt::format("piece {} is {} bytes long, more than the {} accepted", index, field.payload.size(),
-                         kMaxSentencePieceBytes);
-  return error.empty() ? std::string() : fmt::format("piece {}: {}", index, error);
+  while (reader.next(field)) {
+    if (field.number == kPieceText && field.wire_type == kLengthDelimited) piece.text = field.payload;
+    // protobuf-lite reads an enum's varint as int32 and keeps values outside the enum (1..6) aside.
+    const auto type = static_cast<int32_t>(static_cast<uint32_t>(field.value));
+    if (field.number == kPieceType && field.wire_type == kVarint && type >= 1 && type <= 6) piece.type = type;
+  }
+  if (!error.empty()) return fmt::format("piece {}: {}", index, error);
+  if (piece.text.size() > kMaxSentencePieceBytes)
+    return fmt::format("piece {} is {} bytes long, more than the {} accepted", index, piece.text.size(),
+                       kMaxSentencePieceBytes);
+  return {};
+}
+
+// User-defined pieces are matched by a darts-clone trie of their texts up to the first NUL; the library
+// keeps at most 64 of the matches at one input position and reads past them when there are more. The
+// most matches at one position is the longest chain of keys each a prefix of the next.
+std::string check_user_defined_chain(std::vector<std::string_view> keys) {
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  std::vector<std::string_view> chain;  // in sorted order a prefix comes right before its extensions
+  for (const std::string_view key : keys) {
+    while (!chain.empty() && !key.starts_with(chain.back())) chain.pop_back();
+    chain.push_back(key);
+    if (chain.size() > kMaxSentencePieceUserDefinedMatches)
+      return fmt::format(
+          "more than {} user-defined pieces are prefixes of one another, the most libsentencepiece holds",
+          kMaxSentencePieceUserDefinedMatches);
+  }
+  return {};
 }
 
 // The first problem in a NormalizerSpec (field `name` of ModelProto); empty when there is none.
@@ -192,25 +275,53 @@ std::string check_normalizer(std::string_view spec, const char* name, std::strin
   return error.empty() ? std::string() : fmt::format("{}: {}", name, error);
 }
 
+// Adds the input bytes of a SelfTestData's samples to `input_bytes`; the problem, if its structure is broken.
+std::string add_self_test_input(std::string_view data, uint64_t& input_bytes, std::string& error) {
+  WireReader reader(data, error);
+  Field sample;
+  while (reader.next(sample)) {
+    if (sample.number != kSamples || sample.wire_type != kLengthDelimited) continue;
+    WireReader sample_reader(sample.payload, error);
+    Field field;
+    while (sample_reader.next(field))
+      if (field.number == kSampleInput && field.wire_type == kLengthDelimited)
+        input_bytes += field.payload.size();
+    if (!error.empty()) break;
+  }
+  return error.empty() ? std::string() : fmt::format("self_test_data: {}", error);
+}
+
 }  // namespace
 
 std::string find_unsafe_sentencepiece_model(std::string_view serialized_model) {
   std::string error;
   WireReader model(serialized_model, error);
   Field field;
+  std::vector<std::string_view> user_defined_keys;
   size_t pieces = 0;
+  uint64_t self_test_bytes = 0;
   while (model.next(field)) {
     if (field.wire_type != kLengthDelimited) continue;
     std::string problem;
-    if (field.number == kPieces)
-      problem = check_piece(field.payload, pieces++, error);
-    else if (field.number == kNormalizerSpec)
+    if (field.number == kPieces) {
+      Piece piece;
+      problem = read_piece(field.payload, pieces++, piece, error);
+      const std::string_view key = piece.text.substr(0, piece.text.find('\0'));
+      if (piece.type == kUserDefinedType && !key.empty()) user_defined_keys.push_back(key);
+    } else if (field.number == kNormalizerSpec) {
       problem = check_normalizer(field.payload, "normalizer_spec", error);
-    else if (field.number == kDenormalizerSpec)
+    } else if (field.number == kDenormalizerSpec) {
       problem = check_normalizer(field.payload, "denormalizer_spec", error);
+    } else if (field.number == kSelfTestData) {
+      problem = add_self_test_input(field.payload, self_test_bytes, error);
+    }
     if (!problem.empty()) return problem;
   }
-  return error;
+  if (!error.empty()) return error;
+  if (self_test_bytes > kMaxSentencePieceSelfTestBytes)
+    return fmt::format("its self-test samples hold {} bytes of input, more than the {} accepted",
+                       self_test_bytes, kMaxSentencePieceSelfTestBytes);
+  return check_user_defined_chain(std::move(user_defined_keys));
 }
 
 }  // namespace symprune::io
