@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace symprune::io {
@@ -34,6 +35,8 @@ struct Field {
 class WireReader {
  public:
   WireReader(std::string_view message, std::string& error) : data_(message), error_(error) {}
+
+  size_t position() const { return pos_; }
 
   bool next(Field& field) {
     field = {};
@@ -293,14 +296,15 @@ std::string add_self_test_input(std::string_view data, uint64_t& input_bytes, st
 
 }  // namespace
 
-std::string find_unsafe_sentencepiece_model(std::string_view serialized_model) {
+SentencePieceModelCheck check_sentencepiece_model(std::string_view serialized_model) {
+  SentencePieceModelCheck check;
   std::string error;
   WireReader model(serialized_model, error);
   Field field;
   std::vector<std::string_view> user_defined_keys;
+  std::vector<std::pair<size_t, size_t>> self_test_fields;  // [start, end) of each ModelProto field 4
   size_t pieces = 0;
-  uint64_t self_test_bytes = 0;
-  while (model.next(field)) {
+  for (size_t start = model.position(); model.next(field); start = model.position()) {
     if (field.wire_type != kLengthDelimited) continue;
     std::string problem;
     if (field.number == kPieces) {
@@ -313,15 +317,28 @@ std::string find_unsafe_sentencepiece_model(std::string_view serialized_model) {
     } else if (field.number == kDenormalizerSpec) {
       problem = check_normalizer(field.payload, "denormalizer_spec", error);
     } else if (field.number == kSelfTestData) {
-      problem = add_self_test_input(field.payload, self_test_bytes, error);
+      problem = add_self_test_input(field.payload, check.self_test_bytes, error);
+      self_test_fields.emplace_back(start, model.position());
     }
-    if (!problem.empty()) return problem;
+    if (!problem.empty()) {
+      check.problem = std::move(problem);
+      return check;
+    }
   }
-  if (!error.empty()) return error;
-  if (self_test_bytes > kMaxSentencePieceSelfTestBytes)
-    return fmt::format("its self-test samples hold {} bytes of input, more than the {} accepted",
-                       self_test_bytes, kMaxSentencePieceSelfTestBytes);
-  return check_user_defined_chain(std::move(user_defined_keys));
+  check.problem = error.empty() ? check_user_defined_chain(std::move(user_defined_keys)) : error;
+  if (!check.problem.empty()) return check;
+  check.self_test_left_out = check.self_test_bytes > kMaxSentencePieceSelfTestBytes;
+  if (!check.self_test_left_out) {
+    check.model_to_load = serialized_model;
+    return check;
+  }
+  size_t kept_from = 0;
+  for (const auto& [start, end] : self_test_fields) {
+    check.model_to_load.append(serialized_model.substr(kept_from, start - kept_from));
+    kept_from = end;
+  }
+  check.model_to_load.append(serialized_model.substr(kept_from));
+  return check;
 }
 
 }  // namespace symprune::io

@@ -11,8 +11,9 @@
 //    (PrefixMatcher::PrefixMatch).
 //  - piece length: darts-clone builds its trie recursively, one stack frame per byte of a piece, so a
 //    piece of ~100 KB overflows an 8 MiB stack (google/sentencepiece#1263).
-//  - self-test samples, run at load: their cost grows with their size times the longest piece or rule.
-// The limits on sizes are far above what real models hold (NFKC's rules: keys of at most 10 bytes, at
+//  - self-test samples, run at load: their cost grows with their size times the longest piece or rule
+//    (and a run of unknown characters is merged quadratically), so large ones are left out of the load.
+// The limits on sizes are well above what real models hold (NFKC's rules: keys of at most 10 bytes, at
 // most 4 rules along one input, replacements of at most 33 bytes; pieces of a few dozen bytes).
 // The protobuf structure is read as libsentencepiece's protobuf-lite reads it, so that no field it reads
 // escapes this check (a tag longer than 32 bits, whose high bits it drops, is refused).
@@ -24,16 +25,26 @@
 
 namespace symprune::io {
 
-inline constexpr size_t kMaxSentencePieceBytes = 16384;              // one piece
-inline constexpr size_t kMaxSentencePieceUserDefinedMatches = 64;    // library's PrefixMatcher array
-inline constexpr size_t kMaxSentencePieceRulesPerInput = 32;         // library's Normalizer array
-inline constexpr size_t kMaxSentencePieceRuleBytes = 256;            // one normalization rule's key
-inline constexpr size_t kMaxSentencePieceReplacementBytes = 256;     // one rule's replacement
-inline constexpr size_t kMaxSentencePieceSelfTestBytes = 64 * 1024;  // all self-test inputs together
+inline constexpr size_t kMaxSentencePieceBytes = 16384;             // one piece
+inline constexpr size_t kMaxSentencePieceUserDefinedMatches = 64;   // library's PrefixMatcher array
+inline constexpr size_t kMaxSentencePieceRulesPerInput = 32;        // library's Normalizer array
+inline constexpr size_t kMaxSentencePieceRuleBytes = 256;           // one normalization rule's key
+inline constexpr size_t kMaxSentencePieceReplacementBytes = 64;     // one rule's replacement
+inline constexpr size_t kMaxSentencePieceSelfTestBytes = 8 * 1024;  // all self-test inputs together
 
-// Empty when the serialized ModelProto is safe to hand to libsentencepiece; otherwise what is wrong, e.g.
-// "normalizer_spec.precompiled_charsmap is corrupt: trie state 1792 leads outside the trie (1024 units)".
-// Also reports a protobuf structure broken before these parts could be read (truncated field, bad wire type).
-std::string find_unsafe_sentencepiece_model(std::string_view serialized_model);
+struct SentencePieceModelCheck {
+  // Empty when the model is safe to hand to libsentencepiece; otherwise what is wrong, e.g.
+  // "normalizer_spec.precompiled_charsmap is corrupt: trie state 1792 leads outside the trie (1024 units)",
+  // or a protobuf structure broken before these parts could be read (truncated field, bad wire type).
+  std::string problem;
+  // The serialized model to load: the input, less its self_test_data (ModelProto field 4) when the samples'
+  // inputs add up to more than kMaxSentencePieceSelfTestBytes (they only check the library against the
+  // trainer; the ids do not depend on them).
+  std::string model_to_load;
+  uint64_t self_test_bytes = 0;  // the samples' input bytes
+  bool self_test_left_out = false;
+};
+
+SentencePieceModelCheck check_sentencepiece_model(std::string_view serialized_model);
 
 }  // namespace symprune::io

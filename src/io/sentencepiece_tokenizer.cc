@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "io/sentencepiece_model_check.h"
 #include "io/tokenizer.h"
 
@@ -22,13 +23,17 @@ class SentencePieceTokenizer final : public Tokenizer {
     SYMPRUNE_CHECK(in.good(), "cannot open SentencePiece model {}", model_file.string());
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     SYMPRUNE_CHECK(!bytes.empty(), "SentencePiece model {} is empty", model_file.string());
-    // libsentencepiece trusts the normalization trie's indices; a corrupt one crashes it (found by fuzzing).
-    const std::string unsafe = find_unsafe_sentencepiece_model(bytes);
-    SYMPRUNE_CHECK(unsafe.empty(), "SentencePiece model {} could not be loaded: {}", model_file.string(),
-                   unsafe);
+    // libsentencepiece trusts parts of the model it should check; a corrupt one crashes it (found by
+    // fuzzing).
+    const SentencePieceModelCheck check = check_sentencepiece_model(bytes);
+    SYMPRUNE_CHECK(check.problem.empty(), "SentencePiece model {} could not be loaded: {}",
+                   model_file.string(), check.problem);
+    if (check.self_test_left_out)
+      log::warn("SentencePiece model {}: its self-test samples ({} bytes of input, over {}) are not run",
+                model_file.string(), check.self_test_bytes, kMaxSentencePieceSelfTestBytes);
     sentencepiece::util::Status status;
     try {
-      status = processor_.LoadFromSerializedProto(bytes);
+      status = processor_.LoadFromSerializedProto(check.model_to_load);
     } catch (const std::exception& e) {
       // libsentencepiece reports some corrupt models by throwing from its bundled darts_clone (a piece
       // starting with NUL: "failed to insert key: zero-length key"), not by its Status (found by fuzzing).

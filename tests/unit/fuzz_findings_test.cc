@@ -208,11 +208,11 @@ TEST_F(SentencePieceCheck, NormalizationRulesStayWithinTheLibrarysLimits) {
   EXPECT_EQ(encode_with(long_key, std::string(256, 'b')), (std::vector<int32_t>{3}));
 
   Charsmap long_replacement;
-  long_replacement.strings = std::string(257, 'b');
+  long_replacement.strings = std::string(65, 'b');
   EXPECT_THAT(charsmap_error(long_replacement),
-              HasSubstr("corrupt: the replacement at byte 0 is longer than the 256 bytes accepted"));
-  long_replacement.strings = std::string(256, 'b') + '\0';
-  EXPECT_EQ(encode_with(long_replacement, "A"), (std::vector<int32_t>(256, 4)));
+              HasSubstr("corrupt: the replacement at byte 0 is longer than the 64 bytes accepted"));
+  long_replacement.strings = std::string(64, 'b') + '\0';
+  EXPECT_EQ(encode_with(long_replacement, "A"), (std::vector<int32_t>(64, 4)));
 }
 
 // More than 64 user-defined pieces that are prefixes of one another overran PrefixMatcher's 64-entry
@@ -243,17 +243,22 @@ TEST_F(SentencePieceCheck, TagsLongerThan32BitsAreRefused) {
                         ": a field tag longer than 32 bits"));
 }
 
-// libsentencepiece runs the model's self-test samples at load; their cost grows with their size.
-TEST_F(SentencePieceCheck, SelfTestSamplesAreBounded) {
+// libsentencepiece runs the model's self-test samples at load; their cost grows with their size, so a
+// model whose samples hold more than 8 KiB of input is loaded without them.
+TEST_F(SentencePieceCheck, LargeSelfTestSamplesAreLeftOut) {
   const auto with_self_test = [&](size_t bytes) {
     const std::string sample = proto_field(1, std::string(bytes, 'a')) + proto_field(2, "x");
     return model_with_normalizer(add_dummy_prefix_off_) + proto_field(4, proto_field(1, sample));
   };
-  EXPECT_THAT(message_for(with_self_test(65537)),
-              HasSubstr(loading_ + "its self-test samples hold 65537 bytes of input, more than the 65536 "
-                                   "accepted"));
-  // Within the bound the library runs them: "x" is not what 65536 a's encode to.
-  EXPECT_THAT(message_for(with_self_test(65536)), HasSubstr(loading_ + "Internal: Self-test failures"));
+  // Within the bound the library runs them: "x" is not what 8192 a's encode to.
+  EXPECT_THAT(message_for(with_self_test(8192)), HasSubstr(loading_ + "Internal: Self-test failures"));
+  // Beyond it the samples are not run, and the model is otherwise the same.
+  EXPECT_EQ(load(with_self_test(8193))->encode("ab", false), (std::vector<int32_t>{3, 4}));
+  const auto check = symprune::io::check_sentencepiece_model(with_self_test(8193));
+  EXPECT_EQ(check.problem, "");
+  EXPECT_TRUE(check.self_test_left_out);
+  EXPECT_EQ(check.self_test_bytes, 8193U);
+  EXPECT_EQ(check.model_to_load, model_with_normalizer(add_dummy_prefix_off_));
 }
 
 // darts-clone recurses once per byte of a piece while libsentencepiece builds its trie: a piece of ~100 KB
