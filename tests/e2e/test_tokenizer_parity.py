@@ -116,6 +116,38 @@ def test_sentencepiece_normalization_rules_match_python(tmp_path, rules):
     assert_same(symprune_ids(model, texts, tmp_path), [sp.encode(t) for t in texts], texts)
 
 
+@pytest.mark.parametrize("variant", ["bpe", "char", "word", "user_defined_prefixes", "byte_fallback_bpe",
+                                     "denormalization_tsv", "whitespace_suffix"])
+def test_trained_sentencepiece_models_of_every_kind_match_python(tmp_path, variant):
+    """The pre-load check must accept what the sentencepiece trainer writes, whatever the model kind or
+    option (model types, nested user-defined symbols, byte fallback, denormalization rules), with ids
+    identical to Python's."""
+    import io
+
+    import sentencepiece as spm
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(head(TINYSTORIES, 60_000), encoding="utf-8")
+    options = {
+        "bpe": {"model_type": "bpe"},
+        "char": {"model_type": "char", "vocab_size": 60},
+        "word": {"model_type": "word", "vocab_size": 300},
+        "user_defined_prefixes": {"user_defined_symbols": ["<t>", "<t><t>", "<t><t><t>", "Once", "Once upon"]},
+        "byte_fallback_bpe": {"model_type": "bpe", "byte_fallback": True, "vocab_size": 400},
+        "denormalization_tsv": {"denormalization_rule_tsv": str(tmp_path / "denorm.tsv")},
+        "whitespace_suffix": {"treat_whitespace_as_suffix": True},
+    }[variant]
+    (tmp_path / "denorm.tsv").write_text("2581\t20\n61\t41\n", encoding="utf-8")  # decoding: "a" -> "A"
+    options = {"vocab_size": 120, **options}
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(input=str(corpus), model_writer=proto, minloglevel=2, **options)
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(proto.getvalue())
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    texts = SAMPLES + ["<t><t><t><t> Once upon a time, Once upon"]
+    assert_same(symprune_ids(model, texts, tmp_path), [sp.encode(t) for t in texts], texts)
+
+
 # ---- Hugging Face tokenizer.json -----------------------------------------------------------------
 
 
