@@ -113,7 +113,7 @@ for t in "${targets[@]}"; do
   log=$logs/$t.log
   artifacts=(); while IFS= read -r -d '' f; do artifacts+=("$f"); done \
     < <(find "$build/artifacts/$t" -type f -print0)
-  done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true)
+  done_line=$(grep -aE '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true)
   cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$done_line")
   corp=$(sed -n 's/.* corp: \([0-9]*\/[0-9A-Za-z]*\).*/\1/p' <<<"$done_line")
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
@@ -129,7 +129,7 @@ done
 for t in "${failed[@]}"; do
   echo
   echo "== $t: finding (log: $logs/$t.log)"
-  grep -E 'ERROR: |SUMMARY: |runtime error|terminate called|what\(\)|property violated' "$logs/$t.log" | head -5 || true
+  grep -aE 'ERROR: |SUMMARY: |runtime error|terminate called|what\(\)|property violated' "$logs/$t.log" | head -5 || true
   while IFS= read -r -d '' f; do
     echo "   artifact:  $f"
     echo "   reproduce: $build/tests/fuzz/fuzz_$t $f"
