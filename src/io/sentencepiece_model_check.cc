@@ -166,6 +166,8 @@ std::string check_charsmap(std::string_view blob) {
   const auto leads_outside = [&](uint32_t state) {
     return fmt::format("trie state {} leads outside the trie ({} units)", state, units);
   };
+  const std::string key_too_long =
+      fmt::format("a rule key is longer than {} bytes", kMaxSentencePieceRuleBytes);
 
   enum : uint8_t { kUnvisited, kOnPath, kDone };
   std::vector<uint8_t> visit(units, kUnvisited);
@@ -205,8 +207,9 @@ std::string check_charsmap(std::string_view blob) {
     }
     if (visit[next] == kOnPath) return fmt::format("trie state {} loops back to itself", next);
     if (visit[next] == kUnvisited) {
-      if (path.size() > kMaxSentencePieceRuleBytes)  // the key grows to path.size() bytes
-        return fmt::format("a rule key is longer than {} bytes", kMaxSentencePieceRuleBytes);
+      // The key grows to path.size() bytes: a deep path stops here; a longer key through a shared state is
+      // caught below, as the lengths below each state add up towards the root.
+      if (path.size() > kMaxSentencePieceRuleBytes) return key_too_long;
       visit[next] = kOnPath;
       path.push_back({next, 0});  // `frame` is not used past this point: push_back may move it
       continue;
@@ -217,8 +220,7 @@ std::string check_charsmap(std::string_view blob) {
     if (rules > kMaxSentencePieceRulesPerInput)
       return fmt::format("more than {} rules match one input, the most libsentencepiece holds",
                          kMaxSentencePieceRulesPerInput);
-    if (bytes > kMaxSentencePieceRuleBytes)
-      return fmt::format("a rule key is longer than {} bytes", kMaxSentencePieceRuleBytes);
+    if (bytes > kMaxSentencePieceRuleBytes) return key_too_long;
     rules_below[frame.state] = std::max(rules_below[frame.state], rules);
     bytes_below[frame.state] = std::max(bytes_below[frame.state], bytes);
     ++frame.byte;

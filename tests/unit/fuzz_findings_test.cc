@@ -68,13 +68,18 @@ std::string sentencepiece_piece(std::string_view text, float score, int type) {
   return proto_field(1, m);
 }
 
+// The pieces every test model starts with: <unk> (UNKNOWN), <s> and </s> (CONTROL), ids 0..2.
+std::string special_pieces() {
+  return sentencepiece_piece("<unk>", 0, 2) + sentencepiece_piece("<s>", 0, 3) +
+         sentencepiece_piece("</s>", 0, 3);
+}
+
 // A piece made of NUL bytes made libsentencepiece throw Darts::Details::Exception ("zero-length key") from
 // LoadFromSerializedProto instead of returning a Status; the CLI printed it without naming the file.
 TEST(FuzzFindings, SentencePieceModelWithNulPieceIsAnErrorNamingTheFile) {
   const fs::path dir = symprune::testing::make_temp_dir("symprune_fuzz_findings_");
   const fs::path path = dir / "tokenizer.model";
-  write_file(path, sentencepiece_piece("<unk>", 0, 2) + sentencepiece_piece("<s>", 0, 3) +
-                       sentencepiece_piece("</s>", 0, 3) + sentencepiece_piece("a", -1, 1) +
+  write_file(path, special_pieces() + sentencepiece_piece("a", -1, 1) +
                        sentencepiece_piece(std::string_view("\0", 1), -2, 1));
   const std::string message = error_of([&] { symprune::io::load_sentencepiece_tokenizer(path); });
   EXPECT_THAT(message, HasSubstr("SentencePiece model " + path.string() + " could not be loaded: "));
@@ -110,10 +115,8 @@ struct Charsmap {
 
 // A model of pieces a, b, A with the given NormalizerSpec (field 3) fields.
 std::string model_with_normalizer(std::string_view normalizer_fields) {
-  return sentencepiece_piece("<unk>", 0, 2) + sentencepiece_piece("<s>", 0, 3) +
-         sentencepiece_piece("</s>", 0, 3) + sentencepiece_piece("a", -1, 1) +
-         sentencepiece_piece("b", -2, 1) + sentencepiece_piece("A", -3, 1) +
-         proto_field(3, normalizer_fields);
+  return special_pieces() + sentencepiece_piece("a", -1, 1) + sentencepiece_piece("b", -2, 1) +
+         sentencepiece_piece("A", -3, 1) + proto_field(3, normalizer_fields);
 }
 
 class SentencePieceCheck : public ::testing::Test {
@@ -215,12 +218,23 @@ TEST_F(SentencePieceCheck, NormalizationRulesStayWithinTheLibrarysLimits) {
   EXPECT_EQ(encode_with(long_replacement, "A"), (std::vector<int32_t>(64, 4)));
 }
 
+// darts-clone recurses once per byte of a piece while libsentencepiece builds its trie: a piece of ~100 KB
+// overflowed the stack at load (SIGSEGV; google/sentencepiece#1263). Pieces are limited to 16 KiB.
+TEST_F(SentencePieceCheck, PieceLongerThanTheLimitIsRefused) {
+  const auto model_with_piece_of = [](size_t bytes) {
+    return special_pieces() + sentencepiece_piece("a", -1, 1) +
+           sentencepiece_piece(std::string(bytes, 'x'), -2, 1);
+  };
+  EXPECT_EQ(load(model_with_piece_of(symprune::io::kMaxSentencePieceBytes))->vocab_size(), 5);
+  EXPECT_THAT(message_for(model_with_piece_of(200000)),
+              HasSubstr(loading_ + "piece 4 is 200000 bytes long, more than the 16384 accepted"));
+}
+
 // More than 64 user-defined pieces that are prefixes of one another overran PrefixMatcher's 64-entry
 // result array (SIGSEGV at load when a self-test sample held them, or on encoding such a text).
 TEST_F(SentencePieceCheck, UserDefinedPiecesNestedPastTheLibrarysLimitAreRefused) {
   const auto model_with_nested_user_pieces = [](int count) {
-    std::string model = sentencepiece_piece("<unk>", 0, 2) + sentencepiece_piece("<s>", 0, 3) +
-                        sentencepiece_piece("</s>", 0, 3) + sentencepiece_piece("d", -1, 1);
+    std::string model = special_pieces() + sentencepiece_piece("d", -1, 1);
     for (int k = 1; k <= count; ++k) model += sentencepiece_piece(std::string(k, 'c'), 0, 4);
     return model;
   };
@@ -259,25 +273,6 @@ TEST_F(SentencePieceCheck, LargeSelfTestSamplesAreLeftOut) {
   EXPECT_TRUE(check.self_test_left_out);
   EXPECT_EQ(check.self_test_bytes, 8193U);
   EXPECT_EQ(check.model_to_load, model_with_normalizer(add_dummy_prefix_off_));
-}
-
-// darts-clone recurses once per byte of a piece while libsentencepiece builds its trie: a piece of ~100 KB
-// overflowed the stack at load (SIGSEGV; google/sentencepiece#1263). Pieces are limited to 16 KiB.
-TEST(FuzzFindings, SentencePiecePieceLongerThanTheLimitIsRefused) {
-  const fs::path dir = symprune::testing::make_temp_dir("symprune_fuzz_findings_");
-  const fs::path path = dir / "tokenizer.model";
-  const auto model_with_piece_of = [](size_t bytes) {
-    return sentencepiece_piece("<unk>", 0, 2) + sentencepiece_piece("<s>", 0, 3) +
-           sentencepiece_piece("</s>", 0, 3) + sentencepiece_piece("a", -1, 1) +
-           sentencepiece_piece(std::string(bytes, 'x'), -2, 1);
-  };
-  write_file(path, model_with_piece_of(symprune::io::kMaxSentencePieceBytes));
-  EXPECT_EQ(symprune::io::load_sentencepiece_tokenizer(path)->vocab_size(), 5);
-  write_file(path, model_with_piece_of(200000));
-  EXPECT_THAT(error_of([&] { symprune::io::load_sentencepiece_tokenizer(path); }),
-              HasSubstr("SentencePiece model " + path.string() +
-                        " could not be loaded: piece 4 is 200000 bytes long, more than the 16384 accepted"));
-  fs::remove_all(dir);
 }
 
 // An added token with id 2^31 - 1 made the dense id -> token table allocate 2^31 entries (80 GB).
