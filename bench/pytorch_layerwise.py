@@ -242,6 +242,7 @@ def main():
     blocks = args.blocks or cfg["layers"]
 
     stages = {"weights": 0.0, "dense_pass": 0.0, "scores_masks": 0.0, "pruned_pass": 0.0}
+    block_stages = []  # each block's share of `stages`
     sync(device)
     start = time.perf_counter()
     if embed is not None:
@@ -253,6 +254,7 @@ def main():
     masks = {}
     with torch.no_grad():
         for i in range(blocks):
+            before = dict(stages)
             sync(device)
             t = time.perf_counter()
             weights = model.block_weights(i) if model else synthetic_weights(cfg, generator, device, dtype)
@@ -289,6 +291,7 @@ def main():
             stages["pruned_pass"] += time.perf_counter() - t
             inps, outs = outs, inps
             del block
+            block_stages.append({k: stages[k] - before[k] for k in stages})
     sync(device)
     seconds = time.perf_counter() - start
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -296,7 +299,9 @@ def main():
               "method": args.method, "mask": args.nm or f"{args.sparsity} per row", "dtype": args.dtype,
               "threads": torch.get_num_threads(), "nsamples": args.nsamples, "seqlen": args.seqlen, "blocks_timed": blocks, "blocks": cfg["layers"],
               "seconds": seconds, "seconds_without_weights": seconds - stages["weights"],
-              "seconds_all_blocks": seconds * cfg["layers"] / blocks, "stages": stages}
+              "seconds_all_blocks": seconds + (cfg["layers"] - blocks) * sum(block_stages[-1].values()),
+              "stages": stages,
+              "block_stages": block_stages}
     print(json.dumps(result, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -4,9 +4,10 @@
 #  2. compute-sanitizer memcheck and racecheck of the kernel parity tests;
 #  3. the kernel benchmark (bench/cuda/cuda_kernels_bench.cc);
 #  4. the end-to-end prune benchmark (bench/cuda_prune_bench.py: symprune --device cuda and the PyTorch
-#     loop on the first PRUNE_BENCH_BLOCKS blocks of synthetic:llama2-7b at 128 x 2048, scaled);
+#     loop on the first PRUNE_BENCH_BLOCKS blocks of synthetic:llama2-7b at 128 x 2048, default 3,
+#     extrapolated from the last of them);
 #  5. the issue's 70B target: wanda 50 % of synthetic:llama2-70b at 128 x 2048 in bf16 on this one GPU
-#     (its first PRUNE_70B_BLOCKS blocks, default 4, scaled; memory peaks per block, so the plan and the
+#     (its first PRUNE_70B_BLOCKS blocks, default 4, extrapolated; memory peaks per block, so the plan and the
 #     peak are those of the whole model).
 # Logs and results are written to a work directory; after every group of steps the whole of it is packed
 # into $OUT/gpu-results.tar.gz and the table of outcomes so far into $OUT/summary.txt (the device tool brings
@@ -158,7 +159,9 @@ sanitized='KernelTest.*:CudaDeviceTest.*:DevicePruningOpsTest.*:LowPrecisionTest
 bench="$(dirname "${BASH_SOURCE[0]}")/../bench"
 step_command() {  # step_command NAME: sets command (an array) and log_name
   case "$1" in
-    tests) log_name=gpu_tests command=("${native[@]}" bash "$per_suite" "$out/gpu_tests" '*' "$bundle/bin/symprune_gpu_tests") ;;
+    # Not CudaWithoutDevice: it checks the error of a machine without a GPU and skips where one is.
+    tests) log_name=gpu_tests command=("${native[@]}" bash "$per_suite" "$out/gpu_tests" '*-CudaWithoutDevice.*'
+      "$bundle/bin/symprune_gpu_tests") ;;
     memcheck) log_name=memcheck command=("${native[@]}" bash "$per_suite" "$out/memcheck" "$sanitized"
       "$bundle/bin/symprune_gpu_tests" compute-sanitizer --tool memcheck --error-exitcode 3) ;;
     racecheck) log_name=racecheck command=("${native[@]}" bash "$per_suite" "$out/racecheck" 'KernelTest.*:DsnotKernelTest.*'
@@ -166,7 +169,7 @@ step_command() {  # step_command NAME: sets command (an array) and log_name
     kernels_bench) log_name=kernels_bench command=("${native[@]}" "$bundle/bin/cuda_kernels_bench"
       --json "$out/cuda_kernels_bench.json" --markdown "$out/cuda_kernels_bench.md") ;;
     prune_bench) log_name=prune_bench command=(python3 "$bench/cuda_prune_bench.py" --symprune "$bundle/bin/symprune.sh"
-      --blocks "${PRUNE_BENCH_BLOCKS:-2}" --symprune-args "--device cuda --dtype bf16" --torch-args "--dtype fp16"
+      --blocks "${PRUNE_BENCH_BLOCKS:-3}" --symprune-args "--device cuda --dtype bf16" --torch-args "--dtype fp16"
       --out "$out/cuda_prune_bench") ;;
     prune_70b) log_name=prune_70b command=(python3 "$bench/cuda_prune_bench.py" --symprune "$bundle/bin/symprune.sh"
       --model llama2-70b --blocks "${PRUNE_70B_BLOCKS:-4}" --cases wanda-50 --no-torch

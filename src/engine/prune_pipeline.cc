@@ -325,6 +325,36 @@ nlohmann::json timings_json(const PruneTimings& t) {
   return j;
 }
 
+// The stages a block's timings hold (BlockTimings), in the report's order. Not the checkpoint: a block's
+// snapshot is taken after its timings are recorded, so that the checkpoint holds them.
+constexpr std::array<TimingField, 7> kBlockTimingFields{{{&PruneTimings::weights, "weights", true},
+                                                         {&PruneTimings::blocks, "blocks", true},
+                                                         {&PruneTimings::statistics, "statistics", true},
+                                                         {&PruneTimings::scores_masks, "scores_masks", true},
+                                                         {&PruneTimings::refine, "refine", true},
+                                                         {&PruneTimings::eval_dense, "eval_dense", true},
+                                                         {&PruneTimings::eval_pruned, "eval_pruned", true}}};
+
+nlohmann::json block_timings_json(const std::vector<BlockTimings>& blocks) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const BlockTimings& b : blocks) {
+    nlohmann::json j = {{"block", b.block}, {"seconds", b.seconds}};
+    for (const auto& f : kBlockTimingFields) j[f.key] = b.stages.*f.member;
+    list.push_back(std::move(j));
+  }
+  return list;
+}
+
+std::vector<BlockTimings> block_timings_from_json(const nlohmann::json& list) {
+  std::vector<BlockTimings> blocks;
+  for (const auto& j : list) {
+    BlockTimings b{j.at("block").get<int64_t>(), j.at("seconds").get<double>(), {}};
+    for (const auto& f : kBlockTimingFields) b.stages.*f.member = j.value(f.key, 0.0);
+    blocks.push_back(b);
+  }
+  return blocks;
+}
+
 nlohmann::json communication_json(const CommunicationVolume& c) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& f : kCommunicationFields) j[f.key] = c.*f.member;
@@ -380,6 +410,7 @@ nlohmann::json checkpoint_state(const nlohmann::json& identity, const PruneResul
   return {{"identity", identity},
           {"layers", layers},
           {"timings", timings_json(result.timings)},
+          {"block_timings", block_timings_json(result.block_timings)},
           {"communication", communication_json(result.communication)}};
 }
 
@@ -395,6 +426,8 @@ void restore_progress(const nlohmann::json& state, PruneResult& result) {
     for (const auto& f : kTimingFields) {
       if (f.resumed_adds) result.timings.*f.member += t.value(f.key, 0.0);
     }
+    // Absent in the checkpoints of versions before per-block timings.
+    result.block_timings = block_timings_from_json(state.value("block_timings", nlohmann::json::array()));
     const auto& c = state.at("communication");
     for (const auto& f : kCommunicationFields) result.communication.*f.member += c.value(f.key, int64_t{0});
   } catch (const nlohmann::json::exception& e) {
@@ -461,6 +494,7 @@ nlohmann::json PruneResult::report() const {
                                                     : nlohmann::json()}}},
       {"layers", layer_list},
       {"timings", timings_json(timings)},
+      {"block_timings", block_timings_json(block_timings)},
       {"communication_bytes", communication_json(communication)},
       {"device_memory", device_memory},
       {"symprune", io::build_provenance()},
@@ -646,6 +680,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
   const auto blocks_start = Clock::now();
   for (int64_t b = first_block; b < model.num_blocks(); ++b) {
     const auto block_start = Clock::now();
+    const PruneTimings before_block = result.timings;
     stop_at_boundary(b);
     fault::at("block:" + std::to_string(b), comm.rank());
     {
@@ -717,6 +752,10 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     }
     model.release_block(b);  // memory does not grow with depth: masks are kept as bits only
 
+    BlockTimings block_timings{b, seconds_since(block_start), {}};
+    for (const auto& f : kBlockTimingFields)
+      block_timings.stages.*f.member = result.timings.*f.member - before_block.*f.member;
+    result.block_timings.push_back(block_timings);
     if (checkpointer && checkpointer->due(b + 1)) save_state(b + 1);
 
     BlockProgress p{b, model.num_blocks(), seconds_since(start), seconds_since(block_start), 0.0};

@@ -143,6 +143,16 @@ struct PruneTimings {
   double checkpoint = 0, checkpoint_background = 0;
 };
 
+// One block's share of the stages (the report's "block_timings"): `seconds` is the block's wall time, the
+// stages are PruneTimings' per-block fields. The first block of an attempt loads its weights on the
+// calling thread; later ones find them read in the background, so a benchmark that times a few blocks
+// extrapolates from the last one.
+struct BlockTimings {
+  int64_t block = 0;
+  double seconds = 0;
+  PruneTimings stages;  // weights, blocks, statistics, scores_masks, refine, eval_dense, eval_pruned
+};
+
 // Bytes this process sent and received per kind (the scaling figures of bench/); zero with one rank.
 struct CommunicationVolume {
   int64_t weights = 0, statistics = 0, grams = 0, masks = 0, eval = 0;
@@ -166,6 +176,7 @@ struct PruneResult {
   std::optional<int64_t> zeros_total;  // Σ LayerResult::zeros, when the model was written
   std::optional<PerplexityPair> perplexity;
   PruneTimings timings;
+  std::vector<BlockTimings> block_timings;  // every block, in order (a resumed run: all attempts')
   CommunicationVolume communication;
   // A device-resident run (this attempt): the memory plan against what the run held at its peak, worst
   // rank (device_memory_json in prune_pipeline.cc); null on a host backend.

@@ -63,6 +63,10 @@ def finish_and_compare(job, tmp_path, reference, *extra):
     assert report["perplexity"] == reference[1]["perplexity"]
     assert [l["pruned"] for l in report["layers"]] == [l["pruned"] for l in reference[1]["layers"]]
     assert [l["recon_error"] for l in report["layers"]] == [l["recon_error"] for l in reference[1]["layers"]]
+    # Each block's timings once, in order, the earlier attempts' ones from the checkpoint.
+    assert [b["block"] for b in report["block_timings"]] == [b["block"] for b in reference[1]["block_timings"]]
+    assert [b["block"] for b in report["block_timings"]] == list(range(len(report["block_timings"])))
+    assert all(b["seconds"] >= b["blocks"] + b["scores_masks"] > 0 for b in report["block_timings"])
     # The run finished: the marker replaces the checkpoints.
     assert (tmp_path / "run.h5.done").exists() and not (tmp_path / "run.h5").exists()
     assert not (tmp_path / "run.h5.prev").exists() and not (tmp_path / "run.h5.tmp").exists()

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from prune_support import BIN, SOURCE
 
 BENCH = SOURCE / "bench" / "cuda_prune_bench.py"
@@ -25,11 +27,17 @@ def test_the_json_has_the_issues_form_with_every_case_scaled(tmp_path):
     proc, result, table = run_bench(tmp_path, BIN, "wanda-50,wanda-2:4")
     assert proc.returncode == 0, proc.stderr
     assert result["model"] == "synthetic:llama-1024" and (result["nsamples"], result["seqlen"]) == (2, 32)
-    assert result["device"] and result["blocks_timed"] == 1 and result["scaled"] == "times of 1 blocks x 4"
+    assert result["device"] and result["blocks_timed"] == 1
+    assert result["scaled"] == "1 blocks timed, the other 3 counted at the last timed block's times"
     assert [c["case"] for c in result["cases"]] == ["wanda-50", "wanda-2:4"]
     for case in result["cases"]:
         assert case["seconds"] > 0 and case["pytorch_seconds"] > 0 and case["floor_seconds"] > 0
         assert {"blocks", "scores_masks", "weights"} <= case["stages"].keys()
+        # Extrapolated from the one timed block: its time, plus 3 more like it; what ran once (calibration) once.
+        (block,) = case["block_timings"]
+        assert block["block"] == 0 and block["seconds"] > 0
+        assert case["stages"]["blocks"] == pytest.approx(4 * block["blocks"])
+        assert case["seconds"] > 4 * block["seconds"]
         assert case["symprune_device"] == "cpu" and case["device_memory"] is None  # a GPU run's report has it
     assert "| wanda-2:4 |" in table
 
