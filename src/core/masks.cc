@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <utility>
 
 #include "core/error.h"
 
@@ -23,25 +25,78 @@ Mask::Mask(int64_t rows, int64_t cols) : rows_(rows), cols_(cols) {
   pruned_.assign(static_cast<size_t>(rows * cols), 0);
 }
 
+// Copies hold what the source holds (a packed mask stays packed); the source's bytes are read only once
+// they are complete (has_bytes_ is set after the unpacking that fills them).
+Mask::Mask(const Mask& other) : rows_(other.rows_), cols_(other.cols_) {
+  const bool bytes = other.has_bytes_.load(std::memory_order_acquire);
+  const bool bits = other.has_bits_.load(std::memory_order_acquire);
+  if (bytes) pruned_ = other.pruned_;
+  if (bits) bits_ = other.bits_;
+  has_bytes_.store(bytes, std::memory_order_relaxed);
+  has_bits_.store(bits, std::memory_order_relaxed);
+}
+
+Mask::Mask(Mask&& other) noexcept {
+  *this = std::move(other);
+}
+
+Mask& Mask::operator=(const Mask& other) {
+  if (this != &other) *this = Mask(other);
+  return *this;
+}
+
+Mask& Mask::operator=(Mask&& other) noexcept {
+  if (this == &other) return *this;
+  rows_ = std::exchange(other.rows_, 0);
+  cols_ = std::exchange(other.cols_, 0);
+  pruned_ = std::move(other.pruned_);
+  bits_ = std::move(other.bits_);
+  has_bytes_.store(other.has_bytes_.exchange(true), std::memory_order_relaxed);
+  has_bits_.store(other.has_bits_.exchange(false), std::memory_order_relaxed);
+  other.pruned_.clear();
+  other.bits_.clear();
+  return *this;
+}
+
 std::span<const uint8_t> Mask::row(int64_t r) const {
-  return std::span<const uint8_t>(pruned_).subspan(static_cast<size_t>(r * cols_),
-                                                   static_cast<size_t>(cols_));
+  return entries().subspan(static_cast<size_t>(r * cols_), static_cast<size_t>(cols_));
 }
 
 std::span<uint8_t> Mask::row(int64_t r) {
-  return std::span<uint8_t>(pruned_).subspan(static_cast<size_t>(r * cols_), static_cast<size_t>(cols_));
+  return writable().subspan(static_cast<size_t>(r * cols_), static_cast<size_t>(cols_));
 }
 
+namespace {
+// Popcount of bits [first, first + count) of a packed mask.
+int64_t count_bits(std::span<const uint8_t> bits, int64_t first, int64_t count) {
+  int64_t total = 0, i = first;
+  const int64_t end = first + count;
+  for (; i < end && i % 64 != 0; ++i) total += (bits[static_cast<size_t>(i / 8)] >> (i % 8)) & 1u;
+  const int64_t words = (end - i) / 64;
+#pragma omp parallel for reduction(+ : total) schedule(static) if (words >= kParallelMin / 8)
+  for (int64_t w = 0; w < words; ++w) {
+    uint64_t word;
+    std::memcpy(&word, bits.data() + (i / 8) + w * 8, sizeof word);
+    total += std::popcount(word);
+  }
+  for (i += words * 64; i < end; ++i) total += (bits[static_cast<size_t>(i / 8)] >> (i % 8)) & 1u;
+  return total;
+}
+}  // namespace
+
 int64_t Mask::count() const {
+  if (packed_only()) return count_bits(bits_, 0, size());
   int64_t total = 0;
-  const uint8_t* p = pruned_.data();
-  const int64_t size = static_cast<int64_t>(pruned_.size());
+  const std::span<const uint8_t> entries = flat();
+  const uint8_t* p = entries.data();
+  const int64_t size = static_cast<int64_t>(entries.size());
 #pragma omp parallel for reduction(+ : total) schedule(static) if (size >= kParallelMin)
   for (int64_t i = 0; i < size; ++i) total += p[i];
   return total;
 }
 
 int64_t Mask::row_count(int64_t r) const {
+  if (packed_only()) return count_bits(bits_, r * cols_, cols_);
   int64_t total = 0;
   for (uint8_t v : row(r)) total += v;
   return total;
@@ -56,11 +111,20 @@ void Mask::apply(Tensor& weight) const {
                  "mask of shape [{}, {}] cannot be applied to a weight of shape {}", rows_, cols_,
                  weight.shape_string());
   float* w = weight.data();
-  const uint8_t* p = pruned_.data();
-  const int64_t size = static_cast<int64_t>(pruned_.size());
+  const std::span<const uint8_t> entries = flat();
+  const uint8_t* p = entries.data();
+  const int64_t size = static_cast<int64_t>(entries.size());
 #pragma omp parallel for schedule(static) if (size >= kParallelMin)
   for (int64_t i = 0; i < size; ++i)
     if (p[i]) w[i] = 0.0f;
+}
+
+bool Mask::operator==(const Mask& other) const {
+  if (rows_ != other.rows_ || cols_ != other.cols_) return false;
+  if (has_bits_.load(std::memory_order_acquire) && other.has_bits_.load(std::memory_order_acquire))
+    return bits_ == other.bits_;
+  const auto a = flat(), b = other.flat();
+  return std::equal(a.begin(), a.end(), b.begin(), b.end());
 }
 
 namespace {
@@ -97,6 +161,7 @@ constexpr std::array<uint64_t, 256> kUnpackedBytes = [] {
 // mask the device and the ranks exchange and every checkpoint writes); the tail of size % 8 entries bit by
 // bit.
 std::vector<uint8_t> Mask::pack_bits() const {
+  if (has_bits_.load(std::memory_order_acquire)) return bits_;
   const int64_t size = static_cast<int64_t>(pruned_.size());
   const int64_t full = size / 8, bytes = (size + 7) / 8;
   std::vector<uint8_t> out(static_cast<size_t>(bytes), 0);
@@ -108,9 +173,10 @@ std::vector<uint8_t> Mask::pack_bits() const {
   return out;
 }
 
-Mask Mask::unpack_bits(int64_t rows, int64_t cols, std::span<const uint8_t> bits) {
+namespace {
+
+void check_packed(int64_t rows, int64_t cols, std::span<const uint8_t> bits) {
   SYMPRUNE_CHECK(rows >= 0 && cols >= 0, "bit-packed mask: invalid shape [{}, {}]", rows, cols);
-  Mask mask(rows, cols);
   const int64_t size = rows * cols;
   const int64_t bytes = (size + 7) / 8;
   SYMPRUNE_CHECK(static_cast<int64_t>(bits.size()) == bytes,
@@ -120,12 +186,64 @@ Mask Mask::unpack_bits(int64_t rows, int64_t cols, std::span<const uint8_t> bits
     SYMPRUNE_CHECK((bits[static_cast<size_t>(bytes - 1)] & padding) == 0,
                    "bit-packed mask of shape [{}, {}]: padding bits of the last byte are set", rows, cols);
   }
-  uint8_t* p = mask.pruned_.data();
+}
+
+// Fills out[0, size) with the entries of `bits`.
+void unpack_into(std::span<const uint8_t> bits, int64_t size, uint8_t* out) {
   const int64_t full = size / 8;
 #pragma omp parallel for schedule(static) if (size >= kParallelMin)
-  for (int64_t b = 0; b < full; ++b) std::memcpy(p + b * 8, &kUnpackedBytes[bits[static_cast<size_t>(b)]], 8);
-  for (int64_t i = full * 8; i < size; ++i) p[i] = (bits[static_cast<size_t>(i / 8)] >> (i % 8)) & 1u;
+  for (int64_t b = 0; b < full; ++b)
+    std::memcpy(out + b * 8, &kUnpackedBytes[bits[static_cast<size_t>(b)]], 8);
+  for (int64_t i = full * 8; i < size; ++i) out[i] = (bits[static_cast<size_t>(i / 8)] >> (i % 8)) & 1u;
+}
+
+std::mutex& unpack_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+}  // namespace
+
+Mask Mask::unpack_bits(int64_t rows, int64_t cols, std::span<const uint8_t> bits) {
+  check_packed(rows, cols, bits);
+  Mask mask(rows, cols);
+  unpack_into(bits, rows * cols, mask.pruned_.data());
   return mask;
+}
+
+Mask Mask::from_bits(int64_t rows, int64_t cols, std::vector<uint8_t> bits) {
+  check_packed(rows, cols, bits);
+  Mask mask;
+  mask.rows_ = rows;
+  mask.cols_ = cols;
+  mask.bits_ = std::move(bits);
+  mask.has_bits_.store(true, std::memory_order_relaxed);
+  mask.has_bytes_.store(false, std::memory_order_relaxed);
+  return mask;
+}
+
+std::span<const uint8_t> Mask::entries() const {
+  if (!has_bytes_.load(std::memory_order_acquire)) {
+    const std::lock_guard<std::mutex> lock(unpack_mutex());
+    if (!has_bytes_.load(std::memory_order_relaxed)) {
+      pruned_.resize(static_cast<size_t>(size()));
+      unpack_into(bits_, size(), pruned_.data());
+      has_bytes_.store(true, std::memory_order_release);
+    }
+  }
+  return pruned_;
+}
+
+std::span<uint8_t> Mask::writable() {
+  (void)entries();
+  if (has_bits_.load(std::memory_order_acquire)) {
+    const std::lock_guard<std::mutex> lock(unpack_mutex());
+    if (has_bits_.load(std::memory_order_relaxed)) {
+      has_bits_.store(false, std::memory_order_release);
+      std::vector<uint8_t>().swap(bits_);
+    }
+  }
+  return pruned_;
 }
 
 // ---------------------------------------------------------------------------------------------------

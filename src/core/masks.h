@@ -6,6 +6,7 @@
 // (row and N:M modes) or the lower flat index (layer mode) is pruned first. Scores compare as floats, so
 // -0.0 and +0.0 are equal. Selection is by k-select (nth_element per row, radix select over the whole
 // matrix), never a full sort, and the result does not depend on the number of threads.
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -18,18 +19,32 @@
 namespace symprune {
 
 // A prune mask over a [rows, cols] matrix; pruned(i) = 1 for the flat row-major index i that is pruned.
+//
+// A mask made by from_bits (a device's selection: the "only packed masks come back to the host")
+// stays bit-packed until an entry is read or written one by one: count, row_count, pack_bits and == read
+// the bits, so a 7B model's 6.5 G entries are never spread over a byte each on their way from the device
+// selection to the masked weight and the written mask. Reading entries unpacks once (thread-safe: const
+// readers may do it concurrently); writing entries (the non-const flat/row/set) drops the packed copy
+// (threads writing their own rows may do that concurrently).
 class Mask {
  public:
   Mask() = default;
   Mask(int64_t rows, int64_t cols);  // nothing pruned
+  Mask(const Mask& other);
+  Mask(Mask&& other) noexcept;
+  Mask& operator=(const Mask& other);
+  Mask& operator=(Mask&& other) noexcept;
+  ~Mask() = default;
 
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
   int64_t size() const { return rows_ * cols_; }
-  bool pruned(int64_t r, int64_t c) const { return pruned_[static_cast<size_t>(r * cols_ + c)] != 0; }
-  void set(int64_t r, int64_t c, bool value) { pruned_[static_cast<size_t>(r * cols_ + c)] = value ? 1 : 0; }
-  std::span<const uint8_t> flat() const { return pruned_; }
-  std::span<uint8_t> flat() { return pruned_; }
+  bool pruned(int64_t r, int64_t c) const { return entries()[static_cast<size_t>(r * cols_ + c)] != 0; }
+  void set(int64_t r, int64_t c, bool value) {
+    writable()[static_cast<size_t>(r * cols_ + c)] = value ? 1 : 0;
+  }
+  std::span<const uint8_t> flat() const { return entries(); }
+  std::span<uint8_t> flat() { return writable(); }
   std::span<const uint8_t> row(int64_t r) const;
   std::span<uint8_t> row(int64_t r);
 
@@ -46,13 +61,28 @@ class Mask {
   std::vector<uint8_t> pack_bits() const;
   // Inverse of pack_bits; Error when the byte count does not match or padding bits are set.
   static Mask unpack_bits(int64_t rows, int64_t cols, std::span<const uint8_t> bits);
+  // The same mask kept packed (see above); the same checks.
+  static Mask from_bits(int64_t rows, int64_t cols, std::vector<uint8_t> bits);
+  // Whether the entries are held bit-packed only (not yet unpacked).
+  bool packed_only() const {
+    return has_bits_.load(std::memory_order_acquire) && !has_bytes_.load(std::memory_order_acquire);
+  }
 
-  bool operator==(const Mask& other) const = default;
+  bool operator==(const Mask& other) const;
 
  private:
+  std::span<const uint8_t> entries() const;  // one byte per entry, unpacked first when needed
+  std::span<uint8_t> writable();             // the same, the packed copy dropped
+
   int64_t rows_ = 0;
   int64_t cols_ = 0;
-  std::vector<uint8_t> pruned_;
+  // One byte per entry when has_bytes_; filled from bits_ by the first reader of a packed mask.
+  mutable std::vector<uint8_t> pruned_;
+  mutable std::atomic<bool> has_bytes_{true};
+  // pack_bits' layout, when has_bits_. Both flags are atomic so that the first access of many threads at
+  // once (an OpenMP loop over rows) unpacks, or drops the packed copy, once, under a lock.
+  std::vector<uint8_t> bits_;
+  std::atomic<bool> has_bits_{false};
 };
 
 struct NmPattern {

@@ -483,6 +483,88 @@ TEST(MaskBits, WordPackingMatchesTheBitDefinition) {
 TEST(MaskBits, UnpackErrors) {
   expect_error([] { Mask::unpack_bits(2, 5, std::vector<uint8_t>{0}); }, {"[2, 5]", "needs 2 bytes, got 1"});
   expect_error([] { Mask::unpack_bits(2, 5, std::vector<uint8_t>{0, 0x04}); }, {"[2, 5]", "padding bits"});
+  expect_error([] { Mask::from_bits(2, 5, std::vector<uint8_t>{0}); }, {"[2, 5]", "needs 2 bytes, got 1"});
+  expect_error([] { Mask::from_bits(2, 5, std::vector<uint8_t>{0, 0x04}); }, {"[2, 5]", "padding bits"});
+}
+
+// A random mask of `rows` x `cols` and its packed form.
+std::pair<Mask, std::vector<uint8_t>> random_mask(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::bernoulli_distribution coin(0.4);
+  Mask mask(rows, cols);
+  for (uint8_t& v : mask.flat()) v = coin(gen) ? 1 : 0;
+  return {mask, mask.pack_bits()};
+}
+
+// A mask kept packed answers count, row_count, pack_bits and == from its bits, without unpacking; copies
+// and moves keep it packed; the shapes cover tails of every alignment to a 64-bit word and the parallel
+// popcount (300 x 301).
+TEST(MaskBits, PackedMaskCountsAndPacksWithoutUnpacking) {
+  for (auto [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {1, 1}, {3, 21}, {5, 64}, {7, 65}, {300, 301}}) {
+    const auto [bytes, bits] = random_mask(rows, cols, static_cast<uint32_t>(rows * 1000 + cols));
+    const Mask packed = Mask::from_bits(rows, cols, bits);
+    EXPECT_EQ(packed.rows(), rows);
+    EXPECT_EQ(packed.cols(), cols);
+    EXPECT_EQ(packed.count(), bytes.count()) << rows << "x" << cols;
+    for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(packed.row_count(r), bytes.row_count(r)) << "row " << r;
+    EXPECT_EQ(packed.pack_bits(), bits);
+    EXPECT_EQ(packed.sparsity(), bytes.sparsity());
+    const Mask copy = packed;
+    Mask moved = Mask::from_bits(rows, cols, bits);
+    const Mask target = std::move(moved);
+    EXPECT_EQ(copy, packed);
+    EXPECT_EQ(target.pack_bits(), bits);
+    EXPECT_EQ(moved.size(), 0);
+    EXPECT_TRUE(packed.packed_only());  // none of the above unpacked it
+    EXPECT_TRUE(copy.packed_only() && target.packed_only());
+  }
+}
+
+// Reading entries unpacks once, to the same entries as unpack_bits, and keeps the packed copy; writing
+// an entry drops it, and pack_bits then packs the written entries.
+TEST(MaskBits, PackedMaskUnpacksOnReadAndRepacksAfterAWrite) {
+  const auto [bytes, bits] = random_mask(37, 53, 9);
+  Mask mask = Mask::from_bits(37, 53, bits);
+  const Mask& view = mask;
+  EXPECT_EQ(view.pruned(3, 7), bytes.pruned(3, 7));
+  EXPECT_FALSE(mask.packed_only());
+  EXPECT_TRUE(std::ranges::equal(view.flat(), bytes.flat()));
+  EXPECT_EQ(mask, bytes);
+  EXPECT_EQ(mask.pack_bits(), bits);
+  const bool was = view.pruned(36, 52);
+  mask.set(36, 52, !was);
+  Mask expected = bytes;
+  expected.set(36, 52, !was);
+  EXPECT_EQ(mask.pack_bits(), expected.pack_bits());
+  EXPECT_EQ(mask.count(), expected.count());
+  EXPECT_EQ(mask, expected);
+  Tensor w({37, 53}, std::vector<float>(37 * 53, 1.0f));
+  Mask::from_bits(37, 53, bits).apply(w);
+  for (int64_t i = 0; i < 37 * 53; ++i) ASSERT_EQ(w[i], bytes.flat()[static_cast<size_t>(i)] ? 0.0f : 1.0f);
+}
+
+// Many threads reading (or each writing its own rows of) one packed mask at once, as the CPU refinements'
+// row loops do: each sees the whole mask's entries and the writes all land.
+TEST(MaskBits, PackedMaskIsUnpackedOnceWhenThreadsReadItAtOnce) {
+  const auto [bytes, bits] = random_mask(64, 4096, 3);
+  const Mask shared = Mask::from_bits(64, 4096, bits);
+  std::vector<int64_t> counts(64, -1);
+#pragma omp parallel for num_threads(8) schedule(static, 1)
+  for (int64_t r = 0; r < 64; ++r) {
+    int64_t total = 0;
+    for (uint8_t v : shared.row(r)) total += v;
+    counts[static_cast<size_t>(r)] = total;
+  }
+  for (int64_t r = 0; r < 64; ++r)
+    EXPECT_EQ(counts[static_cast<size_t>(r)], bytes.row_count(r)) << "row " << r;
+  Mask written = Mask::from_bits(64, 4096, bits);
+#pragma omp parallel for num_threads(8) schedule(static, 1)
+  for (int64_t r = 0; r < 64; ++r) written.row(r)[0] = 1;
+  Mask expected = bytes;
+  for (int64_t r = 0; r < 64; ++r) expected.set(r, 0, true);
+  EXPECT_EQ(written, expected);
+  EXPECT_EQ(written.pack_bits(), expected.pack_bits());
 }
 
 // ---- Errors ----

@@ -68,7 +68,7 @@ DeviceArray<uint8_t> upload_mask(const Mask& mask) {
 Mask download_mask(const uint8_t* device_bytes, int64_t rows, int64_t cols) {
   DeviceArray<uint8_t> bits((rows * cols + 7) / 8);
   launch_pack_mask_bits(device_bytes, rows * cols, bits.data(), {});
-  return Mask::unpack_bits(rows, cols, bits.download());
+  return Mask::from_bits(rows, cols, bits.download());  // unpacked on the host only if read entry by entry
 }
 
 Mask select_mask_on_device(const float* scores, int64_t rows, int64_t cols, const MaskSpec& spec,
