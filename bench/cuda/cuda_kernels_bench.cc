@@ -259,24 +259,17 @@ int main(int argc, char** argv) {
     const double flops = 2.0 * 2.0 * seqs * heads * (seq_len * (seq_len + 1) / 2.0) * hd;  // causal QK and PV
     record("attention fp32, 8 x 2048, 32 heads x 128", ms,
            std::to_string(flops / (ms * 1e-3) / 1e12).substr(0, 6) + " TFLOP/s (fp32 CUDA cores)");
-    // The same in bf16 on tensor cores (--dtype bf16): the fused flash kernel, and the GEMM path (two
-    // strided-batched GEMMs per tile of queries and the causal softmax between them, in tiles of 672
-    // queries) that heads of other sizes take. Both include rounding q, k and v to bf16.
+    // The same in bf16 on tensor cores (--dtype bf16): two strided-batched GEMMs per tile of queries and
+    // the causal softmax between them, in tiles of 672 queries.
     cuda::AttentionScratch scratch;
     const int64_t tile = cuda::attention_query_tile(heads, seq_len, kAttentionTileBytes);
-    for (const auto path : {cuda::AttentionPath::kAuto, cuda::AttentionPath::kGemm}) {
-      const double bf16_ms = median_ms(reps, [&] {
-        cuda::attention_16bit(q.data(), k.data(), v.data(), seqs, seq_len, heads, heads, hd, 0.088f,
-                              DType::kBF16, tile, scratch, out.data(), path);
-      });
-      const bool flash = path == cuda::AttentionPath::kAuto;
-      record(std::string("attention bf16 ") + (flash ? "flash" : "GEMM path") + ", 8 x 2048, 32 heads x 128",
-             bf16_ms,
-             std::to_string(flops / (bf16_ms * 1e-3) / 1e12).substr(0, 6) +
-                 " causal TFLOP/s (tensor cores; " +
-                 (flash ? std::string("fused, no scores in memory)")
-                        : "tiles of " + std::to_string(tile) + " queries)"));
-    }
+    const double bf16_ms = median_ms(reps, [&] {
+      cuda::attention_16bit(q.data(), k.data(), v.data(), seqs, seq_len, heads, heads, hd, 0.088f,
+                            DType::kBF16, tile, scratch, out.data());
+    });
+    record("attention bf16, 8 x 2048, 32 heads x 128", bf16_ms,
+           std::to_string(flops / (bf16_ms * 1e-3) / 1e12).substr(0, 6) +
+               " causal TFLOP/s (tensor cores; tiles of " + std::to_string(tile) + " queries)");
   }
   // The seven linears of one block for one micro-batch (8 x 2048 tokens), weights in bf16 as with
   // --dtype bf16: the fp32 input rounded to bf16, cuBLAS on tensor cores with fp32 accumulation, the fp32

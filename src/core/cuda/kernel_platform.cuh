@@ -12,15 +12,11 @@
 //
 // 16-bit storage elements are uint16_t bit patterns, converted with bf16_bits_to_float & co.: CUDA's
 // intrinsics under nvcc, core/dtype.h's conversions in the emulation; both round to nearest even and agree
-// on every value except NaN payloads. Warp matrix functions (nvcuda::wmma) are <mma.h>'s under nvcc and
-// emulation/emulated_wmma.h's in the emulation.
+// on every value except NaN payloads.
 #include <cstdint>
 
 #if defined(SYMPRUNE_CUDA_EMULATION)
-#include <cstring>
-
 #include "core/cuda/emulation/emulated_cuda.h"
-#include "core/cuda/emulation/emulated_wmma.h"
 #include "core/dtype.h"
 
 namespace symprune::cuda {
@@ -36,21 +32,11 @@ inline float fp16_bits_to_float(uint16_t bits) {
 inline uint16_t float_to_fp16_bits(float value) {
   return float_to_fp16(value);
 }
-// Two 16-bit elements as one 32-bit word (p 4-byte aligned), without breaking C++'s aliasing rules here.
-inline uint32_t load_pair(const uint16_t* p) {
-  uint32_t word;
-  std::memcpy(&word, p, sizeof word);
-  return word;
-}
-inline void store_pair(uint16_t* p, uint32_t word) {
-  std::memcpy(p, &word, sizeof word);
-}
 }  // namespace symprune::cuda
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include "core/cuda/cuda_check.h"
 
@@ -66,12 +52,6 @@ __device__ __forceinline__ float fp16_bits_to_float(uint16_t bits) {
 }
 __device__ __forceinline__ uint16_t float_to_fp16_bits(float value) {
   return __half_as_ushort(__float2half_rn(value));
-}
-__device__ __forceinline__ uint32_t load_pair(const uint16_t* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-__device__ __forceinline__ void store_pair(uint16_t* p, uint32_t word) {
-  *reinterpret_cast<uint32_t*>(p) = word;
 }
 }  // namespace symprune::cuda
 
