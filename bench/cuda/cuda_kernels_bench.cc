@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -99,14 +101,21 @@ int main(int argc, char** argv) {
                                    std::to_string(device.compute_capability_minor)},
         {"reps", reps},
         {"cases", cases}};
-    if (!json_path.empty()) std::ofstream(json_path) << result.dump(2) << "\n";
+    // Written beside and renamed over, so that a kill during a write keeps the previous complete file.
+    const auto write_atomically = [](const std::string& path, const std::string& text) {
+      const std::string temporary = path + ".tmp";
+      std::ofstream(temporary) << text;
+      std::filesystem::rename(temporary, path);
+    };
+    if (!json_path.empty()) write_atomically(json_path, result.dump(2) + "\n");
     if (!markdown_path.empty()) {
-      std::ofstream md(markdown_path);
+      std::ostringstream md;
       md << "# CUDA kernels on " << device.name << "\n\nMedian of " << reps
          << " runs each (bench/cuda/cuda_kernels_bench.cc).\n\n| case | ms | note |\n|---|---:|---|\n";
       for (const auto& c : cases)
         md << "| " << c["case"].get<std::string>() << " | " << c["milliseconds"].get<double>() << " | "
            << c["note"].get<std::string>() << " |\n";
+      write_atomically(markdown_path, md.str());
     }
   };
   const auto record = [&](const std::string& name, double ms, const std::string& note) {
@@ -133,8 +142,9 @@ int main(int argc, char** argv) {
              "one block x 32, includes the packed mask's copy to the host; target < 100 ms");
     }
     // Where the time of the cases above goes: the selection kernels alone (into masks allocated once), the
-    // way of the mask to the host (packed on the device, copied, unpacked into a host Mask), and the host's
-    // passes over a Mask that the pipeline makes (count, packed twice: masked weight and kept mask).
+    // way of the mask to the host (packed on the device and copied; the host Mask keeps the bits), and the
+    // host's passes over such a Mask that the pipeline makes (count, packed twice: masked weight and kept
+    // mask).
     std::vector<DeviceArray<uint8_t>> masks;
     for (const auto& m : kBlock) masks.emplace_back(m.rows * m.cols);
     const double rows_ms = median_ms(reps, [&] {
@@ -154,7 +164,7 @@ int main(int argc, char** argv) {
         host_masks[i] = cuda::download_mask(masks[i].data(), kBlock[i].rows, kBlock[i].cols);
     });
     record("mask to the host, all 7B matrices", download_ms * kBlocks,
-           "one block x 32: packed on the device, copied, unpacked into a host Mask");
+           "one block x 32: packed on the device and copied (the host Mask stays packed)");
     // (count and pack_bits live in another translation unit and the build has no LTO: nothing is elided.)
     const double host_ms = median_ms(reps, [&] {
       for (const Mask& mask : host_masks) {

@@ -73,7 +73,7 @@ int64_t count_bits(std::span<const uint8_t> bits, int64_t first, int64_t count) 
   const int64_t end = first + count;
   for (; i < end && i % 64 != 0; ++i) total += (bits[static_cast<size_t>(i / 8)] >> (i % 8)) & 1u;
   const int64_t words = (end - i) / 64;
-#pragma omp parallel for reduction(+ : total) schedule(static) if (words >= kParallelMin / 8)
+#pragma omp parallel for reduction(+ : total) schedule(static) if (words >= kParallelMin / 64)
   for (int64_t w = 0; w < words; ++w) {
     uint64_t word;
     std::memcpy(&word, bits.data() + (i / 8) + w * 8, sizeof word);
@@ -121,8 +121,11 @@ void Mask::apply(Tensor& weight) const {
 
 bool Mask::operator==(const Mask& other) const {
   if (rows_ != other.rows_ || cols_ != other.cols_) return false;
-  if (has_bits_.load(std::memory_order_acquire) && other.has_bits_.load(std::memory_order_acquire))
-    return bits_ == other.bits_;
+  const bool bits = has_bits_.load(std::memory_order_acquire);
+  const bool other_bits = other.has_bits_.load(std::memory_order_acquire);
+  if (bits && other_bits) return bits_ == other.bits_;
+  if (bits) return other.pack_bits() == bits_;  // a packed mask against a byte mask: compared packed
+  if (other_bits) return pack_bits() == other.bits_;
   const auto a = flat(), b = other.flat();
   return std::equal(a.begin(), a.end(), b.begin(), b.end());
 }
@@ -234,15 +237,12 @@ std::span<const uint8_t> Mask::entries() const {
   return pruned_;
 }
 
+// The packed copy is marked stale, not freed: a thread may still be reading it for a row that another
+// thread is not writing (row_count of row 5 while row 7 is written). It is freed with the mask, or
+// replaced by an assignment.
 std::span<uint8_t> Mask::writable() {
   (void)entries();
-  if (has_bits_.load(std::memory_order_acquire)) {
-    const std::lock_guard<std::mutex> lock(unpack_mutex());
-    if (has_bits_.load(std::memory_order_relaxed)) {
-      has_bits_.store(false, std::memory_order_release);
-      std::vector<uint8_t>().swap(bits_);
-    }
-  }
+  if (has_bits_.load(std::memory_order_acquire)) has_bits_.store(false, std::memory_order_release);
   return pruned_;
 }
 

@@ -24,8 +24,10 @@ namespace symprune {
 // stays bit-packed until an entry is read or written one by one: count, row_count, pack_bits and == read
 // the bits, so a 7B model's 6.5 G entries are never spread over a byte each on their way from the device
 // selection to the masked weight and the written mask. Reading entries unpacks once (thread-safe: const
-// readers may do it concurrently); writing entries (the non-const flat/row/set) drops the packed copy
-// (threads writing their own rows may do that concurrently).
+// readers may do it concurrently); writing entries (the non-const flat/row/set) marks the packed copy
+// stale (threads writing their own rows may do that concurrently, beside threads reading other rows).
+// Code about to read a packed mask's entries from many threads unpacks it first (flat() on one thread),
+// or the first reader unpacks it alone while the others wait.
 class Mask {
  public:
   Mask() = default;
@@ -79,8 +81,8 @@ class Mask {
   // One byte per entry when has_bytes_; filled from bits_ by the first reader of a packed mask.
   mutable std::vector<uint8_t> pruned_;
   mutable std::atomic<bool> has_bytes_{true};
-  // pack_bits' layout, when has_bits_. Both flags are atomic so that the first access of many threads at
-  // once (an OpenMP loop over rows) unpacks, or drops the packed copy, once, under a lock.
+  // pack_bits' layout, valid while has_bits_. Both flags are atomic so that the first access of many
+  // threads at once (an OpenMP loop over rows) unpacks once, under a lock, or marks the bits stale.
   std::vector<uint8_t> bits_;
   std::atomic<bool> has_bits_{false};
 };

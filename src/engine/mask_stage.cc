@@ -28,7 +28,7 @@ const Tensor& own_rows(Backend& backend, const Tensor& w, dist::Range rows, Tens
 
 // Every rank's rows' mask, gathered into the whole matrix's mask (each rank's rows packed on their own).
 // One rank returns its own (packing and unpacking a 7B model's 6.5 G entries for nothing would cost
-// seconds).
+// seconds); several return the gathered bits as a packed mask when they line up.
 Mask gather_mask(dist::Communicator& comm, Mask own, int64_t total_rows, int64_t* bytes) {
   if (comm.size() == 1) return own;
   const int64_t cols = own.cols();
@@ -42,6 +42,12 @@ Mask gather_mask(dist::Communicator& comm, Mask own, int64_t total_rows, int64_t
   comm.all_gather_v(std::as_bytes(std::span<const uint8_t>(local)), counts,
                     std::as_writable_bytes(std::span<uint8_t>(all)));
   *bytes += total;
+  // Each part but the last a whole number of bytes (LLM widths are multiples of 8): the parts laid end to
+  // end are the whole mask's packing, kept packed (Mask::from_bits) as the device's masks are.
+  bool byte_aligned = true;
+  for (int p = 0; p + 1 < comm.size(); ++p)
+    byte_aligned = byte_aligned && dist::partition(total_rows, comm.size(), p).size() * cols % 8 == 0;
+  if (byte_aligned) return Mask::from_bits(total_rows, cols, std::move(all));
   Mask whole(total_rows, cols);
   size_t at = 0;
   for (int p = 0; p < comm.size(); ++p) {
@@ -162,7 +168,9 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
     std::vector<double> column_l1;
     if (refine.method == "r2dsnot") {
       int64_t unused = 0;
-      column_l1 = backend.initial_column_l1(weight, gather_mask(comm, own, m, &unused));
+      const Mask whole = gather_mask(comm, own, m, &unused);
+      if (!backend.device_resident()) (void)whole.flat();  // unpacked once, before the threads read it
+      column_l1 = backend.initial_column_l1(weight, whole);
     }
     const RefineStats local =
         refine_linear(backend, refine, own_weight, *stats, gram ? gram->g.data() : nullptr,

@@ -176,7 +176,9 @@ struct PruneResult {
   std::optional<int64_t> zeros_total;  // Σ LayerResult::zeros, when the model was written
   std::optional<PerplexityPair> perplexity;
   PruneTimings timings;
-  std::vector<BlockTimings> block_timings;  // every block, in order (a resumed run: all attempts')
+  // Every block, in order, a resumed run's earlier attempts' too (from the blocks a checkpoint of a version
+  // before per-block timings saved: none).
+  std::vector<BlockTimings> block_timings;
   CommunicationVolume communication;
   // A device-resident run (this attempt): the memory plan against what the run held at its peak, worst
   // rank (device_memory_json in prune_pipeline.cc); null on a host backend.

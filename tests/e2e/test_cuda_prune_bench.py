@@ -12,7 +12,7 @@ import pytest
 from prune_support import BIN, SOURCE
 
 BENCH = SOURCE / "bench" / "cuda_prune_bench.py"
-TOY = ["--model", "llama-1024", "--blocks", "1", "--nsamples", "2", "--seqlen", "32", "--symprune-args",
+TOY = ["--model", "llama-1024", "--blocks", "2", "--nsamples", "2", "--seqlen", "32", "--symprune-args",
        "--device cpu", "--torch-args", "--device cpu --dtype fp32"]
 
 
@@ -27,17 +27,19 @@ def test_the_json_has_the_issues_form_with_every_case_scaled(tmp_path):
     proc, result, table = run_bench(tmp_path, BIN, "wanda-50,wanda-2:4")
     assert proc.returncode == 0, proc.stderr
     assert result["model"] == "synthetic:llama-1024" and (result["nsamples"], result["seqlen"]) == (2, 32)
-    assert result["device"] and result["blocks_timed"] == 1
-    assert result["scaled"] == "1 blocks timed, the other 3 counted at the last timed block's times"
+    assert result["device"] and result["blocks_timed"] == 2
+    assert result["scaled"] == "2 blocks timed, the other 2 counted at a typical timed block's times"
     assert [c["case"] for c in result["cases"]] == ["wanda-50", "wanda-2:4"]
     for case in result["cases"]:
         assert case["seconds"] > 0 and case["pytorch_seconds"] > 0 and case["floor_seconds"] > 0
         assert {"blocks", "scores_masks", "weights"} <= case["stages"].keys()
-        # Extrapolated from the one timed block: its time, plus 3 more like it; what ran once (calibration) once.
-        (block,) = case["block_timings"]
-        assert block["block"] == 0 and block["seconds"] > 0
-        assert case["stages"]["blocks"] == pytest.approx(4 * block["blocks"])
-        assert case["seconds"] > 4 * block["seconds"]
+        # Two blocks timed, two more counted like block 1 (not block 0, which read its weights on the calling
+        # thread); what ran once (calibration) counted once.
+        first, second = case["block_timings"]
+        assert (first["block"], second["block"], case["extrapolated_from_block"]) == (0, 1, 1)
+        assert case["stages"]["blocks"] == pytest.approx(first["blocks"] + 3 * second["blocks"])
+        assert case["stages"]["weights"] == pytest.approx(first["weights"] + 3 * second["weights"])
+        assert case["seconds"] > first["seconds"] + 3 * second["seconds"]
         assert case["symprune_device"] == "cpu" and case["device_memory"] is None  # a GPU run's report has it
     assert "| wanda-2:4 |" in table
 
@@ -53,3 +55,11 @@ def test_a_failing_case_is_recorded_and_the_others_still_run(tmp_path):
     assert ria["case"] == "ria-50" and "no ria today" in ria["error"] and "(9)" in ria["error"]
     assert wanda["case"] == "wanda-50" and wanda["seconds"] > 0 and wanda["pytorch_seconds"] > 0
     assert "| ria-50 | failed" in table
+
+
+def test_fewer_than_two_or_more_blocks_than_the_model_has_are_refused(tmp_path):
+    for blocks in ("1", "5"):
+        proc = subprocess.run([sys.executable, BENCH, "--symprune", BIN, "--model", "llama-1024", "--blocks", blocks,
+                               "--out", tmp_path / "result"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "--blocks must be between 2 and 4" in proc.stderr, proc.stderr
+        assert not (tmp_path / "result.json").exists()

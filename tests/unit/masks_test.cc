@@ -496,12 +496,12 @@ std::pair<Mask, std::vector<uint8_t>> random_mask(int64_t rows, int64_t cols, ui
   return {mask, mask.pack_bits()};
 }
 
-// A mask kept packed answers count, row_count, pack_bits and == from its bits, without unpacking; copies
-// and moves keep it packed; the shapes cover tails of every alignment to a 64-bit word and the parallel
-// popcount (300 x 301).
+// A mask kept packed answers count, row_count, pack_bits and == (against a packed or a byte mask) from its
+// bits, without unpacking; copies and moves keep it packed; the shapes cover tails of every alignment to a
+// 64-bit word and the parallel popcount (2 x 300001: rows of over 4096 words, starting mid-word).
 TEST(MaskBits, PackedMaskCountsAndPacksWithoutUnpacking) {
-  for (auto [rows, cols] :
-       std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {1, 1}, {3, 21}, {5, 64}, {7, 65}, {300, 301}}) {
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 0}, {1, 1}, {3, 21}, {5, 64}, {7, 65}, {300, 301}, {2, 300001}}) {
     const auto [bytes, bits] = random_mask(rows, cols, static_cast<uint32_t>(rows * 1000 + cols));
     const Mask packed = Mask::from_bits(rows, cols, bits);
     EXPECT_EQ(packed.rows(), rows);
@@ -514,6 +514,8 @@ TEST(MaskBits, PackedMaskCountsAndPacksWithoutUnpacking) {
     Mask moved = Mask::from_bits(rows, cols, bits);
     const Mask target = std::move(moved);
     EXPECT_EQ(copy, packed);
+    EXPECT_EQ(packed, bytes);
+    EXPECT_EQ(bytes, packed);
     EXPECT_EQ(target.pack_bits(), bits);
     EXPECT_EQ(moved.size(), 0);
     EXPECT_TRUE(packed.packed_only());  // none of the above unpacked it
@@ -545,7 +547,8 @@ TEST(MaskBits, PackedMaskUnpacksOnReadAndRepacksAfterAWrite) {
 }
 
 // Many threads reading (or each writing its own rows of) one packed mask at once, as the CPU refinements'
-// row loops do: each sees the whole mask's entries and the writes all land.
+// row loops do: each sees the whole mask's entries and the writes all land; a thread counting a row that
+// no thread writes, while the others write theirs, counts it right.
 TEST(MaskBits, PackedMaskIsUnpackedOnceWhenThreadsReadItAtOnce) {
   const auto [bytes, bits] = random_mask(64, 4096, 3);
   const Mask shared = Mask::from_bits(64, 4096, bits);
@@ -559,10 +562,19 @@ TEST(MaskBits, PackedMaskIsUnpackedOnceWhenThreadsReadItAtOnce) {
   for (int64_t r = 0; r < 64; ++r)
     EXPECT_EQ(counts[static_cast<size_t>(r)], bytes.row_count(r)) << "row " << r;
   Mask written = Mask::from_bits(64, 4096, bits);
+  std::vector<int64_t> row_zero_counts(64, -1);
 #pragma omp parallel for num_threads(8) schedule(static, 1)
-  for (int64_t r = 0; r < 64; ++r) written.row(r)[0] = 1;
+  for (int64_t r = 0; r < 64; ++r) {
+    if (r % 8 == 0) {
+      row_zero_counts[static_cast<size_t>(r)] = written.row_count(0);
+    } else {
+      written.row(r)[0] = 1;
+    }
+  }
+  for (int64_t r = 0; r < 64; r += 8) EXPECT_EQ(row_zero_counts[static_cast<size_t>(r)], bytes.row_count(0));
   Mask expected = bytes;
-  for (int64_t r = 0; r < 64; ++r) expected.set(r, 0, true);
+  for (int64_t r = 0; r < 64; ++r)
+    if (r % 8 != 0) expected.set(r, 0, true);
   EXPECT_EQ(written, expected);
   EXPECT_EQ(written.pack_bits(), expected.pack_bits());
 }
