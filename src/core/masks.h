@@ -26,7 +26,7 @@ namespace symprune {
 // selection to the masked weight and the written mask. Reading entries unpacks once (thread-safe: const
 // readers may do it concurrently); writing entries (the non-const flat/row/set) marks the packed copy
 // stale (threads writing their own rows may do that concurrently, beside threads reading other rows).
-// Code about to read a packed mask's entries from many threads unpacks it first (flat() on one thread),
+// Code about to read a packed mask's entries from many threads unpacks it first (unpack() on one thread),
 // or the first reader unpacks it alone while the others wait.
 class Mask {
  public:
@@ -65,6 +65,8 @@ class Mask {
   static Mask unpack_bits(int64_t rows, int64_t cols, std::span<const uint8_t> bits);
   // The same mask kept packed (see above); the same checks.
   static Mask from_bits(int64_t rows, int64_t cols, std::vector<uint8_t> bits);
+  // Unpacks a packed mask's entries now (nothing for a byte mask): before many threads read them.
+  void unpack() const { (void)entries(); }
   // Whether the entries are held bit-packed only (not yet unpacked).
   bool packed_only() const {
     return has_bits_.load(std::memory_order_acquire) && !has_bytes_.load(std::memory_order_acquire);

@@ -169,7 +169,7 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
     if (refine.method == "r2dsnot") {
       int64_t unused = 0;
       const Mask whole = gather_mask(comm, own, m, &unused);
-      if (!backend.device_resident()) (void)whole.flat();  // unpacked once, before the threads read it
+      if (!backend.device_resident()) whole.unpack();  // once, before the host's threads read it
       column_l1 = backend.initial_column_l1(weight, whole);
     }
     const RefineStats local =

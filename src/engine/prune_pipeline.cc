@@ -289,25 +289,28 @@ LayerResult layer_from_json(const nlohmann::json& j) {
 }
 
 // The report's timing and traffic fields. `resumed_adds`: a resumed run adds the earlier attempts' value
-// (total is summed on its own; the output is written once, by the last attempt).
+// (total is summed on its own; the output is written once, by the last attempt). `per_block`: a block's
+// timings (BlockTimings) hold it too; not the checkpoint, whose snapshot of a block is taken after the
+// block's timings are recorded, so that the checkpoint holds them.
 struct TimingField {
   double PruneTimings::*member;
   const char* key;
   bool resumed_adds;
+  bool per_block;
 };
 constexpr std::array<TimingField, 12> kTimingFields{
-    {{&PruneTimings::calibration, "calibration", true},
-     {&PruneTimings::weights, "weights", true},
-     {&PruneTimings::blocks, "blocks", true},
-     {&PruneTimings::statistics, "statistics", true},
-     {&PruneTimings::scores_masks, "scores_masks", true},
-     {&PruneTimings::refine, "refine", true},
-     {&PruneTimings::write, "write", false},
-     {&PruneTimings::eval_dense, "eval_dense", true},
-     {&PruneTimings::eval_pruned, "eval_pruned", true},
-     {&PruneTimings::checkpoint, "checkpoint", true},
-     {&PruneTimings::checkpoint_background, "checkpoint_background", true},
-     {&PruneTimings::total, "total", false}}};
+    {{&PruneTimings::calibration, "calibration", true, false},
+     {&PruneTimings::weights, "weights", true, true},
+     {&PruneTimings::blocks, "blocks", true, true},
+     {&PruneTimings::statistics, "statistics", true, true},
+     {&PruneTimings::scores_masks, "scores_masks", true, true},
+     {&PruneTimings::refine, "refine", true, true},
+     {&PruneTimings::write, "write", false, false},
+     {&PruneTimings::eval_dense, "eval_dense", true, true},
+     {&PruneTimings::eval_pruned, "eval_pruned", true, true},
+     {&PruneTimings::checkpoint, "checkpoint", true, false},
+     {&PruneTimings::checkpoint_background, "checkpoint_background", true, false},
+     {&PruneTimings::total, "total", false, false}}};
 struct CommunicationField {
   int64_t CommunicationVolume::*member;
   const char* key;
@@ -325,21 +328,12 @@ nlohmann::json timings_json(const PruneTimings& t) {
   return j;
 }
 
-// The stages a block's timings hold (BlockTimings), in the report's order. Not the checkpoint: a block's
-// snapshot is taken after its timings are recorded, so that the checkpoint holds them.
-constexpr std::array<TimingField, 7> kBlockTimingFields{{{&PruneTimings::weights, "weights", true},
-                                                         {&PruneTimings::blocks, "blocks", true},
-                                                         {&PruneTimings::statistics, "statistics", true},
-                                                         {&PruneTimings::scores_masks, "scores_masks", true},
-                                                         {&PruneTimings::refine, "refine", true},
-                                                         {&PruneTimings::eval_dense, "eval_dense", true},
-                                                         {&PruneTimings::eval_pruned, "eval_pruned", true}}};
-
 nlohmann::json block_timings_json(const std::vector<BlockTimings>& blocks) {
   nlohmann::json list = nlohmann::json::array();
   for (const BlockTimings& b : blocks) {
     nlohmann::json j = {{"block", b.block}, {"seconds", b.seconds}};
-    for (const auto& f : kBlockTimingFields) j[f.key] = b.stages.*f.member;
+    for (const auto& f : kTimingFields)
+      if (f.per_block) j[f.key] = b.stages.*f.member;
     list.push_back(std::move(j));
   }
   return list;
@@ -349,7 +343,8 @@ std::vector<BlockTimings> block_timings_from_json(const nlohmann::json& list) {
   std::vector<BlockTimings> blocks;
   for (const auto& j : list) {
     BlockTimings b{j.at("block").get<int64_t>(), j.at("seconds").get<double>(), {}};
-    for (const auto& f : kBlockTimingFields) b.stages.*f.member = j.value(f.key, 0.0);
+    for (const auto& f : kTimingFields)
+      if (f.per_block) b.stages.*f.member = j.value(f.key, 0.0);
     blocks.push_back(b);
   }
   return blocks;
@@ -753,8 +748,8 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     model.release_block(b);  // memory does not grow with depth: masks are kept as bits only
 
     BlockTimings block_timings{b, seconds_since(block_start), {}};
-    for (const auto& f : kBlockTimingFields)
-      block_timings.stages.*f.member = result.timings.*f.member - before_block.*f.member;
+    for (const auto& f : kTimingFields)
+      if (f.per_block) block_timings.stages.*f.member = result.timings.*f.member - before_block.*f.member;
     result.block_timings.push_back(block_timings);
     if (checkpointer && checkpointer->due(b + 1)) save_state(b + 1);
 

@@ -146,7 +146,7 @@ struct PruneTimings {
 // One block's share of the stages (the report's "block_timings"): `seconds` is the block's wall time, the
 // stages are PruneTimings' per-block fields. The first block of an attempt loads its weights on the
 // calling thread; later ones find them read in the background, so a benchmark that times a few blocks
-// extrapolates from the last one.
+// extrapolates from a middle one (bench/cuda_prune_bench.py).
 struct BlockTimings {
   int64_t block = 0;
   double seconds = 0;

@@ -86,10 +86,9 @@ RefineStats refine_linear(Backend& backend, const RefineSettings& s, const Tenso
   Tensor host_copy;
   // The host refinements read the mask row by row from many threads: a packed mask (from a device) is
   // unpacked here once, in parallel, rather than by the first of those threads alone.
-  const auto unpack_for_host = [](const Mask& m) { (void)m.flat(); };
   if (s.method == "recon") {
     const Tensor& w = backend.host_view(weight, host_copy);
-    unpack_for_host(mask);
+    mask.unpack();
     const Mask initial = mask;
     RefineStats result = refine_recon(w, gram, n, mask, s.recon, nm);
     result.row_abs_error_before = abs_expected_errors(w, in.mu, initial);
@@ -108,8 +107,8 @@ RefineStats refine_linear(Backend& backend, const RefineSettings& s, const Tenso
       backend.refine_dsnot(weight, in.mu, in.var, prune_factor, mask, s.dsnot, nm, column_l1);
   if (!s.guard) return result;
   const Tensor& w = backend.host_view(weight, host_copy);
-  unpack_for_host(initial);
-  unpack_for_host(mask);
+  initial.unpack();
+  mask.unpack();
   std::vector<double> changes = recon_row_changes(w, gram, n, initial, mask);
   result.rows_reverted = revert_rows_that_rose(initial, mask, changes);
   result.recon_sq_change = sum_of_rows(changes);
