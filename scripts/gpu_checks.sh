@@ -164,7 +164,7 @@ step_command() {  # step_command NAME: sets command (an array) and log_name
       "$bundle/bin/symprune_gpu_tests") ;;
     memcheck) log_name=memcheck command=("${native[@]}" bash "$per_suite" "$out/memcheck" "$sanitized"
       "$bundle/bin/symprune_gpu_tests" compute-sanitizer --tool memcheck --error-exitcode 3) ;;
-    racecheck) log_name=racecheck command=("${native[@]}" bash "$per_suite" "$out/racecheck" 'KernelTest.*:DsnotKernelTest.*'
+    racecheck) log_name=racecheck command=("${native[@]}" bash "$per_suite" "$out/racecheck" 'KernelTest.*:DsnotKernelTest.*:LowPrecisionTest.Attention*'
       "$bundle/bin/symprune_gpu_tests" compute-sanitizer --tool racecheck --error-exitcode 3) ;;
     kernels_bench) log_name=kernels_bench command=("${native[@]}" "$bundle/bin/cuda_kernels_bench"
       --json "$out/cuda_kernels_bench.json" --markdown "$out/cuda_kernels_bench.md") ;;

@@ -26,6 +26,7 @@
 #include "core/cuda/kernels/device_dsnot.h"
 #include "core/cuda/kernels/device_mask_selector.h"
 #include "core/cuda/kernels/device_scores.h"
+#include "core/cuda/kernels/convert_kernels.h"
 #include "core/cuda/kernels/forward_kernels.h"
 #include "core/cuda/kernels/mask_kernels.h"
 
@@ -269,17 +270,24 @@ int main(int argc, char** argv) {
     const double flops = 2.0 * 2.0 * seqs * heads * (seq_len * (seq_len + 1) / 2.0) * hd;  // causal QK and PV
     record("attention fp32, 8 x 2048, 32 heads x 128", ms,
            std::to_string(flops / (ms * 1e-3) / 1e12).substr(0, 6) + " TFLOP/s (fp32 CUDA cores)");
-    // The same in bf16 on tensor cores (--dtype bf16): two strided-batched GEMMs per tile of queries and
-    // the causal softmax between them, in tiles of 672 queries.
+    // The same in bf16 on tensor cores (--dtype bf16): the fused flash kernel, and the GEMM path (two
+    // strided-batched GEMMs per tile of queries and the causal softmax between them, in tiles of 672
+    // queries) that heads of other sizes take. Both include rounding q, k and v to bf16.
     cuda::AttentionScratch scratch;
     const int64_t tile = cuda::attention_query_tile(heads, seq_len, kAttentionTileBytes);
-    const double bf16_ms = median_ms(reps, [&] {
-      cuda::attention_16bit(q.data(), k.data(), v.data(), seqs, seq_len, heads, heads, hd, 0.088f,
-                            DType::kBF16, tile, scratch, out.data());
-    });
-    record("attention bf16, 8 x 2048, 32 heads x 128", bf16_ms,
-           std::to_string(flops / (bf16_ms * 1e-3) / 1e12).substr(0, 6) +
-               " causal TFLOP/s (tensor cores; tiles of " + std::to_string(tile) + " queries)");
+    for (const auto path : {cuda::AttentionPath::kAuto, cuda::AttentionPath::kGemm}) {
+      const double bf16_ms = median_ms(reps, [&] {
+        cuda::attention_16bit(q.data(), k.data(), v.data(), seqs, seq_len, heads, heads, hd, 0.088f,
+                              DType::kBF16, tile, scratch, out.data(), path);
+      });
+      const bool flash = path == cuda::AttentionPath::kAuto;
+      record(std::string("attention bf16 ") + (flash ? "flash" : "GEMM path") + ", 8 x 2048, 32 heads x 128",
+             bf16_ms,
+             std::to_string(flops / (bf16_ms * 1e-3) / 1e12).substr(0, 6) +
+                 " causal TFLOP/s (tensor cores; " +
+                 (flash ? std::string("fused, no scores in memory)")
+                        : "tiles of " + std::to_string(tile) + " queries)"));
+    }
   }
   // The seven linears of one block for one micro-batch (8 x 2048 tokens), weights in bf16 as with
   // --dtype bf16: the fp32 input rounded to bf16, cuBLAS on tensor cores with fp32 accumulation, the fp32
@@ -317,6 +325,31 @@ int main(int argc, char** argv) {
         median_ms(reps, [&] { cuda::launch_rms_norm(x.data(), w.data(), rows, d, 1e-5f, y.data(), {}); });
     const double bytes = 2.0 * rows * d * sizeof(float);
     record("rms_norm 16384 x 4096", ms, std::to_string(bytes / (ms * 1e-3) / 1e12).substr(0, 5) + " TB/s");
+  }
+  // The other elementwise ops of a block's forward for one micro-batch (8 x 2048 tokens of 7B), each with
+  // the bytes it must move: where the "rest" of a block's time goes. x16 per pass.
+  {
+    const int64_t rows = 16384, d = 4096, ff = 11008, heads = 32, half = 64;
+    DeviceArray<float> x = random_device(rows * d, 23), y = random_device(rows * d, 24);
+    DeviceArray<float> gate = random_device(rows * ff, 25), up = random_device(rows * ff, 26), act(rows * ff);
+    DeviceArray<float> cos_table = random_device(2048 * half, 27), sin_table = random_device(2048 * half, 28);
+    DeviceArray<uint16_t> rounded(rows * d);
+    const auto bandwidth = [](double bytes, double ms) {
+      return std::to_string(bytes / (ms * 1e-3) / 1e12).substr(0, 5) + " TB/s; x16 per pass";
+    };
+    const double h = static_cast<double>(rows * d) * sizeof(float);
+    double ms = median_ms(reps, [&] {
+      cuda::launch_rope(x.data(), rows, 2048, heads, half, cos_table.data(), sin_table.data(), {});
+    });
+    record("rope 16384 x 4096 (32 heads x 128)", ms, bandwidth(2 * h, ms));
+    ms = median_ms(reps, [&] { cuda::launch_silu_mul(gate.data(), up.data(), rows * ff, act.data(), {}); });
+    record("silu_mul 16384 x 11008", ms, bandwidth(3 * h * ff / d, ms));
+    ms = median_ms(reps, [&] { cuda::launch_add(x.data(), y.data(), rows * d, {}); });
+    record("add 16384 x 4096", ms, bandwidth(3 * h, ms));
+    ms = median_ms(reps, [&] {
+      cuda::launch_convert(x.data(), DType::kF32, rounded.data(), DType::kBF16, rows * d, {});
+    });
+    record("convert fp32 to bf16 16384 x 4096", ms, bandwidth(1.5 * h, ms));
   }
   return 0;
 }

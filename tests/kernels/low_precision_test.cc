@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/cuda/kernels/attention_kernels.h"
 #include "core/cuda/kernels/cuda_backend.h"
 #include "core/cuda/kernels/device_attention.h"
 #include "core/dtype.h"
@@ -148,11 +149,15 @@ TEST_F(LowPrecisionTest, FromStoredUploadsTheStoredBytesFromAnotherThread) {
 
 TEST_F(LowPrecisionTest, AttentionOnTensorCoresIsNearTheFp32Attention) {
   // Query tiles of every kind: one tile, several with a partial last one, one query each; grouped and
-  // plain heads; through the backend (its own tile) and directly.
+  // plain heads; through the backend (its own tile) and directly. Heads of 16, 32, 64 and 128 take the
+  // flash kernel (the tile is then unused): sequences of several blocks of 64 queries and tiles of 64 keys
+  // with partial last ones (150, 130, 200), exactly one (64), two stages in turn (200: four tiles); heads
+  // of 8 and 144 take the GEMM path.
   const struct {
     int64_t n_seqs, seq_len, n_heads, n_kv_heads, head_dim, tile;
-  } cases[] = {{2, 37, 4, 2, 16, 37}, {2, 37, 4, 2, 16, 16}, {1, 21, 2, 2, 64, 5},
-               {1, 9, 3, 1, 32, 1},   {1, 1, 1, 1, 8, 1},    {2, 30, 2, 2, 128, 0}};
+  } cases[] = {{2, 37, 4, 2, 16, 37}, {2, 37, 4, 2, 16, 16}, {1, 21, 2, 2, 64, 5},  {1, 9, 3, 1, 32, 1},
+               {1, 1, 1, 1, 8, 1},    {2, 30, 2, 2, 128, 0}, {1, 150, 4, 2, 64, 0}, {2, 130, 2, 1, 128, 0},
+               {1, 64, 2, 2, 16, 0},  {1, 19, 2, 1, 144, 0}, {1, 40, 2, 2, 144, 8}, {1, 200, 2, 2, 32, 0}};
   uint32_t seed = 60;
   for (const auto& c : cases) {
     const AttentionCase a = attention_case(c.n_seqs, c.seq_len, c.n_heads, c.n_kv_heads, c.head_dim, seed);
@@ -178,6 +183,16 @@ TEST_F(LowPrecisionTest, AttentionOnTensorCoresIsNearTheFp32Attention) {
       const double error = nmse(actual, a.expected);
       EXPECT_LT(error, dtype == DType::kBF16 ? 1e-4 : 2e-6);
       EXPECT_GT(error, 0.0) << "the operands were rounded";
+      if (c.tile > 0 && cuda::flash_attention_supports(c.head_dim)) {  // the GEMM path on the same input
+        Tensor gemm_out = device().allocate(a.expected.shape());
+        cuda::AttentionScratch scratch;
+        cuda::attention_16bit(dq.device_data(), dk.device_data(), dv.device_data(), c.n_seqs, c.seq_len,
+                              c.n_heads, c.n_kv_heads, c.head_dim, a.scale, dtype, c.tile, scratch,
+                              gemm_out.device_data(), cuda::AttentionPath::kGemm);
+        const double gemm_error = nmse(device().to_host(gemm_out), a.expected);
+        EXPECT_LT(gemm_error, dtype == DType::kBF16 ? 1e-4 : 2e-6) << "GEMM path";
+        EXPECT_GT(gemm_error, 0.0) << "GEMM path";
+      }
     }
   }
   // Tiles: the most queries whose scores and probabilities fit, multiples of 16, within [1, T].

@@ -35,12 +35,14 @@ struct Launch {
   std::unique_ptr<Barrier> block_barrier;  // __syncthreads
   std::unique_ptr<Barrier> block_edge;     // between blocks
   std::vector<std::unique_ptr<Barrier>> warp_barriers;
-  std::vector<uint64_t> warp_slots;  // [warps][32]
+  std::vector<uint64_t> warp_slots;   // [warps][32]
+  std::vector<std::byte> warp_blobs;  // [warps][32][kMaxGatherBytes]
   std::vector<std::byte> shared_backing;
   std::byte* shared = nullptr;  // 16-byte aligned, like CUDA's dynamic shared memory
 };
 
 Launch* current = nullptr;
+std::atomic<size_t> dynamic_shared_limit{48 * 1024};
 thread_local int thread_linear = 0;
 thread_local uint3 thread_index_of_this_thread{0, 0, 0};
 thread_local uint3 block_index_of_this_thread{0, 0, 0};
@@ -114,8 +116,8 @@ void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::funct
   if (threads <= 0 || threads > 1024) abort_kernel("block size outside 1..1024 threads");
   if (int64_t{grid.x} * grid.y * grid.z <= 0) abort_kernel("empty grid");
   if (grid.y > 65535 || grid.z > 65535) abort_kernel("grid.y or grid.z above 65535");
-  if (dynamic_shared_bytes > 48 * 1024)
-    abort_kernel("more than 48 KiB of dynamic shared memory without opt-in");
+  if (dynamic_shared_bytes > dynamic_shared_limit.load())
+    abort_kernel("more dynamic shared memory than opted in for (48 KiB without opt-in)");
 
   static std::mutex launch_mutex;  // one launch at a time
   static WorkerPool pool;
@@ -128,6 +130,7 @@ void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::funct
   for (int w = 0; w < warps; ++w)
     state.warp_barriers.push_back(std::make_unique<Barrier>(std::min(32, state.threads - w * 32)));
   state.warp_slots.assign(static_cast<size_t>(warps) * 32, 0);
+  state.warp_blobs.resize(static_cast<size_t>(warps) * 32 * kMaxGatherBytes);
   state.shared_backing.resize(dynamic_shared_bytes + 16);
   state.shared = reinterpret_cast<std::byte*>(
       (reinterpret_cast<uintptr_t>(state.shared_backing.data()) + 15) & ~uintptr_t{15});
@@ -188,6 +191,25 @@ uint64_t warp_exchange(unsigned mask, uint64_t value, int source_lane) {
   // No lane may publish its next value before every lane has read this one.
   warp_barrier().arrive_and_wait();
   return result;
+}
+
+void warp_all_gather(unsigned mask, const void* mine, size_t bytes, void* all) {
+  check_warp_call(mask);
+  if (bytes > kMaxGatherBytes) abort_kernel("warp_all_gather of more than kMaxGatherBytes per lane");
+  std::byte* warp_base =
+      current->warp_blobs.data() + static_cast<size_t>(thread_linear / 32) * 32 * kMaxGatherBytes;
+  std::memcpy(warp_base + static_cast<size_t>(thread_linear % 32) * kMaxGatherBytes, mine, bytes);
+  warp_barrier().arrive_and_wait();
+  for (size_t lane = 0; lane < 32; ++lane)
+    std::memcpy(static_cast<std::byte*>(all) + lane * bytes, warp_base + lane * kMaxGatherBytes, bytes);
+  warp_barrier().arrive_and_wait();
+}
+
+void opt_in_dynamic_shared(size_t bytes) {
+  if (bytes > 227 * 1024) abort_kernel("more than 227 KiB of dynamic shared memory asked for");
+  size_t limit = dynamic_shared_limit.load();
+  while (bytes > limit && !dynamic_shared_limit.compare_exchange_weak(limit, bytes)) {
+  }
 }
 
 unsigned warp_ballot(unsigned mask, bool predicate) {

@@ -63,6 +63,14 @@ void sync_warp(unsigned mask);
 uint64_t warp_exchange(unsigned mask, uint64_t value, int source_lane);
 // The predicates of all 32 lanes as a bit mask.
 unsigned warp_ballot(unsigned mask, bool predicate);
+// Every lane of the calling thread's warp publishes `bytes` (at most kMaxGatherBytes) from `mine`; `all`
+// receives the 32 lanes' bytes in lane order (32 · bytes). What the warp-wide matrix instructions
+// (mma.sync, ldmatrix) exchange in one step.
+constexpr size_t kMaxGatherBytes = 64;
+void warp_all_gather(unsigned mask, const void* mine, size_t bytes, void* all);
+// Raises the dynamic shared memory the next launches may use above 48 KiB (cudaFuncSetAttribute's
+// opt-in; at most 227 KiB, the H100's limit).
+void opt_in_dynamic_shared(size_t bytes);
 
 template <typename T>
 uint64_t to_slot(T value) {

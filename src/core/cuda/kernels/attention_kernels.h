@@ -1,5 +1,5 @@
 #pragma once
-// Host-only header: the kernel of the 16-bit attention (device_attention.h) on DEVICE pointers.
+// Host-only header: the kernels of the 16-bit attention (device_attention.h) on DEVICE pointers.
 #include <cstdint>
 
 #include "core/cuda/device_memory.h"
@@ -12,5 +12,17 @@ namespace symprune::cuda {
 // fp16 = dtype) = softmax over the visible keys in fp32, rounded to dtype, 0 for the keys it cannot see.
 void launch_causal_softmax_16bit(const float* scores, int64_t heads, int64_t tile, int64_t keys,
                                  int64_t first_query, DType dtype, void* probs, DeviceStream stream);
+
+// Whether launch_flash_attention_16bit takes heads of this size.
+bool flash_attention_supports(int64_t head_dim);
+
+// Causal grouped-query attention fused in one kernel (flash attention on tensor cores): q [n_seqs·seq_len,
+// n_heads·head_dim], k and v [.., n_kv_heads·head_dim] in the 16-bit dtype (bf16 or fp16), out fp32 in q's
+// layout. S = scale·Q Kᵀ accumulates in fp32, the softmax runs in fp32 online over tiles of keys, P is
+// rounded to the dtype for P V, which accumulates in fp32; no score leaves the chip. head_dim 16, 32, 64
+// or 128 (flash_attention_supports); Error otherwise.
+void launch_flash_attention_16bit(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t n_seqs,
+                                  int64_t seq_len, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                                  float scale, DType dtype, float* out, DeviceStream stream);
 
 }  // namespace symprune::cuda

@@ -19,7 +19,7 @@ int64_t attention_query_tile(int64_t n_heads, int64_t seq_len, int64_t tile_byte
 
 void attention_16bit(const float* q, const float* k, const float* v, int64_t n_seqs, int64_t seq_len,
                      int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, DType dtype,
-                     int64_t query_tile, AttentionScratch& scratch, float* out) {
+                     int64_t query_tile, AttentionScratch& scratch, float* out, AttentionPath path) {
   SYMPRUNE_CHECK(head_dim > 0 && head_dim <= 256 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
                      (dtype == DType::kBF16 || dtype == DType::kF16) && query_tile > 0,
                  "attention: head_dim {} (at most 256) with {} heads and {} kv heads in {}, tiles of {}",
@@ -30,12 +30,18 @@ void attention_16bit(const float* q, const float* k, const float* v, int64_t n_s
   scratch.q.reserve(rows * q_width);
   scratch.k.reserve(rows * kv_width);
   scratch.v.reserve(rows * kv_width);
-  const int64_t tile_cap = std::min(query_tile, seq_len);
-  scratch.scores.reserve(n_heads * tile_cap * seq_len);
-  scratch.probs.reserve(n_heads * tile_cap * seq_len);
   launch_convert(q, DType::kF32, scratch.q.data(), dtype, rows * q_width, {});
   launch_convert(k, DType::kF32, scratch.k.data(), dtype, rows * kv_width, {});
   launch_convert(v, DType::kF32, scratch.v.data(), dtype, rows * kv_width, {});
+  if (path == AttentionPath::kAuto && flash_attention_supports(head_dim) && n_seqs <= 65535 &&
+      n_heads <= 65535) {
+    launch_flash_attention_16bit(scratch.q.data(), scratch.k.data(), scratch.v.data(), n_seqs, seq_len,
+                                 n_heads, n_kv_heads, head_dim, scale, dtype, out, {});
+    return;
+  }
+  const int64_t tile_cap = std::min(query_tile, seq_len);
+  scratch.scores.reserve(n_heads * tile_cap * seq_len);
+  scratch.probs.reserve(n_heads * tile_cap * seq_len);
   // With one query head per kv head the heads are one strided batch; with groups, one batch per kv head
   // whose query heads read the same K and V (stride 0).
   const int64_t calls = group == 1 ? 1 : n_kv_heads, batch = group == 1 ? n_heads : group;

@@ -1,9 +1,11 @@
 #pragma once
 // Host-only header: causal grouped-query attention with tensor-core products, for a run in lower precision
-// (--dtype bf16/fp16). q, k and v are rounded to the 16-bit dtype; per sequence and per tile of queries,
-// S = scale · Q Kᵀ over the keys the tile can see is one strided-batched GEMM (fp32 accumulation and
-// output), the causal softmax rounds P to 16 bits, and O = P V is a second GEMM written into `out` in fp32.
-// Memory is bounded by the tile (kAttentionTileBytes, core/backend.h), never an n_heads · T · T buffer.
+// (--dtype bf16/fp16). q, k and v are rounded to the 16-bit dtype. Heads of 16, 32, 64 or 128 (LLaMA's
+// 128) go to the fused flash kernel (attention_kernels.h: no scores in global memory). Other sizes take
+// the GEMM path: per sequence and per tile of queries, S = scale · Q Kᵀ over the keys the tile can see is
+// one strided-batched GEMM (fp32 accumulation and output), the causal softmax rounds P to 16 bits, and
+// O = P V is a second GEMM written into `out` in fp32. Memory is bounded by the tile (kAttentionTileBytes,
+// core/backend.h), never an n_heads · T · T buffer.
 #include <cstdint>
 
 #include "core/cuda/device_memory.h"
@@ -21,9 +23,15 @@ struct AttentionScratch {
 // head fit in `tile_bytes` (a multiple of 16 from 16 on, at least 1, at most seq_len).
 int64_t attention_query_tile(int64_t n_heads, int64_t seq_len, int64_t tile_bytes);
 
-// The layout of launch_attention (forward_kernels.h); dtype bf16 or fp16; hd ≤ 256.
+// Which kernels attention_16bit runs: the flash kernel where it takes the head size (kAuto), or the GEMM
+// path always (the benchmark's and the tests' comparison).
+enum class AttentionPath { kAuto, kGemm };
+
+// The layout of launch_attention (forward_kernels.h); dtype bf16 or fp16; hd ≤ 256. `query_tile` is the
+// GEMM path's.
 void attention_16bit(const float* q, const float* k, const float* v, int64_t n_seqs, int64_t seq_len,
                      int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, DType dtype,
-                     int64_t query_tile, AttentionScratch& scratch, float* out);
+                     int64_t query_tile, AttentionScratch& scratch, float* out,
+                     AttentionPath path = AttentionPath::kAuto);
 
 }  // namespace symprune::cuda
