@@ -20,13 +20,13 @@
 
 #include "core/accel.h"
 #include "core/cuda/device_memory.h"
+#include "core/cuda/kernels/convert_kernels.h"
 #include "core/cuda/kernels/cuda_backend.h"
 #include "core/cuda/kernels/device_activation_stats.h"
 #include "core/cuda/kernels/device_attention.h"
 #include "core/cuda/kernels/device_dsnot.h"
 #include "core/cuda/kernels/device_mask_selector.h"
 #include "core/cuda/kernels/device_scores.h"
-#include "core/cuda/kernels/convert_kernels.h"
 #include "core/cuda/kernels/forward_kernels.h"
 #include "core/cuda/kernels/mask_kernels.h"
 
@@ -270,19 +270,28 @@ int main(int argc, char** argv) {
     const double flops = 2.0 * 2.0 * seqs * heads * (seq_len * (seq_len + 1) / 2.0) * hd;  // causal QK and PV
     record("attention fp32, 8 x 2048, 32 heads x 128", ms,
            std::to_string(flops / (ms * 1e-3) / 1e12).substr(0, 6) + " TFLOP/s (fp32 CUDA cores)");
-    // The same in bf16 on tensor cores (--dtype bf16): the fused flash kernel, and the GEMM path (two
-    // strided-batched GEMMs per tile of queries and the causal softmax between them, in tiles of 672
-    // queries) that heads of other sizes take. Both include rounding q, k and v to bf16.
+    // The same in bf16 on tensor cores (--dtype bf16), on q, k and v already rounded (the backend's rounded
+    // copies): the fused flash kernel with 16 and 32 rows per warp, and the GEMM path (two strided-batched
+    // GEMMs per tile of queries and the causal softmax between them, in tiles of 672 queries) that heads of
+    // other sizes take.
     cuda::AttentionScratch scratch;
     const int64_t tile = cuda::attention_query_tile(heads, seq_len, kAttentionTileBytes);
-    for (const auto path : {cuda::AttentionPath::kAuto, cuda::AttentionPath::kGemm}) {
+    cuda::attention_16bit(q.data(), k.data(), v.data(), seqs, seq_len, heads, heads, hd, 0.088f, DType::kBF16,
+                          tile, scratch, out.data());  // rounds q, k, v into the scratch
+    const struct {
+      cuda::AttentionPath path;
+      const char* name;
+    } paths[] = {{cuda::AttentionPath::kFlash16, "flash 16 rows per warp"},
+                 {cuda::AttentionPath::kFlash32, "flash 32 rows per warp"},
+                 {cuda::AttentionPath::kGemm, "GEMM path"}};
+    for (const auto& p : paths) {
       const double bf16_ms = median_ms(reps, [&] {
-        cuda::attention_16bit(q.data(), k.data(), v.data(), seqs, seq_len, heads, heads, hd, 0.088f,
-                              DType::kBF16, tile, scratch, out.data(), path);
+        cuda::attention_16bit_rounded(scratch.q.data(), scratch.k.data(), scratch.v.data(), seqs, seq_len,
+                                      heads, heads, hd, 0.088f, DType::kBF16, tile, scratch, out.data(), {},
+                                      p.path);
       });
-      const bool flash = path == cuda::AttentionPath::kAuto;
-      record(std::string("attention bf16 ") + (flash ? "flash" : "GEMM path") + ", 8 x 2048, 32 heads x 128",
-             bf16_ms,
+      const bool flash = p.path != cuda::AttentionPath::kGemm;
+      record(std::string("attention bf16 ") + p.name + ", 8 x 2048, 32 heads x 128", bf16_ms,
              std::to_string(flops / (bf16_ms * 1e-3) / 1e12).substr(0, 6) +
                  " causal TFLOP/s (tensor cores; " +
                  (flash ? std::string("fused, no scores in memory)")

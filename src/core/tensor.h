@@ -43,6 +43,8 @@ class Tensor {
   bool on_device() const { return storage_ != nullptr; }
   // The element dtype: kF32 for every host tensor.
   DType dtype() const { return dtype_; }
+  // The device backend's storage object (null for a host tensor), for state the backend keeps with it.
+  TensorStorage* storage() const { return storage_.get(); }
   void* device_bytes() { return storage_ ? storage_->bytes() : nullptr; }
   const void* device_bytes() const { return storage_ ? storage_->bytes() : nullptr; }
   // The memory of an fp32 device tensor (null for a host one); asserts the dtype.

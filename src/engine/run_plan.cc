@@ -638,13 +638,14 @@ DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, in
   // H of this rank's windows and the dense pass's copy of it.
   p.calibration = s * 2.0 * static_cast<double>(calib_tokens) * d;
   // One micro-batch through a block: its rows, q/k/v, attention, the norms and the MLP's three widths; in
-  // lower precision also the fp32 buffer of the states, a linear's input rounded to 16 bits, and the
-  // attention's rounded q, k, v and its tile of scores and probabilities.
+  // lower precision also the fp32 buffer of the states, the 16-bit copies of what is read rounded (the
+  // norm's output, q, k, v, the attention's output and the MLP's activation: the CUDA backend's rounded
+  // copies) and the attention's tile of scores and probabilities.
   const double tokens = static_cast<double>(tokens_per_pass);
   const double q_width = static_cast<double>(mc.num_heads * mc.head_dim);
   p.activations = f * tokens * (8.0 * d + 2.0 * kv + 4.0 * inner);
   if (low_precision && tokens > 0)
-    p.activations += f * tokens * d + s * tokens * (widest_input + q_width + 2.0 * kv) +
+    p.activations += f * tokens * d + s * tokens * (d + widest_input + 2.0 * q_width + 2.0 * kv) +
                      static_cast<double>(kAttentionTileBytes);
   // The dense and the pruned evaluation streams, and one slab of logits.
   p.evaluation = eval_tokens > 0 ? s * 2.0 * static_cast<double>(eval_tokens) * d + f * 512.0 * vocab : 0.0;

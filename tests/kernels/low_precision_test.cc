@@ -7,7 +7,9 @@
 //  * scores, masks and masked weights of a bf16 weight are the CPU's on its fp32 values, bit for bit.
 //  * stored bytes reach the device unchanged from another thread (the weight prefetch's upload);
 //  * the tensor-core attention (16-bit q, k, v and probabilities, fp32 accumulation) is within NMSE 1e-4
-//    (bf16) and 2e-6 (fp16) of the fp32 attention, for every kind of query tile.
+//    (bf16) and 2e-6 (fp16) of the fp32 attention, for every kind of query tile;
+//  * the backend's rounded copies (an input rounded once for the linears that share it, or by the kernel
+//    that wrote it) give bit for bit the results of rounding at every read, through every kind of write.
 // The end-to-end prune in bf16 is in device_pipeline_test.cc.
 // Built into the emulated tests (label unit) and into symprune_gpu_tests (label gpu, a real device).
 #include <gmock/gmock.h>
@@ -150,14 +152,15 @@ TEST_F(LowPrecisionTest, FromStoredUploadsTheStoredBytesFromAnotherThread) {
 TEST_F(LowPrecisionTest, AttentionOnTensorCoresIsNearTheFp32Attention) {
   // Query tiles of every kind: one tile, several with a partial last one, one query each; grouped and
   // plain heads; through the backend (its own tile) and directly. Heads of 16, 32, 64 and 128 take the
-  // flash kernel (the tile is then unused): sequences of several blocks of 64 queries and tiles of 64 keys
-  // with partial last ones (150, 130, 200), exactly one (64), two stages in turn (200: four tiles); heads
-  // of 8 and 144 take the GEMM path.
+  // flash kernel (the tile is then unused): sequences of several blocks of 64 or 128 queries and tiles of
+  // 64 or 32 keys with partial last ones (150, 130, 200), exactly one (64), two stages in turn (200); heads
+  // of 8 and 144 take the GEMM path. The cases with a tile and a flash head size run every path directly.
   const struct {
     int64_t n_seqs, seq_len, n_heads, n_kv_heads, head_dim, tile;
-  } cases[] = {{2, 37, 4, 2, 16, 37}, {2, 37, 4, 2, 16, 16}, {1, 21, 2, 2, 64, 5},  {1, 9, 3, 1, 32, 1},
-               {1, 1, 1, 1, 8, 1},    {2, 30, 2, 2, 128, 0}, {1, 150, 4, 2, 64, 0}, {2, 130, 2, 1, 128, 0},
-               {1, 64, 2, 2, 16, 0},  {1, 19, 2, 1, 144, 0}, {1, 40, 2, 2, 144, 8}, {1, 200, 2, 2, 32, 0}};
+  } cases[] = {{2, 37, 4, 2, 16, 37},  {2, 37, 4, 2, 16, 16},   {1, 21, 2, 2, 64, 5},  {1, 9, 3, 1, 32, 1},
+               {1, 1, 1, 1, 8, 1},     {2, 30, 2, 2, 128, 0},   {1, 150, 4, 2, 64, 0}, {2, 130, 2, 1, 128, 0},
+               {1, 64, 2, 2, 16, 0},   {1, 19, 2, 1, 144, 0},   {1, 40, 2, 2, 144, 8}, {1, 200, 2, 2, 32, 0},
+               {1, 150, 4, 2, 64, 64}, {2, 130, 2, 1, 128, 64}, {1, 200, 2, 2, 32, 64}};
   uint32_t seed = 60;
   for (const auto& c : cases) {
     const AttentionCase a = attention_case(c.n_seqs, c.seq_len, c.n_heads, c.n_kv_heads, c.head_dim, seed);
@@ -183,15 +186,20 @@ TEST_F(LowPrecisionTest, AttentionOnTensorCoresIsNearTheFp32Attention) {
       const double error = nmse(actual, a.expected);
       EXPECT_LT(error, dtype == DType::kBF16 ? 1e-4 : 2e-6);
       EXPECT_GT(error, 0.0) << "the operands were rounded";
-      if (c.tile > 0 && cuda::flash_attention_supports(c.head_dim)) {  // the GEMM path on the same input
-        Tensor gemm_out = device().allocate(a.expected.shape());
-        cuda::AttentionScratch scratch;
-        cuda::attention_16bit(dq.device_data(), dk.device_data(), dv.device_data(), c.n_seqs, c.seq_len,
-                              c.n_heads, c.n_kv_heads, c.head_dim, a.scale, dtype, c.tile, scratch,
-                              gemm_out.device_data(), cuda::AttentionPath::kGemm);
-        const double gemm_error = nmse(device().to_host(gemm_out), a.expected);
-        EXPECT_LT(gemm_error, dtype == DType::kBF16 ? 1e-4 : 2e-6) << "GEMM path";
-        EXPECT_GT(gemm_error, 0.0) << "GEMM path";
+      if (c.tile > 0 && cuda::flash_attention_supports(c.head_dim)) {
+        // Every path on the same input: the GEMM path and both flash variants.
+        for (const auto path :
+             {cuda::AttentionPath::kGemm, cuda::AttentionPath::kFlash16, cuda::AttentionPath::kFlash32}) {
+          SCOPED_TRACE("path " + std::to_string(static_cast<int>(path)));
+          Tensor path_out = device().allocate(a.expected.shape());
+          cuda::AttentionScratch scratch;
+          cuda::attention_16bit(dq.device_data(), dk.device_data(), dv.device_data(), c.n_seqs, c.seq_len,
+                                c.n_heads, c.n_kv_heads, c.head_dim, a.scale, dtype, c.tile, scratch,
+                                path_out.device_data(), path);
+          const double path_error = nmse(device().to_host(path_out), a.expected);
+          EXPECT_LT(path_error, dtype == DType::kBF16 ? 1e-4 : 2e-6);
+          EXPECT_GT(path_error, 0.0);
+        }
       }
     }
   }
@@ -243,6 +251,60 @@ TEST_F(LowPrecisionTest, LinearMultipliesTheRoundedOperandsAccumulatingInFp32) {
     EXPECT_LT(error, b.nmse);
     EXPECT_GT(error, 0.0);  // it did round
   }
+}
+
+TEST_F(LowPrecisionTest, RoundedCopiesGiveTheResultsOfRoundingAtEveryRead) {
+  // A linear of `t` against the same linear of a fresh device copy of t's values (a storage never read
+  // rounded, so rounded at this read): equal bit for bit after every kind of write to t.
+  const int64_t rows = 24, n = 32, m = 16, heads = 2;
+  Backend& be = device();
+  const Tensor w_bf16 = be.to_backend(Tensor({m, n}, uniform_values(m * n, 71, -0.2f, 0.2f)), DType::kBF16);
+  const Tensor w_fp16 = be.to_backend(Tensor({m, n}, uniform_values(m * n, 72, -0.2f, 0.2f)), DType::kF16);
+  const Tensor x = be.to_backend(Tensor({rows, n}, uniform_values(rows * n, 73)));
+  const Tensor other = be.to_backend(Tensor({rows, n}, uniform_values(rows * n, 74)));
+  const Tensor norm_weight = be.to_backend(Tensor({n}, uniform_values(n, 75, 0.5f, 1.5f)));
+  const SequenceBatch batch{2, rows / 2};
+  int checks = 0;
+  const auto expect_fresh = [&](const Tensor& t, const Tensor& w, const char* what) {
+    SCOPED_TRACE(what);
+    Tensor y, y_fresh;
+    be.linear(t, w, nullptr, y);
+    const Tensor fresh = be.to_backend(be.to_host(t));
+    be.linear(fresh, w, nullptr, y_fresh);
+    expect_bits_equal(be.to_host(y), be.to_host(y_fresh), what);
+    ++checks;
+  };
+  Tensor h;
+  be.rms_norm(x, norm_weight, 1e-5f, h);
+  expect_fresh(h, w_bf16, "the first read rounds");
+  expect_fresh(h, w_bf16, "the next read takes the copy");
+  be.rms_norm(other, norm_weight, 1e-5f, h);
+  expect_fresh(h, w_bf16, "rms_norm wrote the copy");
+  be.add(h, other);
+  expect_fresh(h, w_bf16, "add in place: stale");
+  be.copy_rows(x, 3, h, 5, 4);
+  expect_fresh(h, w_bf16, "copy_rows into it: stale");
+  be.relu(h);
+  expect_fresh(h, w_bf16, "relu in place: stale");
+  be.rope(h, batch, heads, rope_inv_freq(n / heads, 10000.0, {}));
+  expect_fresh(h, w_bf16, "RoPE in place wrote the copy");
+  be.silu_mul(x, other, h);
+  expect_fresh(h, w_bf16, "silu_mul wrote the copy");
+  expect_fresh(h, w_fp16, "a copy of another dtype");
+  be.rms_norm(x, norm_weight, 1e-5f, h);
+  expect_fresh(h, w_fp16, "rms_norm wrote the fp16 copy");
+  expect_fresh(h, w_bf16, "and bf16 again");
+  // The attention's output, by the flash kernel (heads of 16) and by the GEMM path (heads of 8).
+  for (const int64_t attention_heads : {heads, 2 * heads}) {
+    Tensor out;
+    be.attention(x, other, h, batch, attention_heads, attention_heads, 0.25f, out, DType::kBF16);
+    expect_fresh(out, w_bf16, "the attention's output: first read");
+    be.attention(other, x, h, batch, attention_heads, attention_heads, 0.25f, out, DType::kBF16);
+    expect_fresh(out, w_bf16, "the attention wrote the copy");
+    be.attention(other, h, x, batch, attention_heads, attention_heads, 0.25f, out, DType::kF16);
+    expect_fresh(out, w_bf16, "an fp16 attention: stale");
+  }
+  EXPECT_EQ(checks, 17);
 }
 
 TEST_F(LowPrecisionTest, ScoresMasksAndMaskedWeightsOfA16BitWeightAreThoseOfItsValues) {

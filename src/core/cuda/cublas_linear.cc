@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda/cuda_check.h"
-#include "core/cuda/kernels/convert_kernels.h"
 #include "core/cuda/kernels/forward_kernels.h"
 #include "core/cuda/kernels/linear.h"
 
@@ -62,19 +61,18 @@ void launch_gram(const float* x, int64_t rows, int64_t n, float* g, DeviceStream
       cublasSgemm_64(h, CUBLAS_OP_N, CUBLAS_OP_T, n, n, rows, &alpha, x, n, x, n, &beta, g, n));
 }
 
-void launch_linear_16bit(const float* x, const void* w, DType w_dtype, const float* bias, int64_t rows,
-                         int64_t n, int64_t m, void* x_scratch, float* y, DeviceStream stream) {
+void launch_linear_16bit(const void* x_rounded, const void* w, DType dtype, const float* bias, int64_t rows,
+                         int64_t n, int64_t m, float* y, DeviceStream stream) {
   if (rows <= 0 || m <= 0) return;
   if (n <= 0) {
     zero_device(y, static_cast<size_t>(rows * m) * sizeof(float), stream);
   } else {
-    launch_convert(x, DType::kF32, x_scratch, w_dtype, rows * n, stream);
     cublasHandle_t h = handle_16bit();
     SYMPRUNE_CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream.handle)));
-    const cudaDataType operands = w_dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const cudaDataType operands = dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
     const float alpha = 1.0f, beta = 0.0f;
     SYMPRUNE_CUBLAS_CHECK(cublasGemmEx_64(h, CUBLAS_OP_T, CUBLAS_OP_N, m, rows, n, &alpha, w, operands, n,
-                                          x_scratch, operands, n, &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                          x_rounded, operands, n, &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
                                           CUBLAS_GEMM_DEFAULT));
   }
   if (bias != nullptr) launch_add_position_rows(y, bias, rows, 1, 0, m, stream);

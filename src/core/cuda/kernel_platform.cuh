@@ -8,7 +8,8 @@
 // Kernels launch with SYMPRUNE_LAUNCH(kernel, grid, block, dynamic_shared_bytes, stream, args...)
 // (a template kernel through a function pointer variable), declare dynamic shared memory with
 // SYMPRUNE_DYNAMIC_SHARED(type, name), check the launch with SYMPRUNE_CHECK_LAUNCH() and ask for a
-// fully unrolled loop with SYMPRUNE_UNROLL (#pragma unroll under nvcc, nothing in the emulation).
+// fully unrolled loop with SYMPRUNE_UNROLL (#pragma unroll under nvcc, nothing in the emulation), or one
+// unrolled by two with SYMPRUNE_UNROLL_TWICE.
 //
 // 16-bit storage elements are uint16_t bit patterns, converted with bf16_bits_to_float & co.: CUDA's
 // intrinsics under nvcc, core/dtype.h's conversions in the emulation; both round to nearest even and agree
@@ -128,4 +129,5 @@ __device__ __forceinline__ uint32_t pack_pair(float low, float high) {
 #define SYMPRUNE_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #define SYMPRUNE_CHECK_LAUNCH() SYMPRUNE_CUDA_CHECK(cudaGetLastError())
 #define SYMPRUNE_UNROLL _Pragma("unroll")
+#define SYMPRUNE_UNROLL_TWICE _Pragma("unroll 2")
 #endif

@@ -99,6 +99,7 @@ inline int lane_id() {
   type* name = static_cast<type*>(::symprune::cuda::emulation::dynamic_shared())
 #define SYMPRUNE_CHECK_LAUNCH() ((void)0)
 #define SYMPRUNE_UNROLL
+#define SYMPRUNE_UNROLL_TWICE
 
 inline void __syncthreads() {
   ::symprune::cuda::emulation::sync_block();

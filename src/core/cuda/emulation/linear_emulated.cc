@@ -1,5 +1,4 @@
 // launch_linear in the CPU emulation: the tiled kernel (cuBLAS cannot run there).
-#include "core/cuda/kernels/convert_kernels.h"
 #include "core/cuda/kernels/gemm_kernels.h"
 #include "core/cuda/kernels/linear.h"
 #include "core/dtype.h"
@@ -20,17 +19,15 @@ void launch_gram(const float* x, int64_t rows, int64_t n, float* g, DeviceStream
   launch_linear_tiled(transposed.data(), transposed.data(), nullptr, n, rows, n, g, stream);
 }
 
-// Products of two 16-bit values are exact in fp32, so the tiled fp32 kernel on the rounded operands is
-// the 16-bit product with fp32 accumulation. x is rounded by the conversion kernel, as under CUDA; the
-// widening that cuBLAS does inside its kernel is done here on the host (emulated device memory is host
-// memory), which keeps the emulated runs short.
-void launch_linear_16bit(const float* x, const void* w, DType w_dtype, const float* bias, int64_t rows,
-                         int64_t n, int64_t m, void* x_scratch, float* y, DeviceStream stream) {
-  launch_convert(x, DType::kF32, x_scratch, w_dtype, rows * n, stream);
-  DeviceArray<float> x_rounded(rows * n), w_wide(m * n);
-  convert_to_f32(w_dtype, x_scratch, x_rounded.data(), rows * n);
-  convert_to_f32(w_dtype, w, w_wide.data(), m * n);
-  launch_linear_tiled(x_rounded.data(), w_wide.data(), bias, rows, n, m, y, stream);
+// Products of two 16-bit values are exact in fp32, so the tiled fp32 kernel on the widened operands is
+// the 16-bit product with fp32 accumulation. The widening that cuBLAS does inside its kernel is done here
+// on the host (emulated device memory is host memory), which keeps the emulated runs short.
+void launch_linear_16bit(const void* x_rounded, const void* w, DType dtype, const float* bias, int64_t rows,
+                         int64_t n, int64_t m, float* y, DeviceStream stream) {
+  DeviceArray<float> x_wide(rows * n), w_wide(m * n);
+  convert_to_f32(dtype, x_rounded, x_wide.data(), rows * n);
+  convert_to_f32(dtype, w, w_wide.data(), m * n);
+  launch_linear_tiled(x_wide.data(), w_wide.data(), bias, rows, n, m, y, stream);
 }
 
 void launch_gemm_strided_batched_16bit(int64_t m, int64_t n, int64_t k, float alpha, StridedOperand a,

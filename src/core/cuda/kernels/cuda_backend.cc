@@ -32,9 +32,28 @@ class DeviceStorage final : public TensorStorage {
   explicit DeviceStorage(int64_t bytes, DeviceStream stream = {}) : array_((bytes + 3) / 4, stream) {}
   void* bytes() override { return array_.data(); }
 
+  // The fp32 contents rounded to a 16-bit dtype, for the ops of a run in lower precision that read them so
+  // (a 16-bit linear's input; attention's q, k and v). The first such read rounds them here and marks the
+  // storage as read rounded (rounded_dtype); from then on the kernels that rewrite it (rms_norm, silu_mul,
+  // RoPE, the flash attention's output) write the rounded copy in the same pass, and further reads of the
+  // same contents (the q, k and v projections of one input) take the copy. Any other write makes it stale.
+  // The results are those of rounding at every read: the same values rounded the same way.
+  DeviceArray<uint16_t> rounded;
+  DType rounded_dtype = DType::kF32;  // kF32: never read rounded
+  bool rounded_current = false;
+
  private:
   DeviceArray<float> array_;  // 4-byte units: aligned for every element dtype
 };
+
+DeviceStorage* device_storage(const Tensor& t) {
+  return dynamic_cast<DeviceStorage*>(t.storage());
+}
+
+// t's contents were rewritten by a kernel that wrote no rounded copy.
+void rounded_copy_stale(const Tensor& t) {
+  if (DeviceStorage* storage = device_storage(t)) storage->rounded_current = false;
+}
 
 int64_t cols_of(const Tensor& t) {
   return t.rank() == 0 ? 1 : t.dim(-1);
@@ -55,13 +74,43 @@ const float* in(const Tensor& t, const char* what) {
   return t.device_data();
 }
 
-// Makes `t` a device tensor of `shape` and `dtype` (keeps its memory when it already is one).
+// Makes `t` a device tensor of `shape` and `dtype` (keeps its memory when it already is one), to be
+// rewritten: its rounded copy is stale.
 void* out_bytes(Tensor& t, std::vector<int64_t> shape, DType dtype) {
   if (!t.on_device() || t.shape() != shape || t.dtype() != dtype) {
     const int64_t bytes = shape_numel(shape) * dtype_size(dtype);
     t = Tensor::in_device_memory(std::move(shape), std::make_shared<DeviceStorage>(bytes), dtype);
   }
+  rounded_copy_stale(t);
   return t.device_bytes();
+}
+
+// Where a kernel rewriting fp32 `t` also writes the result rounded: into t's rounded copy when t is read
+// rounded (the copy is then current), nowhere otherwise. `only` (when not kF32): the one dtype the kernel
+// rounds to; a copy of another dtype goes stale instead.
+RoundedOutput rounded_output(const Tensor& t, DType only = DType::kF32) {
+  DeviceStorage* storage = device_storage(t);
+  if (storage == nullptr || storage->rounded_dtype == DType::kF32 ||
+      (only != DType::kF32 && storage->rounded_dtype != only)) {
+    rounded_copy_stale(t);
+    return {};
+  }
+  storage->rounded.reserve(t.numel());
+  storage->rounded_current = true;
+  return {storage->rounded.data(), storage->rounded_dtype};
+}
+
+// fp32 device tensor t rounded to `dtype` (bf16 or fp16): its current rounded copy, or rounded now into it.
+const uint16_t* rounded_input(const Tensor& t, DType dtype, const char* what) {
+  DeviceStorage* storage = device_storage(t);
+  SYMPRUNE_ASSERT(storage != nullptr && t.dtype() == DType::kF32,
+                  "cuda backend: {} {} is not an fp32 device tensor", what, t.shape_string());
+  if (storage->rounded_current && storage->rounded_dtype == dtype) return storage->rounded.data();
+  storage->rounded.reserve(t.numel());
+  launch_convert(t.device_data(), DType::kF32, storage->rounded.data(), dtype, t.numel(), {});
+  storage->rounded_dtype = dtype;
+  storage->rounded_current = true;
+  return storage->rounded.data();
 }
 float* out(Tensor& t, std::vector<int64_t> shape) {
   return static_cast<float*>(out_bytes(t, std::move(shape), DType::kF32));
@@ -192,6 +241,7 @@ class CudaBackend final : public Backend {
 
   void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override {
     const int64_t width = copy_rows_width(src, src_row, dst, dst_row, rows);
+    rounded_copy_stale(dst);
     if (rows > 0)
       launch_convert(element_at(in_bytes(src, "copy_rows source"), src, src_row * width), src.dtype(),
                      element_at(dst.device_bytes(), dst, dst_row * width), dst.dtype(), rows * width, {});
@@ -210,10 +260,9 @@ class CudaBackend final : public Backend {
       launch_linear(in(x, "linear input"), in(weight, "linear weight"), bias_data, rows, n, m, yd, {});
       return;
     }
-    // x rounded to the weight's dtype goes to a scratch buffer kept between calls (the largest input).
-    linear_scratch_.reserve(rows * n);
-    launch_linear_16bit(in(x, "linear input"), in_bytes(weight, "linear weight"), weight.dtype(), bias_data,
-                        rows, n, m, linear_scratch_.data(), yd, {});
+    // x rounded to the weight's dtype: once for the linears that share an input, or by its producer.
+    launch_linear_16bit(rounded_input(x, weight.dtype(), "linear input"), in_bytes(weight, "linear weight"),
+                        weight.dtype(), bias_data, rows, n, m, yd, {});
   }
 
   Tensor gram(const Tensor& x) override {
@@ -231,7 +280,7 @@ class CudaBackend final : public Backend {
                     x.shape_string());
     float* yd = out(y, x.shape());
     launch_rms_norm(in(x, "rms_norm input"), in(weight, "rms_norm weight"), rows_of(x), cols_of(x), eps, yd,
-                    {});
+                    {}, rounded_output(y));
   }
 
   void layer_norm(const Tensor& x, const Tensor* weight, const Tensor* bias, float eps, Tensor& y) override {
@@ -257,7 +306,7 @@ class CudaBackend final : public Backend {
       rope_seq_len_ = batch.seq_len;
     }
     launch_rope(x.device_data(), batch.rows(), batch.seq_len, n_heads, half, rope_cos_.data(),
-                rope_sin_.data(), {});
+                rope_sin_.data(), {}, rounded_output(x));
   }
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const SequenceBatch& batch,
@@ -268,10 +317,11 @@ class CudaBackend final : public Backend {
         "attention q {} k {} for {}/{} heads", q.shape_string(), k.shape_string(), n_heads, n_kv_heads);
     float* od = out(o, q.shape());
     if (operands != DType::kF32) {
-      attention_16bit(in(q, "attention q"), in(k, "attention k"), in(v, "attention v"), batch.n_seqs,
-                      batch.seq_len, n_heads, n_kv_heads, head_dim, scale, operands,
-                      attention_query_tile(n_heads, batch.seq_len, kAttentionTileBytes), attention_scratch_,
-                      od);
+      attention_16bit_rounded(
+          rounded_input(q, operands, "attention q"), rounded_input(k, operands, "attention k"),
+          rounded_input(v, operands, "attention v"), batch.n_seqs, batch.seq_len, n_heads, n_kv_heads,
+          head_dim, scale, operands, attention_query_tile(n_heads, batch.seq_len, kAttentionTileBytes),
+          attention_scratch_, od, rounded_output(o, operands));
       return;
     }
     launch_attention(in(q, "attention q"), in(k, "attention k"), in(v, "attention v"), batch.n_seqs,
@@ -281,13 +331,17 @@ class CudaBackend final : public Backend {
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& o) override {
     SYMPRUNE_ASSERT(gate.numel() == up.numel(), "silu_mul {} vs {}", gate.shape_string(), up.shape_string());
     float* od = out(o, gate.shape());
-    launch_silu_mul(in(gate, "silu gate"), in(up, "silu up"), gate.numel(), od, {});
+    launch_silu_mul(in(gate, "silu gate"), in(up, "silu up"), gate.numel(), od, {}, rounded_output(o));
   }
 
-  void relu(Tensor& x) override { launch_relu(x.device_data(), x.numel(), {}); }
+  void relu(Tensor& x) override {
+    rounded_copy_stale(x);
+    launch_relu(x.device_data(), x.numel(), {});
+  }
 
   void add(Tensor& x, const Tensor& y) override {
     SYMPRUNE_ASSERT(x.numel() == y.numel(), "add {} vs {}", x.shape_string(), y.shape_string());
+    rounded_copy_stale(x);
     launch_add(x.device_data(), in(y, "add operand"), x.numel(), {});
   }
 
@@ -307,6 +361,7 @@ class CudaBackend final : public Backend {
     SYMPRUNE_ASSERT(table.rank() == 2 && table.dim(1) == d && row_offset + batch.seq_len <= table.dim(0) &&
                         rows_of(x) == batch.rows(),
                     "position table {} for {}", table.shape_string(), x.shape_string());
+    rounded_copy_stale(x);
     launch_add_position_rows(x.device_data(), in(table, "position table"), batch.rows(), batch.seq_len,
                              row_offset, d, {});
   }
@@ -397,7 +452,6 @@ class CudaBackend final : public Backend {
   std::vector<float> rope_inv_freq_;
   int64_t rope_seq_len_ = -1;
   DeviceArray<float> rope_cos_, rope_sin_;
-  DeviceArray<uint16_t> linear_scratch_;
   AttentionScratch attention_scratch_;
   WeightUploader uploader_;
 };

@@ -17,26 +17,50 @@ int64_t attention_query_tile(int64_t n_heads, int64_t seq_len, int64_t tile_byte
   return tile;
 }
 
-void attention_16bit(const float* q, const float* k, const float* v, int64_t n_seqs, int64_t seq_len,
-                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, DType dtype,
-                     int64_t query_tile, AttentionScratch& scratch, float* out, AttentionPath path) {
+namespace {
+void check_attention_shape(int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, DType dtype,
+                           int64_t query_tile) {
   SYMPRUNE_CHECK(head_dim > 0 && head_dim <= 256 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
                      (dtype == DType::kBF16 || dtype == DType::kF16) && query_tile > 0,
                  "attention: head_dim {} (at most 256) with {} heads and {} kv heads in {}, tiles of {}",
                  head_dim, n_heads, n_kv_heads, dtype_name(dtype), query_tile);
+}
+}  // namespace
+
+void attention_16bit(const float* q, const float* k, const float* v, int64_t n_seqs, int64_t seq_len,
+                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, DType dtype,
+                     int64_t query_tile, AttentionScratch& scratch, float* out, AttentionPath path) {
+  check_attention_shape(n_heads, n_kv_heads, head_dim, dtype, query_tile);
   if (n_seqs <= 0 || seq_len <= 0) return;
-  const int64_t rows = n_seqs * seq_len, group = n_heads / n_kv_heads;
-  const int64_t q_width = n_heads * head_dim, kv_width = n_kv_heads * head_dim;
+  const int64_t rows = n_seqs * seq_len, q_width = n_heads * head_dim, kv_width = n_kv_heads * head_dim;
   scratch.q.reserve(rows * q_width);
   scratch.k.reserve(rows * kv_width);
   scratch.v.reserve(rows * kv_width);
   launch_convert(q, DType::kF32, scratch.q.data(), dtype, rows * q_width, {});
   launch_convert(k, DType::kF32, scratch.k.data(), dtype, rows * kv_width, {});
   launch_convert(v, DType::kF32, scratch.v.data(), dtype, rows * kv_width, {});
-  if (path == AttentionPath::kAuto && flash_attention_supports(head_dim) && n_seqs <= 65535 &&
+  attention_16bit_rounded(scratch.q.data(), scratch.k.data(), scratch.v.data(), n_seqs, seq_len, n_heads,
+                          n_kv_heads, head_dim, scale, dtype, query_tile, scratch, out, {}, path);
+}
+
+void attention_16bit_rounded(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t n_seqs,
+                             int64_t seq_len, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                             float scale, DType dtype, int64_t query_tile, AttentionScratch& scratch,
+                             float* out, RoundedOutput out_rounded, AttentionPath path) {
+  check_attention_shape(n_heads, n_kv_heads, head_dim, dtype, query_tile);
+  SYMPRUNE_CHECK(out_rounded.data == nullptr || out_rounded.dtype == dtype,
+                 "attention: the output rounded to {} from operands in {}", dtype_name(out_rounded.dtype),
+                 dtype_name(dtype));
+  if (n_seqs <= 0 || seq_len <= 0) return;
+  const int64_t rows = n_seqs * seq_len, group = n_heads / n_kv_heads;
+  const int64_t q_width = n_heads * head_dim, kv_width = n_kv_heads * head_dim;
+  if (path != AttentionPath::kGemm && flash_attention_supports(head_dim) && n_seqs <= 65535 &&
       n_heads <= 65535) {
-    launch_flash_attention_16bit(scratch.q.data(), scratch.k.data(), scratch.v.data(), n_seqs, seq_len,
-                                 n_heads, n_kv_heads, head_dim, scale, dtype, out, {});
+    const int rows_per_warp = path == AttentionPath::kFlash16   ? 16
+                              : path == AttentionPath::kFlash32 ? 32
+                                                                : kFlashRowsPerWarp;
+    launch_flash_attention_16bit(q, k, v, n_seqs, seq_len, n_heads, n_kv_heads, head_dim, scale, dtype, out,
+                                 static_cast<uint16_t*>(out_rounded.data), {}, rows_per_warp);
     return;
   }
   const int64_t tile_cap = std::min(query_tile, seq_len);
@@ -47,9 +71,9 @@ void attention_16bit(const float* q, const float* k, const float* v, int64_t n_s
   const int64_t calls = group == 1 ? 1 : n_kv_heads, batch = group == 1 ? n_heads : group;
   const int64_t kv_stride = group == 1 ? head_dim : 0;
   for (int64_t s = 0; s < n_seqs; ++s) {
-    const uint16_t* q_seq = scratch.q.data() + s * seq_len * q_width;
-    const uint16_t* k_seq = scratch.k.data() + s * seq_len * kv_width;
-    const uint16_t* v_seq = scratch.v.data() + s * seq_len * kv_width;
+    const uint16_t* q_seq = q + s * seq_len * q_width;
+    const uint16_t* k_seq = k + s * seq_len * kv_width;
+    const uint16_t* v_seq = v + s * seq_len * kv_width;
     for (int64_t t0 = 0; t0 < seq_len; t0 += tile_cap) {
       const int64_t tile = std::min(tile_cap, seq_len - t0), keys = t0 + tile;
       for (int64_t call = 0; call < calls; ++call) {
@@ -72,6 +96,8 @@ void attention_16bit(const float* q, const float* k, const float* v, int64_t n_s
       }
     }
   }
+  if (out_rounded.data != nullptr)
+    launch_convert(out, DType::kF32, out_rounded.data, dtype, rows * q_width, {});
 }
 
 }  // namespace symprune::cuda

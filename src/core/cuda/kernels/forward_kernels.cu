@@ -30,16 +30,26 @@ __device__ double block_sum(double value) {
   return result;
 }
 
+// The 16-bit copy of an output element (RoundedOutput): `rounded` null writes none.
+__device__ __forceinline__ void write_rounded(uint16_t* rounded, bool bf16, int64_t i, float value) {
+  if (rounded != nullptr) rounded[i] = bf16 ? float_to_bf16_bits(value) : float_to_fp16_bits(value);
+}
+
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ weight, int64_t d, float eps,
-                    float* __restrict__ y) {
+                    float* __restrict__ y, uint16_t* __restrict__ rounded, bool rounded_bf16) {
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * d;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * d;
   double sumsq = 0.0;
   for (int64_t j = threadIdx.x; j < d; j += kThreads) sumsq += static_cast<double>(xr[j]) * xr[j];
   sumsq = block_sum(sumsq);
   const float inv = static_cast<float>(1.0 / sqrt(sumsq / static_cast<double>(d) + eps));
-  for (int64_t j = threadIdx.x; j < d; j += kThreads) yr[j] = __fmul_rn(weight[j], __fmul_rn(xr[j], inv));
+  uint16_t* rr = rounded != nullptr ? rounded + static_cast<int64_t>(blockIdx.x) * d : nullptr;
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+    const float value = __fmul_rn(weight[j], __fmul_rn(xr[j], inv));
+    yr[j] = value;
+    write_rounded(rr, rounded_bf16, j, value);
+  }
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -67,26 +77,34 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void rope_kernel(float* __restrict__ x, int64_t rows, int64_t seq_len, int64_t n_heads,
                             int64_t half, const float* __restrict__ cos_table,
-                            const float* __restrict__ sin_table) {
+                            const float* __restrict__ sin_table, uint16_t* __restrict__ rounded,
+                            bool rounded_bf16) {
   const int64_t pairs = rows * n_heads * half;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t f = i % half, h = (i / half) % n_heads, r = i / (half * n_heads);
     const int64_t t = r % seq_len;
-    float* v = x + r * n_heads * 2 * half + h * 2 * half;
+    const int64_t first = r * n_heads * 2 * half + h * 2 * half + f;
+    float* v = x + first;
     const float c = cos_table[t * half + f], s = sin_table[t * half + f];
-    const float x1 = v[f], x2 = v[f + half];
-    v[f] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-    v[f + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    const float x1 = v[0], x2 = v[half];
+    const float y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    const float y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    v[0] = y1;
+    v[half] = y2;
+    write_rounded(rounded, rounded_bf16, first, y1);
+    write_rounded(rounded, rounded_bf16, first + half, y2);
   }
 }
 
 __global__ void silu_mul_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t count,
-                                float* __restrict__ out) {
+                                float* __restrict__ out, uint16_t* __restrict__ rounded, bool rounded_bf16) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = gate[i];
-    out[i] = __fmul_rn(g / __fadd_rn(1.0f, expf(-g)), up[i]);
+    const float value = __fmul_rn(g / __fadd_rn(1.0f, expf(-g)), up[i]);
+    out[i] = value;
+    write_rounded(rounded, rounded_bf16, i, value);
   }
 }
 
@@ -195,10 +213,10 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void launch_rms_norm(const float* x, const float* weight, int64_t rows, int64_t d, float eps, float* y,
-                     DeviceStream stream) {
+                     DeviceStream stream, RoundedOutput rounded) {
   if (rows <= 0 || d <= 0) return;
   SYMPRUNE_LAUNCH(rms_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, native(stream), x, weight, d,
-                  eps, y);
+                  eps, y, static_cast<uint16_t*>(rounded.data), rounded.dtype == DType::kBF16);
   SYMPRUNE_CHECK_LAUNCH();
 }
 
@@ -211,17 +229,19 @@ void launch_layer_norm(const float* x, const float* weight, const float* bias, i
 }
 
 void launch_rope(float* x, int64_t rows, int64_t seq_len, int64_t n_heads, int64_t half,
-                 const float* cos_table, const float* sin_table, DeviceStream stream) {
+                 const float* cos_table, const float* sin_table, DeviceStream stream, RoundedOutput rounded) {
   const int64_t pairs = rows * n_heads * half;
   if (pairs <= 0) return;
   SYMPRUNE_LAUNCH(rope_kernel, grid_for(pairs), kThreads, 0, native(stream), x, rows, seq_len, n_heads, half,
-                  cos_table, sin_table);
+                  cos_table, sin_table, static_cast<uint16_t*>(rounded.data), rounded.dtype == DType::kBF16);
   SYMPRUNE_CHECK_LAUNCH();
 }
 
-void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out, DeviceStream stream) {
+void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out, DeviceStream stream,
+                     RoundedOutput rounded) {
   if (count <= 0) return;
-  SYMPRUNE_LAUNCH(silu_mul_kernel, grid_for(count), kThreads, 0, native(stream), gate, up, count, out);
+  SYMPRUNE_LAUNCH(silu_mul_kernel, grid_for(count), kThreads, 0, native(stream), gate, up, count, out,
+                  static_cast<uint16_t*>(rounded.data), rounded.dtype == DType::kBF16);
   SYMPRUNE_CHECK_LAUNCH();
 }
 

@@ -6,21 +6,33 @@
 #include <cstdint>
 
 #include "core/cuda/device_memory.h"
+#include "core/dtype.h"
 
 namespace symprune::cuda {
 
+// Where a kernel also writes its fp32 output rounded to a 16-bit dtype (bf16 or fp16), in the same pass:
+// for a run in lower precision, whose next op reads that output rounded (cuda_backend.cc's rounded
+// copies). `data` null: no rounded copy.
+struct RoundedOutput {
+  void* data = nullptr;
+  DType dtype = DType::kBF16;
+};
+
 // y = x / sqrt(mean(x²) + eps) · weight per row of width d (sums in fp64, as the CPU).
 void launch_rms_norm(const float* x, const float* weight, int64_t rows, int64_t d, float eps, float* y,
-                     DeviceStream stream);
+                     DeviceStream stream, RoundedOutput rounded = {});
 // y = (x − mean) / sqrt(var + eps) (· weight) (+ bias) per row; weight / bias may be null.
 void launch_layer_norm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t d,
                        float eps, float* y, DeviceStream stream);
 // In-place rotate-half RoPE on x [rows, n_heads · 2·half]; row r has position r % seq_len; cos/sin are
 // core::rope_tables' [seq_len, half] tables on the device.
 void launch_rope(float* x, int64_t rows, int64_t seq_len, int64_t n_heads, int64_t half,
-                 const float* cos_table, const float* sin_table, DeviceStream stream);
-// out = silu(gate) · up; x = max(x, 0); x += y (count elements each).
-void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out, DeviceStream stream);
+                 const float* cos_table, const float* sin_table, DeviceStream stream,
+                 RoundedOutput rounded = {});
+// out = silu(gate) · up; x = max(x, 0); x += y (count elements each). rms_norm, RoPE and silu_mul may
+// also write their result rounded (RoundedOutput).
+void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out, DeviceStream stream,
+                     RoundedOutput rounded = {});
 void launch_relu(float* x, int64_t count, DeviceStream stream);
 void launch_add(float* x, const float* y, int64_t count, DeviceStream stream);
 // out[i, :] = table[ids[i], :] (ids on the device, checked by the caller); out is [count, d].

@@ -16,12 +16,11 @@ void launch_linear(const float* x, const float* w, const float* bias, int64_t ro
 // TF32 off; in the emulation, the tiled kernel on a transposed copy. rows = 0 gives zeros.
 void launch_gram(const float* x, int64_t rows, int64_t n, float* g, DeviceStream stream);
 
-// The same product in lower precision: w [m, n] in bf16 or fp16 (w_dtype), x rounded to w_dtype first
-// (into x_scratch, rows · n 16-bit elements of device memory), the 16-bit products accumulated in fp32 and y
-// in fp32. Under CUDA it is cuBLAS GemmEx on tensor cores; in the emulation, the tiled kernel on the rounded
-// values.
-void launch_linear_16bit(const float* x, const void* w, DType w_dtype, const float* bias, int64_t rows,
-                         int64_t n, int64_t m, void* x_scratch, float* y, DeviceStream stream);
+// The same product in lower precision: w [m, n] and x_rounded [rows, n] in bf16 or fp16 (dtype; the caller
+// rounds x), the 16-bit products accumulated in fp32 and y in fp32. Under CUDA it is cuBLAS GemmEx on tensor
+// cores; in the emulation, the tiled kernel on the widened values.
+void launch_linear_16bit(const void* x_rounded, const void* w, DType dtype, const float* bias, int64_t rows,
+                         int64_t n, int64_t m, float* y, DeviceStream stream);
 
 // A strided batch of C_b = alpha · op(A_b) · op(B_b) in cuBLAS's column-major convention (op = transpose
 // when trans_a / trans_b; op(A_b) is m × k, op(B_b) is k × n, C_b is m × n with leading dimension ldc), for
