@@ -23,8 +23,8 @@ import json
 import shlex
 import subprocess
 import sys
+import os
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -57,12 +57,24 @@ class RunFailed(Exception):
     pass
 
 
-def run(command):
-    start = time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True)
+def run(command, env=None):
+    """Runs `command`; returns its stderr."""
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RunFailed(f"{' '.join(map(str, command))} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return time.perf_counter() - start
+    return proc.stderr
+
+
+PROFILE_HEADER = "cuda backend ops (SYMPRUNE_CUDA_PROFILE)"
+
+
+def op_profile(stderr):
+    """The CUDA backend's table of time per op (SYMPRUNE_CUDA_PROFILE=1) from symprune's stderr, as lines."""
+    lines = stderr.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(PROFILE_HEADER):
+            return [line] + [rest for rest in lines[i + 1:] if rest.startswith("  ")]
+    return None
 
 
 def gpu_name():
@@ -88,6 +100,9 @@ def main():
     parser.add_argument("--symprune-args", default="", help="more symprune options (e.g. --device cuda)")
     parser.add_argument("--torch-args", default="", help="more pytorch_layerwise.py options (e.g. --dtype fp16)")
     parser.add_argument("--no-torch", action="store_true", help="symprune only")
+    parser.add_argument("--profile", action="store_true",
+                        help="symprune with SYMPRUNE_CUDA_PROFILE=1: each case gets the CUDA backend's time per op "
+                             "(op_profile; every op then waits for the device, so its times are not the benchmark's)")
     parser.add_argument("--out", default=str(HERE / "results" / "cuda_prune_bench"), help="path without suffix")
     args = parser.parse_args()
 
@@ -139,9 +154,10 @@ def run_case(args, name, model, layers, floor, blocks, tmp, result):
     missing = layers - blocks
     ours, theirs = CASES[name]
     report = tmp / f"{name}.json"
-    run([args.symprune, "prune", "--model", model, "--calib", "synthetic", "--nsamples", str(args.nsamples),
-         "--seqlen", str(args.seqlen), "--no-recon-error", *ours, *shlex.split(args.symprune_args), "--report",
-         str(report)])
+    env = dict(os.environ, SYMPRUNE_CUDA_PROFILE="1") if args.profile else None
+    stderr = run([args.symprune, "prune", "--model", model, "--calib", "synthetic", "--nsamples", str(args.nsamples),
+                  "--seqlen", str(args.seqlen), "--no-recon-error", *ours, *shlex.split(args.symprune_args),
+                  "--report", str(report)], env)
     ours_report = json.loads(report.read_text())
     timings, typical = ours_report["timings"], typical_block(ours_report["block_timings"])
     case = {"case": name, "seconds": extrapolate(timings["total"], typical["seconds"], missing),
@@ -150,6 +166,8 @@ def run_case(args, name, model, layers, floor, blocks, tmp, result):
             "stages": {k: extrapolate(v, typical.get(k, 0.0), missing) for k, v in timings.items() if k != "total"},
             "block_timings": ours_report["block_timings"],
             "device_memory": ours_report.get("device_memory")}
+    if args.profile:
+        case["op_profile"] = op_profile(stderr)
     if not args.no_torch:
         torch_json = tmp / f"{name}.torch.json"
         run([sys.executable, str(HERE / "pytorch_layerwise.py"), "--synthetic", args.model, "--nsamples",

@@ -5,10 +5,13 @@
 #  3. the kernel benchmark (bench/cuda/cuda_kernels_bench.cc);
 #  4. the end-to-end prune benchmark (bench/cuda_prune_bench.py: symprune --device cuda and the PyTorch
 #     loop on the first PRUNE_BENCH_BLOCKS blocks of synthetic:llama2-7b at 128 x 2048, default 3,
-#     extrapolated from the last of them);
+#     extrapolated from a middle one);
 #  5. the issue's 70B target: wanda 50 % of synthetic:llama2-70b at 128 x 2048 in bf16 on this one GPU
 #     (its first PRUNE_70B_BLOCKS blocks, default 4, extrapolated; memory peaks per block, so the plan and the
-#     peak are those of the whole model).
+#     peak are those of the whole model);
+#  6. on request only (not in the default plan), prune_profile: the cases PRUNE_PROFILE_CASES (default
+#     wanda-50) of the prune benchmark on 3 blocks with the CUDA backend's time per op
+#     (SYMPRUNE_CUDA_PROFILE=1, cuda_prune_profile.json).
 # Logs and results are written to a work directory; after every group of steps the whole of it is packed
 # into $OUT/gpu-results.tar.gz and the table of outcomes so far into $OUT/summary.txt (the device tool brings
 # back at most 8 files, and what is under $OUT when a call is stopped). The table is printed last.
@@ -36,7 +39,7 @@ if [[ -f $bundle ]]; then
   bundle="$unpacked"
 fi
 bundle="$(cd "$bundle" && pwd)"
-all_steps="tests memcheck racecheck prune_bench kernels_bench prune_70b"
+all_steps="tests memcheck racecheck prune_bench kernels_bench prune_70b prune_profile"
 plan="tests:200+memcheck:200+racecheck:200,prune_bench:180,kernels_bench:60,prune_70b:100"
 skip=" "
 while (($# > 0)); do
@@ -171,6 +174,9 @@ step_command() {  # step_command NAME: sets command (an array) and log_name
     prune_bench) log_name=prune_bench command=(python3 "$bench/cuda_prune_bench.py" --symprune "$bundle/bin/symprune.sh"
       --blocks "${PRUNE_BENCH_BLOCKS:-3}" --symprune-args "--device cuda --dtype bf16" --torch-args "--dtype fp16"
       --out "$out/cuda_prune_bench") ;;
+    prune_profile) log_name=prune_profile command=(python3 "$bench/cuda_prune_bench.py" --symprune "$bundle/bin/symprune.sh"
+      --blocks 3 --cases "${PRUNE_PROFILE_CASES:-wanda-50}" --no-torch --profile --symprune-args "--device cuda --dtype bf16"
+      --out "$out/cuda_prune_profile") ;;
     prune_70b) log_name=prune_70b command=(python3 "$bench/cuda_prune_bench.py" --symprune "$bundle/bin/symprune.sh"
       --model llama2-70b --blocks "${PRUNE_70B_BLOCKS:-4}" --cases wanda-50 --no-torch
       --symprune-args "--device cuda --dtype bf16" --out "$out/cuda_prune_bench_70b") ;;

@@ -41,9 +41,21 @@ void BlockStatistics::on_linear(const model::LinearId& id, const Tensor& input, 
   const int64_t n = input.dim(-1);
   const int64_t rows = input.numel() / n;
   const int64_t windows = rows / seq_len_;
-  // A fresh partial per chunk: total = Σ chunks in order (engine/ordered_reduce.h).
-  chunk_stats_[id.name].push_back(
-      backend_.activation_stats(input, collect_output_ ? &output : nullptr, output_bias, windows, seq_len_));
+  // A fresh partial per chunk: total = Σ chunks in order (engine/ordered_reduce.h). The other linears of
+  // a group read the same input (the model's contract, linear_input_groups): without output statistics
+  // they take the leader's partial of this chunk instead of computing it again.
+  const Group* group = group_of(id.name);
+  auto& chunks = chunk_stats_[id.name];
+  if (!collect_output_ && group != nullptr && group->leader != id.name) {
+    const auto& leader_chunks = chunk_stats_[group->leader];
+    SYMPRUNE_ASSERT(leader_chunks.size() == chunks.size() + 1 && leader_chunks.back().in_features() == n,
+                    "statistics of {} before its group's leader {} in chunk {}", id.name, group->leader,
+                    chunks.size());
+    chunks.push_back(leader_chunks.back());
+  } else {
+    chunks.push_back(
+        backend_.activation_stats(input, collect_output_ ? &output : nullptr, output_bias, windows, seq_len_));
+  }
   for (auto& group : groups_) {
     if (group.leader != id.name) continue;
     if (!sample_positions_.empty()) {

@@ -52,7 +52,8 @@ void expect_close(const Tensor& actual, const Tensor& expected, double tolerance
 }
 
 TEST_F(KernelTest, ElementwiseOpsEqualTheCpuBitForBit) {
-  const int64_t rows = 37, d = 300;
+  // 37 x 301: the vector kernels' groups of four and a last element on its own.
+  const int64_t rows = 37, d = 301;
   const Tensor a({rows, d}, uniform_values(rows * d, 1, -3.0f, 3.0f));
   const Tensor b({rows, d}, uniform_values(rows * d, 2, -3.0f, 3.0f));
   {
@@ -97,17 +98,20 @@ TEST_F(KernelTest, ElementwiseOpsEqualTheCpuBitForBit) {
 TEST_F(KernelTest, RopeEqualsTheCpuBitForBit) {
   for (const auto& scaling :
        {std::optional<Llama3RopeScaling>(), std::optional<Llama3RopeScaling>(Llama3RopeScaling{})}) {
-    const int64_t head_dim = 64, n_heads = 3;
-    const SequenceBatch batch{2, 41};
-    const std::vector<float> inv_freq = rope_inv_freq(head_dim, 500000.0, scaling);
-    const Tensor x0({batch.rows(), n_heads * head_dim}, uniform_values(batch.rows() * n_heads * head_dim, 6));
-    Tensor expected = x0;
-    cpu_backend().rope(expected, batch, n_heads, inv_freq);
-    const RopeTables tables = rope_tables(inv_freq, batch.seq_len);
-    DeviceArray<float> x = on_device(x0);
-    const DeviceArray<float> c(tables.cos), s(tables.sin);
-    cuda::launch_rope(x.data(), batch.rows(), batch.seq_len, n_heads, head_dim / 2, c.data(), s.data(), {});
-    expect_bitwise_equal(from_device(x, x0.shape()), expected, scaling ? "rope llama3" : "rope");
+    for (const int64_t head_dim : {64, 10}) {  // four frequencies at a time (float4), or one (5 of them)
+      const int64_t n_heads = 3;
+      const SequenceBatch batch{2, 41};
+      const std::vector<float> inv_freq = rope_inv_freq(head_dim, 500000.0, scaling);
+      const Tensor x0({batch.rows(), n_heads * head_dim},
+                      uniform_values(batch.rows() * n_heads * head_dim, 6));
+      Tensor expected = x0;
+      cpu_backend().rope(expected, batch, n_heads, inv_freq);
+      const RopeTables tables = rope_tables(inv_freq, batch.seq_len);
+      DeviceArray<float> x = on_device(x0);
+      const DeviceArray<float> c(tables.cos), s(tables.sin);
+      cuda::launch_rope(x.data(), batch.rows(), batch.seq_len, n_heads, head_dim / 2, c.data(), s.data(), {});
+      expect_bitwise_equal(from_device(x, x0.shape()), expected, scaling ? "rope llama3" : "rope");
+    }
   }
 }
 

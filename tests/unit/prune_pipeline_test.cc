@@ -648,10 +648,11 @@ TEST(DeviceMemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
   EXPECT_DOUBLE_EQ(bf16.calibration, 2 * 2 * tokens * d);  // H and the dense pass's copy
   EXPECT_DOUBLE_EQ(fp32.calibration, 2 * 4 * tokens * d);
   EXPECT_DOUBLE_EQ(bf16.globals, 4 * (vocab + config.max_position_embeddings + 2) * d + 2 * vocab * d);
-  // In bf16 a micro-batch also holds the fp32 states, a linear's input rounded to 16 bits, and the
-  // attention's rounded q (d wide), k and v, and its 256 MiB tile of scores and probabilities.
+  // In bf16 a micro-batch also holds the fp32 states, the 16-bit copies of what is read rounded (the
+  // norm's output, q (d wide), k, v, the attention's output and the MLP's activation), and the attention's
+  // 256 MiB tile of scores and probabilities.
   EXPECT_DOUBLE_EQ(bf16.activations - fp32.activations,
-                   4 * pass * d + 2 * pass * ffn + 2 * pass * (d + 2 * kv) + 256.0 * 1024 * 1024);
+                   4 * pass * d + 2 * pass * (d + ffn + 2 * d + 2 * kv) + 256.0 * 1024 * 1024);
   EXPECT_DOUBLE_EQ(bf16.selection,
                    9 * d * ffn + 64.0 * 1024 * 1024);  // fp32 scores and copy, byte mask, DSnoT
   EXPECT_LT(one_rank.total(), 0.5 * 80e9);

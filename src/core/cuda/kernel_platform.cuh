@@ -9,17 +9,17 @@
 // (a template kernel through a function pointer variable), declare dynamic shared memory with
 // SYMPRUNE_DYNAMIC_SHARED(type, name), check the launch with SYMPRUNE_CHECK_LAUNCH() and ask for a
 // fully unrolled loop with SYMPRUNE_UNROLL (#pragma unroll under nvcc, nothing in the emulation), or one
-// unrolled by two with SYMPRUNE_UNROLL_TWICE.
+// unrolled `count` times with SYMPRUNE_UNROLL_BY(count).
 //
 // 16-bit storage elements are uint16_t bit patterns, converted with bf16_bits_to_float & co.: CUDA's
 // intrinsics under nvcc, core/dtype.h's conversions in the emulation; both round to nearest even and agree
 // on every value except NaN payloads.
 //
 // The warp-wide matrix instructions of the flash attention (mma_m16n8k16, load_matrix_x4[_trans],
-// copy_async_16 with its commit and wait, pack_pair) are inline PTX under nvcc and
-// emulation/emulated_mma.h's in the emulation, which documents their fragment layouts. A kernel that
-// needs more than 48 KiB of dynamic shared memory opts in with SYMPRUNE_ALLOW_DYNAMIC_SHARED(kernel, bytes)
-// before its launch.
+// copy_async_16 with its commit and wait, pack_pair) and the vector accesses (load_float4, store_float4,
+// load_4x16, store_4x16) are inline PTX or CUDA's vector types under nvcc and emulation/emulated_mma.h's in
+// the emulation, which documents their fragment layouts. A kernel that needs more than 48 KiB of dynamic
+// shared memory opts in with SYMPRUNE_ALLOW_DYNAMIC_SHARED(kernel, bytes) before its launch.
 #include <cstdint>
 
 #if defined(SYMPRUNE_CUDA_EMULATION)
@@ -107,6 +107,24 @@ template <int kPending>
 __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
+// Four floats at p (16-byte aligned) as one access; four 16-bit values at p (8-byte aligned) as one store.
+__device__ __forceinline__ float4 load_float4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ void store_float4(float* p, float4 value) {
+  *reinterpret_cast<float4*>(p) = value;
+}
+__device__ __forceinline__ void load_4x16(const uint16_t* p, uint16_t (&values)[4]) {
+  const uint2 word = *reinterpret_cast<const uint2*>(p);
+  values[0] = static_cast<uint16_t>(word.x & 0xFFFFu);
+  values[1] = static_cast<uint16_t>(word.x >> 16);
+  values[2] = static_cast<uint16_t>(word.y & 0xFFFFu);
+  values[3] = static_cast<uint16_t>(word.y >> 16);
+}
+__device__ __forceinline__ void store_4x16(uint16_t* p, uint16_t a, uint16_t b, uint16_t c, uint16_t d) {
+  *reinterpret_cast<uint2*>(p) =
+      make_uint2(a | static_cast<uint32_t>(b) << 16, c | static_cast<uint32_t>(d) << 16);
+}
 // Two floats rounded to the 16-bit type as one register (low: the first).
 template <bool kBf16>
 __device__ __forceinline__ uint32_t pack_pair(float low, float high) {
@@ -129,5 +147,6 @@ __device__ __forceinline__ uint32_t pack_pair(float low, float high) {
 #define SYMPRUNE_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #define SYMPRUNE_CHECK_LAUNCH() SYMPRUNE_CUDA_CHECK(cudaGetLastError())
 #define SYMPRUNE_UNROLL _Pragma("unroll")
-#define SYMPRUNE_UNROLL_TWICE _Pragma("unroll 2")
+#define SYMPRUNE_PRAGMA(text) _Pragma(#text)
+#define SYMPRUNE_UNROLL_BY(count) SYMPRUNE_PRAGMA(unroll count)
 #endif

@@ -32,6 +32,9 @@ using cudaStream_t = EmulatedStream*;
 struct uint3 {
   unsigned x, y, z;
 };
+struct float4 {
+  float x, y, z, w;
+};
 namespace symprune::cuda::emulation {
 uint3 thread_index();
 uint3 block_index();
@@ -99,7 +102,7 @@ inline int lane_id() {
   type* name = static_cast<type*>(::symprune::cuda::emulation::dynamic_shared())
 #define SYMPRUNE_CHECK_LAUNCH() ((void)0)
 #define SYMPRUNE_UNROLL
-#define SYMPRUNE_UNROLL_TWICE
+#define SYMPRUNE_UNROLL_BY(count)
 
 inline void __syncthreads() {
   ::symprune::cuda::emulation::sync_block();

@@ -1,12 +1,12 @@
 #pragma once
-// A CPU emulation of the warp-wide matrix instructions the flash attention uses (kernel_platform.cuh
-// names them): mma.sync m16n8k16 with bf16 or fp16 operands and fp32 accumulators, ldmatrix (x4, plain
-// and transposed) and cp.async of 16 bytes. Fragments follow the PTX ISA's layouts exactly (lane
-// L = 4·group + thread_in_group), so a kernel that gets a layout wrong gets wrong results here too. Each
-// instruction gathers what the 32 lanes hold in one warp step (all 32 lanes must make every call, as on a
-// GPU). Products of 16-bit operands are exact in fp32 and summed in fp32 in k order (a tensor core's order
-// is unspecified). cp.async copies at once; its commit and wait are no-ops (the GPU's racecheck covers
-// their ordering).
+// A CPU emulation of the warp-wide matrix instructions the flash attention uses and of the vector
+// accesses of the elementwise kernels (kernel_platform.cuh names them): mma.sync m16n8k16 with bf16 or fp16
+// operands and fp32 accumulators, ldmatrix (x4, plain and transposed) and cp.async of 16 bytes. Fragments
+// follow the PTX ISA's layouts exactly (lane L = 4·group + thread_in_group), so a kernel that gets a layout
+// wrong gets wrong results here too. Each instruction gathers what the 32 lanes hold in one warp step (all 32
+// lanes must make every call, as on a GPU). Products of 16-bit operands are exact in fp32 and summed in fp32
+// in k order (a tensor core's order is unspecified). cp.async copies at once; its commit and wait are no-ops
+// (the GPU's racecheck covers their ordering).
 #include <cstdint>
 #include <cstring>
 
@@ -95,6 +95,23 @@ inline void copy_async_16(uint16_t* shared, const uint16_t* global, bool valid) 
 inline void copy_async_commit() {}
 template <int kPending>
 void copy_async_wait() {}
+
+// Four floats at p (16-byte aligned) as one access; four 16-bit values at p (8-byte aligned) as one store.
+inline float4 load_float4(const float* p) {
+  float4 value;
+  std::memcpy(&value, p, sizeof value);
+  return value;
+}
+inline void store_float4(float* p, float4 value) {
+  std::memcpy(p, &value, sizeof value);
+}
+inline void load_4x16(const uint16_t* p, uint16_t (&values)[4]) {
+  std::memcpy(values, p, sizeof values);
+}
+inline void store_4x16(uint16_t* p, uint16_t a, uint16_t b, uint16_t c, uint16_t d) {
+  const uint16_t values[4] = {a, b, c, d};
+  std::memcpy(p, values, sizeof values);
+}
 
 template <bool kBf16>
 uint32_t pack_pair(float low, float high) {

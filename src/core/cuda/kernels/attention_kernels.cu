@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(kFlashThreads)
       for (int r = 0; r < kRowTiles; ++r) SYMPRUNE_UNROLL
       for (int n = 0; n < kKeyTiles; ++n) s[r][n][0] = s[r][n][1] = s[r][n][2] = s[r][n][3] = 0.0f;
       // Unrolled by two only: fully unrolled, the compiler loads every step's Q fragments at once and spills.
-      SYMPRUNE_UNROLL_TWICE
+      SYMPRUNE_UNROLL_BY(2)
       for (int step = 0; step < kSteps; ++step) {
         uint32_t a[kRowTiles][4];
         SYMPRUNE_UNROLL

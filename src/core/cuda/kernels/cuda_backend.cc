@@ -3,10 +3,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -181,6 +187,66 @@ void convert_in_chunks(int64_t numel,
     step(first, std::min(kConvertChunk, numel - first), wide);
 }
 
+// SYMPRUNE_CUDA_PROFILE=1 (a diagnostic): every op of the backend waits for the device before it returns
+// and adds its time to a table per op, printed to stderr at exit. The waits cost time themselves; an op
+// called from inside another counts in the outer one only.
+class OpProfile {
+ public:
+  static OpProfile& instance() {
+    static OpProfile profile;
+    return profile;
+  }
+  bool enabled() const { return enabled_; }
+  void add(const char* op, double seconds) {
+    const std::lock_guard lock(mutex_);
+    auto& [calls, total] = ops_[op];
+    ++calls;
+    total += seconds;
+  }
+  ~OpProfile() {
+    if (!enabled_ || ops_.empty()) return;
+    double sum = 0.0;
+    for (const auto& [op, entry] : ops_) sum += entry.second;
+    std::fprintf(stderr, "cuda backend ops (SYMPRUNE_CUDA_PROFILE), %.3f s in all:\n", sum);
+    for (const auto& [op, entry] : ops_)
+      std::fprintf(stderr, "  %-20s %8lld calls %10.3f s %6.1f %%\n", op.c_str(),
+                   static_cast<long long>(entry.first), entry.second, 100.0 * entry.second / sum);
+  }
+
+ private:
+  OpProfile() {
+    const char* value = std::getenv("SYMPRUNE_CUDA_PROFILE");
+    enabled_ = value != nullptr && std::string_view(value) == "1";
+  }
+  bool enabled_ = false;
+  std::mutex mutex_;
+  std::map<std::string, std::pair<int64_t, double>> ops_;
+};
+
+class OpTimer {
+ public:
+  explicit OpTimer(const char* op) : op_(op), outermost_(OpProfile::instance().enabled() && depth_++ == 0) {
+    if (outermost_) start_ = std::chrono::steady_clock::now();
+  }
+  ~OpTimer() {
+    if (!OpProfile::instance().enabled()) return;
+    --depth_;
+    if (!outermost_) return;
+    synchronize();
+    OpProfile::instance().add(
+        op_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  }
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+ private:
+  static thread_local int depth_;
+  const char* op_;
+  bool outermost_;
+  std::chrono::steady_clock::time_point start_;
+};
+thread_local int OpTimer::depth_ = 0;
+
 class CudaBackend final : public Backend {
  public:
   std::string_view name() const override { return "cuda"; }
@@ -190,6 +256,7 @@ class CudaBackend final : public Backend {
 
   using Backend::allocate;
   Tensor allocate(std::vector<int64_t> shape, DType dtype) override {
+    const OpTimer timer("allocate");
     SYMPRUNE_ASSERT(supports_dtype(dtype), "cuda backend: tensors of dtype {}", dtype_name(dtype));
     Tensor t;
     out_bytes(t, std::move(shape), dtype);
@@ -199,6 +266,7 @@ class CudaBackend final : public Backend {
   // Other dtypes than fp32 are converted on the device (fp32 crosses the bus, the device rounds).
   using Backend::to_backend;
   Tensor to_backend(Tensor host, DType dtype) override {
+    const OpTimer timer("to_backend");
     if (host.on_device() && host.dtype() == dtype) return host;
     Tensor device = allocate(host.shape(), dtype);
     if (host.on_device()) {
@@ -218,11 +286,13 @@ class CudaBackend final : public Backend {
 
   // Safe to call from another thread than the one running the ops (the weight prefetch does).
   Tensor from_stored(std::vector<int64_t> shape, DType dtype, std::span<const std::byte> bytes) override {
+    const OpTimer timer("copy_rows");
     SYMPRUNE_ASSERT(supports_dtype(dtype), "cuda backend: tensors of dtype {}", dtype_name(dtype));
     return uploader_.upload(std::move(shape), dtype, bytes);
   }
 
   Tensor to_host(const Tensor& tensor) override {
+    const OpTimer timer("to_host");
     if (!tensor.on_device()) return tensor;
     Tensor host(tensor.shape());
     if (host.numel() == 0) return host;
@@ -248,6 +318,7 @@ class CudaBackend final : public Backend {
   }
 
   void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y) override {
+    const OpTimer timer("linear");
     SYMPRUNE_ASSERT(weight.rank() == 2 && cols_of(x) == weight.dim(1), "linear: input {} vs weight {}",
                     x.shape_string(), weight.shape_string());
     const int64_t m = weight.dim(0), n = weight.dim(1), rows = rows_of(x);
@@ -266,6 +337,7 @@ class CudaBackend final : public Backend {
   }
 
   Tensor gram(const Tensor& x) override {
+    const OpTimer timer("gram");
     const int64_t n = cols_of(x);
     Tensor host({n, n});
     if (n == 0) return host;
@@ -276,6 +348,7 @@ class CudaBackend final : public Backend {
   }
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
+    const OpTimer timer("rms_norm");
     SYMPRUNE_ASSERT(weight.numel() == cols_of(x), "rms_norm weight {} vs {}", weight.shape_string(),
                     x.shape_string());
     float* yd = out(y, x.shape());
@@ -284,6 +357,7 @@ class CudaBackend final : public Backend {
   }
 
   void layer_norm(const Tensor& x, const Tensor* weight, const Tensor* bias, float eps, Tensor& y) override {
+    const OpTimer timer("layer_norm");
     const bool has_weight = weight != nullptr && !weight->empty(),
                has_bias = bias != nullptr && !bias->empty();
     float* yd = out(y, x.shape());
@@ -293,6 +367,7 @@ class CudaBackend final : public Backend {
 
   void rope(Tensor& x, const SequenceBatch& batch, int64_t n_heads,
             std::span<const float> inv_freq) override {
+    const OpTimer timer("rope");
     const int64_t half = static_cast<int64_t>(inv_freq.size());
     SYMPRUNE_ASSERT(cols_of(x) == n_heads * 2 * half && rows_of(x) == batch.rows(), "rope on {} for {} heads",
                     x.shape_string(), n_heads);
@@ -311,6 +386,7 @@ class CudaBackend final : public Backend {
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const SequenceBatch& batch,
                  int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& o, DType operands) override {
+    const OpTimer timer("attention");
     const int64_t head_dim = cols_of(q) / n_heads;
     SYMPRUNE_ASSERT(
         head_dim * n_heads == cols_of(q) && cols_of(k) == n_kv_heads * head_dim && rows_of(q) == batch.rows(),
@@ -329,23 +405,27 @@ class CudaBackend final : public Backend {
   }
 
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& o) override {
+    const OpTimer timer("silu_mul");
     SYMPRUNE_ASSERT(gate.numel() == up.numel(), "silu_mul {} vs {}", gate.shape_string(), up.shape_string());
     float* od = out(o, gate.shape());
     launch_silu_mul(in(gate, "silu gate"), in(up, "silu up"), gate.numel(), od, {}, rounded_output(o));
   }
 
   void relu(Tensor& x) override {
+    const OpTimer timer("relu");
     rounded_copy_stale(x);
     launch_relu(x.device_data(), x.numel(), {});
   }
 
   void add(Tensor& x, const Tensor& y) override {
+    const OpTimer timer("add");
     SYMPRUNE_ASSERT(x.numel() == y.numel(), "add {} vs {}", x.shape_string(), y.shape_string());
     rounded_copy_stale(x);
     launch_add(x.device_data(), in(y, "add operand"), x.numel(), {});
   }
 
   void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& o) override {
+    const OpTimer timer("embedding");
     SYMPRUNE_ASSERT(table.rank() == 2, "embedding table {}", table.shape_string());
     const int64_t d = table.dim(1), count = static_cast<int64_t>(ids.size());
     for (int32_t id : ids)
@@ -357,6 +437,7 @@ class CudaBackend final : public Backend {
 
   void add_position_rows(Tensor& x, const Tensor& table, const SequenceBatch& batch,
                          int64_t row_offset) override {
+    const OpTimer timer("add_position_rows");
     const int64_t d = cols_of(x);
     SYMPRUNE_ASSERT(table.rank() == 2 && table.dim(1) == d && row_offset + batch.seq_len <= table.dim(0) &&
                         rows_of(x) == batch.rows(),
@@ -368,6 +449,7 @@ class CudaBackend final : public Backend {
 
   ActivationStats activation_stats(const Tensor& input, const Tensor* output, const Tensor* output_bias,
                                    int64_t seqs, int64_t seq_len) override {
+    const OpTimer timer("activation_stats");
     // The host's shape checks (the device accumulator sees pointers only), in its order.
     if (seqs > 0 && seq_len > 0) {
       checked_activation_width(input, seqs * seq_len, "input");
@@ -383,6 +465,7 @@ class CudaBackend final : public Backend {
 
   Mask score_and_select(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
                         const ScoreOptions& options, const MaskSpec& spec, const MatrixPart* part) override {
+    const OpTimer timer("score_and_select");
     SYMPRUNE_ASSERT(weight.rank() == 2, "scores of weight {}", weight.shape_string());
     const int64_t m = weight.dim(0), n = weight.dim(1);
     const int64_t row_end = options.row_end < 0 ? m : options.row_end;
@@ -400,6 +483,7 @@ class CudaBackend final : public Backend {
   }
 
   Tensor mask_weight(const Tensor& weight, const Mask& mask, MaskedPart keep) override {
+    const OpTimer timer("mask_weight");
     SYMPRUNE_ASSERT(weight.rank() == 2 && mask.rows() == weight.dim(0) && mask.cols() == weight.dim(1),
                     "mask {}x{} for weight {}", mask.rows(), mask.cols(), weight.shape_string());
     const DeviceArray<uint8_t> bits(mask.pack_bits());
@@ -414,17 +498,20 @@ class CudaBackend final : public Backend {
                            const std::vector<double>& var, const std::vector<double>& act_norm, Mask& mask,
                            const DsnotOptions& options, std::optional<NmPattern> nm,
                            const std::vector<double>* column_l1) override {
+    const OpTimer timer("refine_dsnot");
     Tensor widened;
     return refine_dsnot_on_device(fp32_view(weight, widened), mu, var, act_norm, mask, options, nm,
                                   column_l1);
   }
 
   std::vector<double> initial_column_l1(const Tensor& weight, const Mask& mask) override {
+    const OpTimer timer("initial_column_l1");
     Tensor widened;
     return initial_column_l1_on_device(fp32_view(weight, widened), mask);
   }
 
   std::vector<double> row_nll(const Tensor& logits, std::span<const int32_t> targets) override {
+    const OpTimer timer("row_nll");
     const int64_t vocab = cols_of(logits), rows = rows_of(logits);
     SYMPRUNE_ASSERT(static_cast<int64_t>(targets.size()) == rows, "row_nll: {} targets for logits {}",
                     targets.size(), logits.shape_string());

@@ -1,6 +1,7 @@
 // Forward-pass kernels (see forward_kernels.h). Products and sums that nvcc could contract into FMAs are
 // written with __fmul_rn/__fadd_rn where the CPU result is reproduced bit for bit.
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "core/cuda/kernel_platform.cuh"
@@ -30,9 +31,30 @@ __device__ double block_sum(double value) {
   return result;
 }
 
+// Whether every pointer is 16-byte aligned (the vector kernels' float4 accesses); null pointers pass.
+template <typename... Pointers>
+bool aligned16(Pointers... pointers) {
+  return ((reinterpret_cast<uintptr_t>(pointers) % 16 == 0) && ...);
+}
+
+// The elementwise kernels below take four elements per thread and step when their pointers allow
+// (`vector`: count/4 float4 accesses, then the last count % 4 one by one), each element computed exactly as
+// in the one-at-a-time loop: the vector accesses only move more bytes per instruction.
+#define SYMPRUNE_GRID_STRIDE(i, count)                                                       \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (count); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
 // The 16-bit copy of an output element (RoundedOutput): `rounded` null writes none.
+__device__ __forceinline__ uint16_t round_16bit(bool bf16, float value) {
+  return bf16 ? float_to_bf16_bits(value) : float_to_fp16_bits(value);
+}
 __device__ __forceinline__ void write_rounded(uint16_t* rounded, bool bf16, int64_t i, float value) {
-  if (rounded != nullptr) rounded[i] = bf16 ? float_to_bf16_bits(value) : float_to_fp16_bits(value);
+  if (rounded != nullptr) rounded[i] = round_16bit(bf16, value);
+}
+__device__ __forceinline__ void write_rounded4(uint16_t* rounded, bool bf16, int64_t i, float4 value) {
+  if (rounded != nullptr)
+    store_4x16(rounded + i, round_16bit(bf16, value.x), round_16bit(bf16, value.y),
+               round_16bit(bf16, value.z), round_16bit(bf16, value.w));
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -49,6 +71,33 @@ __global__ void __launch_bounds__(kThreads)
     const float value = __fmul_rn(weight[j], __fmul_rn(xr[j], inv));
     yr[j] = value;
     write_rounded(rr, rounded_bf16, j, value);
+  }
+}
+
+// The same with float4 accesses (d % 4 == 0, 16-byte aligned rows): thread j sums the groups of four j,
+// j + kThreads, ... (another order of the fp64 partial sums than rms_norm_kernel's, within the same tolerance
+// of the CPU); each output is computed as there.
+__global__ void __launch_bounds__(kThreads)
+    rms_norm4_kernel(const float* __restrict__ x, const float* __restrict__ weight, int64_t d, float eps,
+                     float* __restrict__ y, uint16_t* __restrict__ rounded, bool rounded_bf16) {
+  const int64_t row = blockIdx.x, quads = d / 4;
+  const float* xr = x + row * d;
+  float* yr = y + row * d;
+  double sumsq = 0.0;
+  for (int64_t q = threadIdx.x; q < quads; q += kThreads) {
+    const float4 v = load_float4(xr + 4 * q);
+    sumsq += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y +
+             static_cast<double>(v.z) * v.z + static_cast<double>(v.w) * v.w;
+  }
+  sumsq = block_sum(sumsq);
+  const float inv = static_cast<float>(1.0 / sqrt(sumsq / static_cast<double>(d) + eps));
+  uint16_t* rr = rounded != nullptr ? rounded + row * d : nullptr;
+  for (int64_t q = threadIdx.x; q < quads; q += kThreads) {
+    const float4 v = load_float4(xr + 4 * q), w = load_float4(weight + 4 * q);
+    const float4 out{__fmul_rn(w.x, __fmul_rn(v.x, inv)), __fmul_rn(w.y, __fmul_rn(v.y, inv)),
+                     __fmul_rn(w.z, __fmul_rn(v.z, inv)), __fmul_rn(w.w, __fmul_rn(v.w, inv))};
+    store_float4(yr + 4 * q, out);
+    write_rounded4(rr, rounded_bf16, 4 * q, out);
   }
 }
 
@@ -75,6 +124,36 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__device__ __forceinline__ float rotated_first(float x1, float x2, float c, float s) {
+  return __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+}
+__device__ __forceinline__ float rotated_second(float x1, float x2, float c, float s) {
+  return __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
+// Four frequencies of one head and row per thread (half % 4 == 0, aligned pointers): float4 accesses.
+__global__ void rope4_kernel(float* __restrict__ x, int64_t rows, int64_t seq_len, int64_t n_heads,
+                             int64_t half, const float* __restrict__ cos_table,
+                             const float* __restrict__ sin_table, uint16_t* __restrict__ rounded,
+                             bool rounded_bf16) {
+  const int64_t quarter = half / 4;
+  SYMPRUNE_GRID_STRIDE(i, rows * n_heads * quarter) {
+    const int64_t f = 4 * (i % quarter), head_row = i / quarter;
+    const int64_t t = head_row / n_heads % seq_len;
+    const int64_t first = head_row * 2 * half + f;  // row head_row / n_heads, head head_row % n_heads
+    const float4 x1 = load_float4(x + first), x2 = load_float4(x + first + half);
+    const float4 c = load_float4(cos_table + t * half + f), s = load_float4(sin_table + t * half + f);
+    const float4 y1{rotated_first(x1.x, x2.x, c.x, s.x), rotated_first(x1.y, x2.y, c.y, s.y),
+                    rotated_first(x1.z, x2.z, c.z, s.z), rotated_first(x1.w, x2.w, c.w, s.w)};
+    const float4 y2{rotated_second(x1.x, x2.x, c.x, s.x), rotated_second(x1.y, x2.y, c.y, s.y),
+                    rotated_second(x1.z, x2.z, c.z, s.z), rotated_second(x1.w, x2.w, c.w, s.w)};
+    store_float4(x + first, y1);
+    store_float4(x + first + half, y2);
+    write_rounded4(rounded, rounded_bf16, first, y1);
+    write_rounded4(rounded, rounded_bf16, first + half, y2);
+  }
+}
+
 __global__ void rope_kernel(float* __restrict__ x, int64_t rows, int64_t seq_len, int64_t n_heads,
                             int64_t half, const float* __restrict__ cos_table,
                             const float* __restrict__ sin_table, uint16_t* __restrict__ rounded,
@@ -88,8 +167,7 @@ __global__ void rope_kernel(float* __restrict__ x, int64_t rows, int64_t seq_len
     float* v = x + first;
     const float c = cos_table[t * half + f], s = sin_table[t * half + f];
     const float x1 = v[0], x2 = v[half];
-    const float y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-    const float y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    const float y1 = rotated_first(x1, x2, c, s), y2 = rotated_second(x1, x2, c, s);
     v[0] = y1;
     v[half] = y2;
     write_rounded(rounded, rounded_bf16, first, y1);
@@ -97,12 +175,24 @@ __global__ void rope_kernel(float* __restrict__ x, int64_t rows, int64_t seq_len
   }
 }
 
+__device__ __forceinline__ float silu_times(float g, float u) {
+  return __fmul_rn(g / __fadd_rn(1.0f, expf(-g)), u);
+}
+
 __global__ void silu_mul_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t count,
-                                float* __restrict__ out, uint16_t* __restrict__ rounded, bool rounded_bf16) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    const float value = __fmul_rn(g / __fadd_rn(1.0f, expf(-g)), up[i]);
+                                float* __restrict__ out, uint16_t* __restrict__ rounded, bool rounded_bf16,
+                                bool vector) {
+  const int64_t head = vector ? count / 4 : 0;
+  SYMPRUNE_GRID_STRIDE(q, head) {
+    const float4 g = load_float4(gate + 4 * q), u = load_float4(up + 4 * q);
+    const float4 value{silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z),
+                       silu_times(g.w, u.w)};
+    store_float4(out + 4 * q, value);
+    write_rounded4(rounded, rounded_bf16, 4 * q, value);
+  }
+  SYMPRUNE_GRID_STRIDE(j, count - 4 * head) {
+    const int64_t i = 4 * head + j;
+    const float value = silu_times(gate[i], up[i]);
     out[i] = value;
     write_rounded(rounded, rounded_bf16, i, value);
   }
@@ -114,10 +204,17 @@ __global__ void relu_kernel(float* __restrict__ x, int64_t count) {
     x[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
-__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t count) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t count, bool vector) {
+  const int64_t head = vector ? count / 4 : 0;
+  SYMPRUNE_GRID_STRIDE(q, head) {
+    const float4 a = load_float4(x + 4 * q), b = load_float4(y + 4 * q);
+    store_float4(x + 4 * q,
+                 float4{__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w)});
+  }
+  SYMPRUNE_GRID_STRIDE(j, count - 4 * head) {
+    const int64_t i = 4 * head + j;
     x[i] = __fadd_rn(x[i], y[i]);
+  }
 }
 
 __global__ void embedding_kernel(const float* __restrict__ table, const int32_t* __restrict__ ids,
@@ -215,8 +312,13 @@ __global__ void __launch_bounds__(kThreads)
 void launch_rms_norm(const float* x, const float* weight, int64_t rows, int64_t d, float eps, float* y,
                      DeviceStream stream, RoundedOutput rounded) {
   if (rows <= 0 || d <= 0) return;
-  SYMPRUNE_LAUNCH(rms_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, native(stream), x, weight, d,
-                  eps, y, static_cast<uint16_t*>(rounded.data), rounded.dtype == DType::kBF16);
+  auto* rounded_data = static_cast<uint16_t*>(rounded.data);
+  if (d % 4 == 0 && aligned16(x, weight, y) && reinterpret_cast<uintptr_t>(rounded_data) % 8 == 0)
+    SYMPRUNE_LAUNCH(rms_norm4_kernel, static_cast<unsigned>(rows), kThreads, 0, native(stream), x, weight, d,
+                    eps, y, rounded_data, rounded.dtype == DType::kBF16);
+  else
+    SYMPRUNE_LAUNCH(rms_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, native(stream), x, weight, d,
+                    eps, y, rounded_data, rounded.dtype == DType::kBF16);
   SYMPRUNE_CHECK_LAUNCH();
 }
 
@@ -232,16 +334,24 @@ void launch_rope(float* x, int64_t rows, int64_t seq_len, int64_t n_heads, int64
                  const float* cos_table, const float* sin_table, DeviceStream stream, RoundedOutput rounded) {
   const int64_t pairs = rows * n_heads * half;
   if (pairs <= 0) return;
-  SYMPRUNE_LAUNCH(rope_kernel, grid_for(pairs), kThreads, 0, native(stream), x, rows, seq_len, n_heads, half,
-                  cos_table, sin_table, static_cast<uint16_t*>(rounded.data), rounded.dtype == DType::kBF16);
+  auto* rounded_data = static_cast<uint16_t*>(rounded.data);
+  if (half % 4 == 0 && aligned16(x, cos_table, sin_table) &&
+      reinterpret_cast<uintptr_t>(rounded_data) % 8 == 0)
+    SYMPRUNE_LAUNCH(rope4_kernel, grid_for(pairs / 4), kThreads, 0, native(stream), x, rows, seq_len, n_heads,
+                    half, cos_table, sin_table, rounded_data, rounded.dtype == DType::kBF16);
+  else
+    SYMPRUNE_LAUNCH(rope_kernel, grid_for(pairs), kThreads, 0, native(stream), x, rows, seq_len, n_heads,
+                    half, cos_table, sin_table, rounded_data, rounded.dtype == DType::kBF16);
   SYMPRUNE_CHECK_LAUNCH();
 }
 
 void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out, DeviceStream stream,
                      RoundedOutput rounded) {
   if (count <= 0) return;
-  SYMPRUNE_LAUNCH(silu_mul_kernel, grid_for(count), kThreads, 0, native(stream), gate, up, count, out,
-                  static_cast<uint16_t*>(rounded.data), rounded.dtype == DType::kBF16);
+  auto* rounded_data = static_cast<uint16_t*>(rounded.data);
+  const bool vector = aligned16(gate, up, out) && reinterpret_cast<uintptr_t>(rounded_data) % 8 == 0;
+  SYMPRUNE_LAUNCH(silu_mul_kernel, grid_for(vector ? count / 4 : count), kThreads, 0, native(stream), gate,
+                  up, count, out, rounded_data, rounded.dtype == DType::kBF16, vector);
   SYMPRUNE_CHECK_LAUNCH();
 }
 
@@ -253,7 +363,9 @@ void launch_relu(float* x, int64_t count, DeviceStream stream) {
 
 void launch_add(float* x, const float* y, int64_t count, DeviceStream stream) {
   if (count <= 0) return;
-  SYMPRUNE_LAUNCH(add_kernel, grid_for(count), kThreads, 0, native(stream), x, y, count);
+  const bool vector = aligned16(x, y);
+  SYMPRUNE_LAUNCH(add_kernel, grid_for(vector ? count / 4 : count), kThreads, 0, native(stream), x, y, count,
+                  vector);
   SYMPRUNE_CHECK_LAUNCH();
 }
 

@@ -21,6 +21,9 @@ __global__ void sequence_sums_kernel(const float* __restrict__ x, const float* _
   const float* column = x + s * seq_len * width + c;
   const double shift = offset != nullptr ? static_cast<double>(offset[c]) : 0.0;
   double sumsq = 0.0, sum = 0.0;
+  // Unrolled so that many loads are in flight per thread (the sums must stay in token order, so a thread
+  // has a whole column of a sequence and there are only seqs · width threads).
+  SYMPRUNE_UNROLL_BY(16)
   for (int64_t t = 0; t < seq_len; ++t) {
     const double v = offset != nullptr ? __dsub_rn(static_cast<double>(column[t * width]), shift)
                                        : static_cast<double>(column[t * width]);
