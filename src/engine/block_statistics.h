@@ -5,7 +5,8 @@
 // same positions of every window, for the report's reconstruction error).
 //
 // Each rank runs the dense block on its chunks of calibration windows; the model calls the observer once
-// per chunk (the micro-batch) and linear. Chunk partials are combined in global chunk order
+// per chunk (the micro-batch) and linear. Without output statistics, the other linears of a group take the
+// group leader's statistics of the chunk (the same input: one pass over it, not one per linear). Chunk partials are combined in global chunk order
 // (engine/ordered_reduce.h), so the statistics are bit-identical for any number of ranks and equal to the
 // single-process ones. Statistics: one gather of every chunk's per-channel vectors per block (all linears
 // fused into one buffer). Grams: one ordered chain per input group. Samples: one gather per input group, in

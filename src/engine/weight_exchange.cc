@@ -53,18 +53,20 @@ Tensor backend_tensor(const model::DecoderModel& model, const std::string& store
 
 BlockWeightExchange::Share BlockWeightExchange::read_share(int64_t block) const {
   Share share;
+  const bool one_rank = comm_.size() == 1;
   for (const Planned& t : plan(block)) {
     if (t.owner != comm_.rank()) continue;
-    std::vector<std::byte>& bytes = share.bytes[t.stored];
+    std::vector<std::byte>& bytes = one_rank ? read_buffer_ : share.bytes[t.stored];
     model_.tensors().read_bytes(t.stored, bytes);
     SYMPRUNE_ASSERT(bytes.size() == t.bytes, "{}: {} bytes, expected {}", t.stored, bytes.size(), t.bytes);
     // With one rank the tensor reaches the backend here, off the critical path: a host backend converts it
     // to fp32, a device backend uploads it on its own stream (Backend::from_stored) while the current
-    // block computes. With several ranks the bytes are exchanged first, on the calling thread.
-    if (comm_.size() == 1) {
-      share.values.emplace(t.expected.name, backend_tensor(model_, t.stored, t.expected, bytes));
-      share.bytes.erase(t.stored);
-    }
+    // block computes; the buffer is kept for the next tensor. With several ranks the bytes are exchanged
+    // first, on the calling thread.
+    if (one_rank)
+      share.values.emplace(
+          t.expected.name,
+          model_.backend().from_stored(t.expected.shape, model_.tensors().info(t.stored).dtype, bytes));
   }
   return share;
 }

@@ -54,6 +54,11 @@ class BlockWeightExchange {
   model::DecoderModel& model_;
   int64_t prefetched_block_ = -1;
   std::future<Share> prefetch_;
+  // With one rank, every tensor is read into this one buffer and handed to the backend from it (a fresh
+  // buffer per tensor faulted in the block's hundreds of megabytes of pages again for every block, and
+  // the read of the next 7B block outlasted a block's compute on an H100). Only read_share uses it, and
+  // read_share never runs twice at once (load waits for the prefetch first).
+  mutable std::vector<std::byte> read_buffer_;
   int64_t bytes_read_ = 0, bytes_exchanged_ = 0;
 };
 
