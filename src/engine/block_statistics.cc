@@ -53,8 +53,8 @@ void BlockStatistics::on_linear(const model::LinearId& id, const Tensor& input, 
                     chunks.size());
     chunks.push_back(leader_chunks.back());
   } else {
-    chunks.push_back(
-        backend_.activation_stats(input, collect_output_ ? &output : nullptr, output_bias, windows, seq_len_));
+    chunks.push_back(backend_.activation_stats(input, collect_output_ ? &output : nullptr, output_bias,
+                                               windows, seq_len_));
   }
   for (auto& group : groups_) {
     if (group.leader != id.name) continue;
