@@ -189,7 +189,8 @@ void convert_in_chunks(int64_t numel,
 
 // SYMPRUNE_CUDA_PROFILE=1 (a diagnostic): every op of the backend waits for the device before it returns
 // and adds its time to a table per op, printed to stderr at exit. The waits cost time themselves; an op
-// called from inside another counts in the outer one only.
+// called from inside another counts in the outer one only; from_stored (the weight prefetch's uploads, on
+// their own thread and stream) is not profiled.
 class OpProfile {
  public:
   static OpProfile& instance() {
@@ -285,8 +286,8 @@ class CudaBackend final : public Backend {
   }
 
   // Safe to call from another thread than the one running the ops (the weight prefetch does).
+  // Not profiled: it runs beside the ops, on the weight prefetch's thread.
   Tensor from_stored(std::vector<int64_t> shape, DType dtype, std::span<const std::byte> bytes) override {
-    const OpTimer timer("copy_rows");
     SYMPRUNE_ASSERT(supports_dtype(dtype), "cuda backend: tensors of dtype {}", dtype_name(dtype));
     return uploader_.upload(std::move(shape), dtype, bytes);
   }
@@ -310,6 +311,7 @@ class CudaBackend final : public Backend {
   }
 
   void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override {
+    const OpTimer timer("copy_rows");
     const int64_t width = copy_rows_width(src, src_row, dst, dst_row, rows);
     rounded_copy_stale(dst);
     if (rows > 0)
