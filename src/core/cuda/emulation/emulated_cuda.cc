@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -42,7 +43,16 @@ struct Launch {
 };
 
 Launch* current = nullptr;
-std::atomic<size_t> dynamic_shared_limit{48 * 1024};
+
+// The kernels that opted in to more than 48 KiB of dynamic shared memory, and how much.
+std::mutex opt_in_mutex;
+std::map<const void*, size_t> opted_in;
+
+size_t dynamic_shared_limit(const void* kernel) {
+  const std::lock_guard lock(opt_in_mutex);
+  const auto it = opted_in.find(kernel);
+  return it == opted_in.end() ? size_t{48 * 1024} : it->second;
+}
 thread_local int thread_linear = 0;
 thread_local uint3 thread_index_of_this_thread{0, 0, 0};
 thread_local uint3 block_index_of_this_thread{0, 0, 0};
@@ -111,13 +121,14 @@ void check_warp_call(unsigned mask) {
 
 }  // namespace
 
-void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body) {
+void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const void* kernel,
+            const std::function<void()>& body) {
   const int64_t threads = int64_t{block.x} * block.y * block.z;
   if (threads <= 0 || threads > 1024) abort_kernel("block size outside 1..1024 threads");
   if (int64_t{grid.x} * grid.y * grid.z <= 0) abort_kernel("empty grid");
   if (grid.y > 65535 || grid.z > 65535) abort_kernel("grid.y or grid.z above 65535");
-  if (dynamic_shared_bytes > dynamic_shared_limit.load())
-    abort_kernel("more dynamic shared memory than opted in for (48 KiB without opt-in)");
+  if (dynamic_shared_bytes > dynamic_shared_limit(kernel))
+    abort_kernel("more dynamic shared memory than the kernel opted in for (48 KiB without opt-in)");
 
   static std::mutex launch_mutex;  // one launch at a time
   static WorkerPool pool;
@@ -205,11 +216,10 @@ void warp_all_gather(unsigned mask, const void* mine, size_t bytes, void* all) {
   warp_barrier().arrive_and_wait();
 }
 
-void opt_in_dynamic_shared(size_t bytes) {
+void opt_in_dynamic_shared(const void* kernel, size_t bytes) {
   if (bytes > 227 * 1024) abort_kernel("more than 227 KiB of dynamic shared memory asked for");
-  size_t limit = dynamic_shared_limit.load();
-  while (bytes > limit && !dynamic_shared_limit.compare_exchange_weak(limit, bytes)) {
-  }
+  const std::lock_guard lock(opt_in_mutex);
+  opted_in[kernel] = bytes;
 }
 
 unsigned warp_ballot(unsigned mask, bool predicate) {

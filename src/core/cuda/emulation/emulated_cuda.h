@@ -10,9 +10,10 @@
 // is a buffer filled with 0xFF bytes (NaN floats) at every block, so reading it before writing shows.
 // Fresh device allocations are filled with 0xFF too (emulation/device_memory_emulated.cc). What it checks
 // beyond the results: a warp operation with a partial mask or in a partial warp, a block of more than
-// 1024 threads, more than 48 KiB of dynamic shared memory, and a launch that does not finish in 120 s (a
-// barrier that not every thread of a block reaches) abort with a message. What it does not model:
-// memory ordering without barriers, occupancy, timing (compute-sanitizer and the GPU benchmark do).
+// 1024 threads, more than 48 KiB of dynamic shared memory without the kernel's opt-in, and a launch that does
+// not finish in 120 s (a barrier that not every thread of a block reaches) abort with a message. What it does
+// not model: memory ordering without barriers, occupancy, timing (compute-sanitizer and the GPU benchmark
+// do).
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -56,8 +57,9 @@ constexpr int warpSize = 32;
 
 namespace symprune::cuda::emulation {
 
-// Runs `body` as a kernel of grid × block threads (one launch at a time, synchronously).
-void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body);
+// Runs `body` as `kernel` (its address) over grid × block threads (one launch at a time, synchronously).
+void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const void* kernel,
+            const std::function<void()>& body);
 void* dynamic_shared();
 void sync_block();
 void sync_warp(unsigned mask);
@@ -71,9 +73,9 @@ unsigned warp_ballot(unsigned mask, bool predicate);
 // (mma.sync, ldmatrix) exchange in one step.
 constexpr size_t kMaxGatherBytes = 64;
 void warp_all_gather(unsigned mask, const void* mine, size_t bytes, void* all);
-// Raises the dynamic shared memory the next launches may use above 48 KiB (cudaFuncSetAttribute's
-// opt-in; at most 227 KiB, the H100's limit).
-void opt_in_dynamic_shared(size_t bytes);
+// Lets `kernel` (its address) use up to `bytes` of dynamic shared memory, above the 48 KiB every kernel may
+// (cudaFuncSetAttribute's opt-in, per kernel as on a GPU; at most 227 KiB, the H100's limit).
+void opt_in_dynamic_shared(const void* kernel, size_t bytes);
 
 template <typename T>
 uint64_t to_slot(T value) {
@@ -97,7 +99,8 @@ inline int lane_id() {
 
 #define SYMPRUNE_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
   ((void)(stream),                                                      \
-   ::symprune::cuda::emulation::launch((grid), (block), (shared_bytes), [&] { kernel(__VA_ARGS__); }))
+   ::symprune::cuda::emulation::launch((grid), (block), (shared_bytes), \
+                                       reinterpret_cast<const void*>(kernel), [&] { kernel(__VA_ARGS__); }))
 #define SYMPRUNE_DYNAMIC_SHARED(type, name) \
   type* name = static_cast<type*>(::symprune::cuda::emulation::dynamic_shared())
 #define SYMPRUNE_CHECK_LAUNCH() ((void)0)

@@ -122,4 +122,4 @@ uint32_t pack_pair(float low, float high) {
 }  // namespace symprune::cuda
 
 #define SYMPRUNE_ALLOW_DYNAMIC_SHARED(kernel, bytes) \
-  ((void)(kernel), ::symprune::cuda::emulation::opt_in_dynamic_shared(bytes))
+  ::symprune::cuda::emulation::opt_in_dynamic_shared(reinterpret_cast<const void*>(kernel), (bytes))

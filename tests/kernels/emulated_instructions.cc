@@ -1,0 +1,142 @@
+// The CPU emulation's own checks (built with SYMPRUNE_CUDA_EMULATION only; the kernels' parity tests are
+// the *_test.cc beside it):
+//  * mma.sync m16n8k16 computes D = A·B + C exactly (small integers) when every lane holds its fragments
+//    at the places the PTX ISA's tables give, for bf16 and fp16 operands;
+//  * ldmatrix .x4, plain and transposed, gives each lane the elements the ISA's table gives, from rows at
+//    any shared-memory addresses the lanes pass;
+//  * a launch with more than 48 KiB of dynamic shared memory aborts unless that kernel opted in, as
+//    cudaFuncSetAttribute works per kernel on a GPU.
+// The places are written out here again from the ISA's tables, independently of emulated_mma.h's code.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/cuda/kernel_platform.cuh"
+
+namespace symprune::cuda {
+namespace {
+
+struct Place {
+  int row, col;
+};
+// mma.m16n8k16, 16-bit A (16 × 16): elements a0..a7 of a lane, two per 32-bit register (the first low).
+Place a_place(int lane, int i) {
+  const int group = lane >> 2, in_group = lane % 4;
+  const bool lower_half = i == 2 || i == 3 || i == 6 || i == 7;
+  return {group + (lower_half ? 8 : 0), in_group * 2 + (i & 1) + (i >= 4 ? 8 : 0)};
+}
+// B (16 × 8, k × n): b0..b3.
+Place b_place(int lane, int i) {
+  return {(lane % 4) * 2 + (i & 1) + (i >= 2 ? 8 : 0), lane >> 2};
+}
+// C and D (16 × 8): c0..c3.
+Place c_place(int lane, int i) {
+  return {(lane >> 2) + (i >= 2 ? 8 : 0), (lane % 4) * 2 + (i & 1)};
+}
+
+template <bool kBf16>
+__global__ void mma_kernel(const float* a, const float* b, const float* c, float* d) {
+  const int lane = static_cast<int>(threadIdx.x);
+  uint32_t ra[4], rb[2];
+  float rd[4];
+  for (int r = 0; r < 4; ++r) {
+    const Place low = a_place(lane, 2 * r), high = a_place(lane, 2 * r + 1);
+    ra[r] = pack_pair<kBf16>(a[low.row * 16 + low.col], a[high.row * 16 + high.col]);
+  }
+  for (int r = 0; r < 2; ++r) {
+    const Place low = b_place(lane, 2 * r), high = b_place(lane, 2 * r + 1);
+    rb[r] = pack_pair<kBf16>(b[low.row * 8 + low.col], b[high.row * 8 + high.col]);
+  }
+  for (int i = 0; i < 4; ++i) rd[i] = c[c_place(lane, i).row * 8 + c_place(lane, i).col];
+  mma_m16n8k16<kBf16>(rd, ra, rb);
+  for (int i = 0; i < 4; ++i) d[c_place(lane, i).row * 8 + c_place(lane, i).col] = rd[i];
+}
+
+TEST(EmulatedInstructions, MmaComputesTheProductOfThePtxFragments) {
+  std::vector<float> a(16 * 16), b(16 * 8), c(16 * 8);
+  for (int i = 0; i < 256; ++i) a[static_cast<size_t>(i)] = static_cast<float>((i * 7) % 9 - 4);
+  for (int i = 0; i < 128; ++i) b[static_cast<size_t>(i)] = static_cast<float>((i * 5) % 7 - 3);
+  for (int i = 0; i < 128; ++i) c[static_cast<size_t>(i)] = static_cast<float>(i % 11);
+  for (const bool bf16 : {true, false}) {
+    std::vector<float> d(16 * 8, -1.0f);
+    auto* kernel = bf16 ? mma_kernel<true> : mma_kernel<false>;
+    SYMPRUNE_LAUNCH(kernel, 1, 32, 0, nullptr, a.data(), b.data(), c.data(), d.data());
+    for (int row = 0; row < 16; ++row)
+      for (int col = 0; col < 8; ++col) {
+        float expected = c[static_cast<size_t>(row * 8 + col)];
+        for (int k = 0; k < 16; ++k)
+          expected += a[static_cast<size_t>(row * 16 + k)] * b[static_cast<size_t>(k * 8 + col)];
+        EXPECT_EQ(d[static_cast<size_t>(row * 8 + col)], expected)
+            << (bf16 ? "bf16" : "fp16") << " at " << row << ", " << col;
+      }
+  }
+}
+
+// Lane L passes the address of shared row (5·L) % 32 of a 32 × 8 matrix of distinct values.
+constexpr int kRowOf(int lane) {
+  return (5 * lane) % 32;
+}
+
+__global__ void load_matrix_kernel(uint32_t* plain, uint32_t* transposed) {
+  __shared__ uint16_t rows[32][8];
+  const int lane = static_cast<int>(threadIdx.x);
+  for (int c = 0; c < 8; ++c) rows[lane][c] = static_cast<uint16_t>(lane * 8 + c + 1);
+  __syncwarp();
+  uint32_t r[4];
+  load_matrix_x4(r, &rows[kRowOf(lane)][0]);
+  for (int i = 0; i < 4; ++i) plain[lane * 4 + i] = r[i];
+  load_matrix_x4_trans(r, &rows[kRowOf(lane)][0]);
+  for (int i = 0; i < 4; ++i) transposed[lane * 4 + i] = r[i];
+}
+
+TEST(EmulatedInstructions, LoadMatrixGivesEachLaneThePtxElements) {
+  std::vector<uint32_t> plain(32 * 4), transposed(32 * 4);
+  SYMPRUNE_LAUNCH(load_matrix_kernel, 1, 32, 0, nullptr, plain.data(), transposed.data());
+  // Matrix i is rows 8i..8i+7 of the addresses passed; M_i[j][k] = the value at row kRowOf(8i + j), column k.
+  const auto element = [](int matrix, int row, int col) {
+    return static_cast<uint32_t>(kRowOf(8 * matrix + row) * 8 + col + 1);
+  };
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      const int row = lane / 4, col = 2 * (lane % 4);
+      EXPECT_EQ(plain[static_cast<size_t>(lane * 4 + i)], element(i, row, col) | element(i, row, col + 1)
+                                                                                     << 16)
+          << "lane " << lane << " register " << i;
+      EXPECT_EQ(transposed[static_cast<size_t>(lane * 4 + i)], element(i, col, row) | element(i, col + 1, row)
+                                                                                          << 16)
+          << "transposed, lane " << lane << " register " << i;
+    }
+}
+
+__global__ void shared_kernel_a(int* out) {
+  SYMPRUNE_DYNAMIC_SHARED(int, scratch);
+  scratch[threadIdx.x] = 1;
+  __syncthreads();
+  if (threadIdx.x == 0) *out = scratch[31];
+}
+__global__ void shared_kernel_b(int* out) {
+  SYMPRUNE_DYNAMIC_SHARED(int, scratch);
+  scratch[threadIdx.x] = 2;
+  __syncthreads();
+  if (threadIdx.x == 0) *out = scratch[31];
+}
+
+TEST(EmulatedInstructionsDeathTest, DynamicSharedMemoryAbove48KiBNeedsTheKernelsOptIn) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  constexpr size_t kBytes = 64 * 1024;
+  int out = 0;
+  EXPECT_DEATH(SYMPRUNE_LAUNCH(shared_kernel_a, 1, 32, kBytes, nullptr, &out),
+               "more dynamic shared memory than the kernel opted in for");
+  SYMPRUNE_ALLOW_DYNAMIC_SHARED(shared_kernel_a, kBytes);
+  SYMPRUNE_LAUNCH(shared_kernel_a, 1, 32, kBytes, nullptr, &out);
+  EXPECT_EQ(out, 1);
+  // Another kernel's opt-in is not this one's.
+  EXPECT_DEATH(SYMPRUNE_LAUNCH(shared_kernel_b, 1, 32, kBytes, nullptr, &out),
+               "more dynamic shared memory than the kernel opted in for");
+  SYMPRUNE_LAUNCH(shared_kernel_b, 1, 32, 48 * 1024, nullptr, &out);
+  EXPECT_EQ(out, 2);
+}
+
+}  // namespace
+}  // namespace symprune::cuda
