@@ -21,9 +21,15 @@ BlockStatistics::BlockStatistics(dist::Communicator& comm, const model::DecoderM
   const auto groups = model.linear_input_groups();
   for (const auto& shape : shapes) {
     Linear l{shape.name, shape.out, shape.in, 0};
+    int memberships = 0;
     for (size_t g = 0; g < groups.size(); ++g)
       for (const auto& member : groups[g])
-        if (member == shape.name) l.group = g;
+        if (member == shape.name) {
+          l.group = g;
+          ++memberships;
+        }
+    // Each linear in exactly one group: a group's members take its leader's statistics (on_linear).
+    SYMPRUNE_ASSERT(memberships == 1, "linear {} is in {} input groups, not one", shape.name, memberships);
     linears_.push_back(l);
   }
   for (const auto& members : groups) {

@@ -646,6 +646,8 @@ DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, in
   p.activations = f * tokens * (8.0 * d + 2.0 * kv + 4.0 * inner);
   if (low_precision && tokens > 0)
     p.activations += f * tokens * d + s * tokens * (d + widest_input + 2.0 * q_width + 2.0 * kv) +
+                     // post-norm OPT reads two d-wide storages rounded (the states and the norm's output)
+                     (mc.family == io::ModelFamily::kOpt && !mc.do_layer_norm_before ? s * tokens * d : 0.0) +
                      static_cast<double>(kAttentionTileBytes);
   // The dense and the pruned evaluation streams, and one slab of logits.
   p.evaluation = eval_tokens > 0 ? s * 2.0 * static_cast<double>(eval_tokens) * d + f * 512.0 * vocab : 0.0;

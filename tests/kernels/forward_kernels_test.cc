@@ -1,9 +1,10 @@
 // The forward-pass kernels against the CPU backend (core/backend.h). Bit-identical: relu, add,
-// embedding, OPT positions and RoPE (same tables, no contractions). Within tolerance, since the CPU sums
-// in another order or its libm differs from CUDA's: RMSNorm / LayerNorm 2e-6 relative to the row's
-// largest output, SiLU·up 1e-6 relative, attention 2e-6 absolute on O(1) values, the tiled linear 1e-5
-// relative to the largest output (fp32 sums in another order than OpenBLAS), the row NLL 1e-12 relative
-// to an fp64 sequential reference.
+// embedding, OPT positions and RoPE (same tables, no contractions), and the 16-bit copies RoPE, RMSNorm and
+// SiLU·up write beside their outputs (their outputs rounded), on the vector paths and the scalar ones. Within
+// tolerance, since the CPU sums in another order or its libm differs from CUDA's: RMSNorm / LayerNorm 2e-6
+// relative to the row's largest output, SiLU·up 1e-6 relative, attention 2e-6 absolute on O(1) values, the
+// tiled linear 1e-5 relative to the largest output (fp32 sums in another order than OpenBLAS), the row NLL
+// 1e-12 relative to an fp64 sequential reference.
 #include "core/cuda/kernels/forward_kernels.h"
 
 #include <gmock/gmock.h>
@@ -37,6 +38,17 @@ void expect_bitwise_equal(const Tensor& actual, const Tensor& expected, const st
   for (int64_t i = 0; i < expected.numel(); ++i)
     ASSERT_EQ(std::bit_cast<uint32_t>(actual[i]), std::bit_cast<uint32_t>(expected[i]))
         << what << " element " << i << ": " << actual[i] << " vs " << expected[i];
+}
+
+// The 16-bit copy a kernel wrote beside its fp32 output (RoundedOutput) is that output rounded, bit for bit.
+void expect_rounded_copy(const DeviceArray<float>& output, const DeviceArray<uint16_t>& rounded, DType dtype,
+                         const std::string& what) {
+  const std::vector<float> values = output.download();
+  const std::vector<uint16_t> bits = rounded.download();
+  std::vector<uint16_t> expected(values.size());
+  convert_from_f32(dtype, values.data(), expected.data(), static_cast<int64_t>(values.size()));
+  ASSERT_EQ(bits.size(), expected.size()) << what;
+  for (size_t i = 0; i < expected.size(); ++i) ASSERT_EQ(bits[i], expected[i]) << what << " element " << i;
 }
 
 // max |a − e| over the tensor, against `tolerance` × (1 or the largest |e|, as `relative` says).
@@ -109,8 +121,11 @@ TEST_F(KernelTest, RopeEqualsTheCpuBitForBit) {
       const RopeTables tables = rope_tables(inv_freq, batch.seq_len);
       DeviceArray<float> x = on_device(x0);
       const DeviceArray<float> c(tables.cos), s(tables.sin);
-      cuda::launch_rope(x.data(), batch.rows(), batch.seq_len, n_heads, head_dim / 2, c.data(), s.data(), {});
+      DeviceArray<uint16_t> rounded(x0.numel());
+      cuda::launch_rope(x.data(), batch.rows(), batch.seq_len, n_heads, head_dim / 2, c.data(), s.data(), {},
+                        {rounded.data(), DType::kBF16});
       expect_bitwise_equal(from_device(x, x0.shape()), expected, scaling ? "rope llama3" : "rope");
+      expect_rounded_copy(x, rounded, DType::kBF16, "rope's bf16 copy, head_dim " + std::to_string(head_dim));
     }
   }
 }
@@ -125,8 +140,10 @@ TEST_F(KernelTest, NormsAndSiluMatchTheCpu) {
     DeviceArray<float> y(rows * d);
     Tensor expected;
     cpu_backend().rms_norm(x, w, 1e-5f, expected);
-    cuda::launch_rms_norm(dx.data(), dw.data(), rows, d, 1e-5f, y.data(), {});
+    DeviceArray<uint16_t> rounded(rows * d);
+    cuda::launch_rms_norm(dx.data(), dw.data(), rows, d, 1e-5f, y.data(), {}, {rounded.data(), DType::kF16});
     expect_close(from_device(y, {rows, d}), expected, 2e-6, true, "rms_norm d=" + std::to_string(d));
+    expect_rounded_copy(y, rounded, DType::kF16, "rms_norm's fp16 copy, d=" + std::to_string(d));
     cpu_backend().layer_norm(x, &w, &bias, 1e-5f, expected);
     cuda::launch_layer_norm(dx.data(), dw.data(), db.data(), rows, d, 1e-5f, y.data(), {});
     expect_close(from_device(y, {rows, d}), expected, 2e-6, true, "layer_norm d=" + std::to_string(d));
@@ -136,7 +153,8 @@ TEST_F(KernelTest, NormsAndSiluMatchTheCpu) {
     const Tensor up({rows, d}, uniform_values(rows * d, 9, -2.0f, 2.0f));
     const DeviceArray<float> dup = on_device(up);
     cpu_backend().silu_mul(x, up, expected);
-    cuda::launch_silu_mul(dx.data(), dup.data(), rows * d, y.data(), {});
+    cuda::launch_silu_mul(dx.data(), dup.data(), rows * d, y.data(), {}, {rounded.data(), DType::kBF16});
+    expect_rounded_copy(y, rounded, DType::kBF16, "silu_mul's bf16 copy, count " + std::to_string(rows * d));
     const Tensor actual = from_device(y, {rows, d});
     for (int64_t i = 0; i < rows * d; ++i)
       ASSERT_NEAR(actual[i], expected[i], 1e-6 * std::max(1.0f, std::fabs(expected[i]))) << "silu_mul " << i;

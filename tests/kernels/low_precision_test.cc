@@ -304,7 +304,13 @@ TEST_F(LowPrecisionTest, RoundedCopiesGiveTheResultsOfRoundingAtEveryRead) {
     be.attention(other, h, x, batch, attention_heads, attention_heads, 0.25f, out, DType::kF16);
     expect_fresh(out, w_bf16, "an fp16 attention: stale");
   }
-  EXPECT_EQ(checks, 17);
+  // Outputs into an input's own memory: a linear into its input, an attention into its v.
+  const Tensor w_square = be.to_backend(Tensor({n, n}, uniform_values(n * n, 76, -0.2f, 0.2f)), DType::kBF16);
+  be.linear(h, w_square, nullptr, h);
+  expect_fresh(h, w_bf16, "a linear into its own input");
+  be.attention(x, other, h, batch, heads, heads, 0.25f, h, DType::kBF16);
+  expect_fresh(h, w_bf16, "an attention into its own v");
+  EXPECT_EQ(checks, 19);
 }
 
 TEST_F(LowPrecisionTest, ScoresMasksAndMaskedWeightsOfA16BitWeightAreThoseOfItsValues) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -92,22 +93,31 @@ void* out_bytes(Tensor& t, std::vector<int64_t> shape, DType dtype) {
 }
 
 // Where a kernel rewriting fp32 `t` also writes the result rounded: into t's rounded copy when t is read
-// rounded (the copy is then current), nowhere otherwise. `only` (when not kF32): the one dtype the kernel
-// rounds to; a copy of another dtype goes stale instead.
+// rounded, nowhere otherwise (`only`, when not kF32: the one dtype the kernel rounds to; a copy of another
+// dtype is not written). The copy is stale until rounded_written after the launch, so that an op that throws
+// on the way leaves no half-written copy marked current.
 RoundedOutput rounded_output(const Tensor& t, DType only = DType::kF32) {
+  rounded_copy_stale(t);
   DeviceStorage* storage = device_storage(t);
   if (storage == nullptr || storage->rounded_dtype == DType::kF32 ||
-      (only != DType::kF32 && storage->rounded_dtype != only)) {
-    rounded_copy_stale(t);
+      (only != DType::kF32 && storage->rounded_dtype != only))
     return {};
-  }
   storage->rounded.reserve(t.numel());
-  storage->rounded_current = true;
   return {storage->rounded.data(), storage->rounded_dtype};
+}
+// After the launch that took `rounded` from rounded_output(t): t's copy is current when it was written.
+void rounded_written(const Tensor& t, const RoundedOutput& rounded) {
+  if (DeviceStorage* storage = device_storage(t); storage != nullptr && rounded.data != nullptr)
+    storage->rounded_current = true;
+}
+// Whether two tensors share their device memory.
+bool same_storage(const Tensor& a, const Tensor& b) {
+  return a.storage() != nullptr && a.storage() == b.storage();
 }
 
 // fp32 device tensor t rounded to `dtype` (bf16 or fp16): its current rounded copy, or rounded now into it.
 const uint16_t* rounded_input(const Tensor& t, DType dtype, const char* what) {
+  if (t.numel() == 0) return nullptr;
   DeviceStorage* storage = device_storage(t);
   SYMPRUNE_ASSERT(storage != nullptr && t.dtype() == DType::kF32,
                   "cuda backend: {} {} is not an fp32 device tensor", what, t.shape_string());
@@ -226,14 +236,23 @@ class OpProfile {
 
 class OpTimer {
  public:
-  explicit OpTimer(const char* op) : op_(op), outermost_(OpProfile::instance().enabled() && depth_++ == 0) {
+  explicit OpTimer(const char* op)
+      : op_(op),
+        outermost_(OpProfile::instance().enabled() && depth_++ == 0),
+        exceptions_(std::uncaught_exceptions()) {
     if (outermost_) start_ = std::chrono::steady_clock::now();
   }
+  // An op that throws is not timed, and the wait never throws out of here (a fault surfaces at the op's
+  // next synchronization instead).
   ~OpTimer() {
     if (!OpProfile::instance().enabled()) return;
     --depth_;
-    if (!outermost_) return;
-    synchronize();
+    if (!outermost_ || std::uncaught_exceptions() > exceptions_) return;
+    try {
+      synchronize();
+    } catch (...) {
+      return;
+    }
     OpProfile::instance().add(
         op_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   }
@@ -244,6 +263,7 @@ class OpTimer {
   static thread_local int depth_;
   const char* op_;
   bool outermost_;
+  int exceptions_;
   std::chrono::steady_clock::time_point start_;
 };
 thread_local int OpTimer::depth_ = 0;
@@ -324,6 +344,10 @@ class CudaBackend final : public Backend {
     SYMPRUNE_ASSERT(weight.rank() == 2 && cols_of(x) == weight.dim(1), "linear: input {} vs weight {}",
                     x.shape_string(), weight.shape_string());
     const int64_t m = weight.dim(0), n = weight.dim(1), rows = rows_of(x);
+    // x rounded to a 16-bit weight's dtype, taken before y is made an output (y may be x): once for the
+    // linears that share an input, or written by its producer.
+    const uint16_t* x_rounded =
+        weight.dtype() == DType::kF32 ? nullptr : rounded_input(x, weight.dtype(), "linear input");
     std::vector<int64_t> shape = x.shape();
     shape.back() = m;
     float* yd = out(y, std::move(shape));
@@ -333,9 +357,8 @@ class CudaBackend final : public Backend {
       launch_linear(in(x, "linear input"), in(weight, "linear weight"), bias_data, rows, n, m, yd, {});
       return;
     }
-    // x rounded to the weight's dtype: once for the linears that share an input, or by its producer.
-    launch_linear_16bit(rounded_input(x, weight.dtype(), "linear input"), in_bytes(weight, "linear weight"),
-                        weight.dtype(), bias_data, rows, n, m, yd, {});
+    launch_linear_16bit(x_rounded, in_bytes(weight, "linear weight"), weight.dtype(), bias_data, rows, n, m,
+                        yd, {});
   }
 
   Tensor gram(const Tensor& x) override {
@@ -354,8 +377,10 @@ class CudaBackend final : public Backend {
     SYMPRUNE_ASSERT(weight.numel() == cols_of(x), "rms_norm weight {} vs {}", weight.shape_string(),
                     x.shape_string());
     float* yd = out(y, x.shape());
+    const RoundedOutput rounded = rounded_output(y);
     launch_rms_norm(in(x, "rms_norm input"), in(weight, "rms_norm weight"), rows_of(x), cols_of(x), eps, yd,
-                    {}, rounded_output(y));
+                    {}, rounded);
+    rounded_written(y, rounded);
   }
 
   void layer_norm(const Tensor& x, const Tensor* weight, const Tensor* bias, float eps, Tensor& y) override {
@@ -382,8 +407,10 @@ class CudaBackend final : public Backend {
       rope_inv_freq_.assign(inv_freq.begin(), inv_freq.end());
       rope_seq_len_ = batch.seq_len;
     }
+    const RoundedOutput rounded = rounded_output(x);
     launch_rope(x.device_data(), batch.rows(), batch.seq_len, n_heads, half, rope_cos_.data(),
-                rope_sin_.data(), {}, rounded_output(x));
+                rope_sin_.data(), {}, rounded);
+    rounded_written(x, rounded);
   }
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const SequenceBatch& batch,
@@ -393,15 +420,24 @@ class CudaBackend final : public Backend {
     SYMPRUNE_ASSERT(
         head_dim * n_heads == cols_of(q) && cols_of(k) == n_kv_heads * head_dim && rows_of(q) == batch.rows(),
         "attention q {} k {} for {}/{} heads", q.shape_string(), k.shape_string(), n_heads, n_kv_heads);
-    float* od = out(o, q.shape());
     if (operands != DType::kF32) {
-      attention_16bit_rounded(
-          rounded_input(q, operands, "attention q"), rounded_input(k, operands, "attention k"),
-          rounded_input(v, operands, "attention v"), batch.n_seqs, batch.seq_len, n_heads, n_kv_heads,
-          head_dim, scale, operands, attention_query_tile(n_heads, batch.seq_len, kAttentionTileBytes),
-          attention_scratch_, od, rounded_output(o, operands));
+      // The operands rounded before o is made an output (o may share memory with one of them); o's rounded
+      // copy is written by the kernel only when it is none of theirs (the kernel reads those while it
+      // writes).
+      const uint16_t* q_rounded = rounded_input(q, operands, "attention q");
+      const uint16_t* k_rounded = rounded_input(k, operands, "attention k");
+      const uint16_t* v_rounded = rounded_input(v, operands, "attention v");
+      float* od = out(o, q.shape());
+      const bool aliased = same_storage(o, q) || same_storage(o, k) || same_storage(o, v);
+      const RoundedOutput rounded = aliased ? RoundedOutput{} : rounded_output(o, operands);
+      attention_16bit_rounded(q_rounded, k_rounded, v_rounded, batch.n_seqs, batch.seq_len, n_heads,
+                              n_kv_heads, head_dim, scale, operands,
+                              attention_query_tile(n_heads, batch.seq_len, kAttentionTileBytes),
+                              attention_scratch_, od, rounded);
+      rounded_written(o, rounded);
       return;
     }
+    float* od = out(o, q.shape());
     launch_attention(in(q, "attention q"), in(k, "attention k"), in(v, "attention v"), batch.n_seqs,
                      batch.seq_len, n_heads, n_kv_heads, head_dim, scale, od, {});
   }
@@ -410,7 +446,9 @@ class CudaBackend final : public Backend {
     const OpTimer timer("silu_mul");
     SYMPRUNE_ASSERT(gate.numel() == up.numel(), "silu_mul {} vs {}", gate.shape_string(), up.shape_string());
     float* od = out(o, gate.shape());
-    launch_silu_mul(in(gate, "silu gate"), in(up, "silu up"), gate.numel(), od, {}, rounded_output(o));
+    const RoundedOutput rounded = rounded_output(o);
+    launch_silu_mul(in(gate, "silu gate"), in(up, "silu up"), gate.numel(), od, {}, rounded);
+    rounded_written(o, rounded);
   }
 
   void relu(Tensor& x) override {

@@ -2,6 +2,7 @@
 #include "core/cuda/kernels/device_attention.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "core/cuda/kernels/attention_kernels.h"
@@ -54,8 +55,10 @@ void attention_16bit_rounded(const uint16_t* q, const uint16_t* k, const uint16_
   if (n_seqs <= 0 || seq_len <= 0) return;
   const int64_t rows = n_seqs * seq_len, group = n_heads / n_kv_heads;
   const int64_t q_width = n_heads * head_dim, kv_width = n_kv_heads * head_dim;
+  // The flash kernel copies rows 16 bytes at a time (cp.async): its operands must start 16-byte aligned.
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (path != AttentionPath::kGemm && flash_attention_supports(head_dim) && n_seqs <= 65535 &&
-      n_heads <= 65535) {
+      n_heads <= 65535 && aligned(q) && aligned(k) && aligned(v)) {
     const int rows_per_warp = path == AttentionPath::kFlash16   ? 16
                               : path == AttentionPath::kFlash32 ? 32
                                                                 : kFlashRowsPerWarp;
