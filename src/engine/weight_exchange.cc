@@ -1,6 +1,7 @@
 #include "engine/weight_exchange.h"
 
 #include <algorithm>
+#include <span>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -43,12 +44,10 @@ std::vector<BlockWeightExchange::Planned> BlockWeightExchange::plan(int64_t bloc
 }
 
 // A stored tensor's bytes as a tensor of the model's backend (Backend::from_stored: fp32 on the host, the
-// stored dtype on a device); the bytes are released.
+// stored dtype on a device).
 Tensor backend_tensor(const model::DecoderModel& model, const std::string& stored,
-                      const io::ExpectedTensor& expected, std::vector<std::byte>& bytes) {
-  Tensor value = model.backend().from_stored(expected.shape, model.tensors().info(stored).dtype, bytes);
-  std::vector<std::byte>().swap(bytes);
-  return value;
+                      const io::ExpectedTensor& expected, std::span<const std::byte> bytes) {
+  return model.backend().from_stored(expected.shape, model.tensors().info(stored).dtype, bytes);
 }
 
 BlockWeightExchange::Share BlockWeightExchange::read_share(int64_t block) const {
@@ -63,10 +62,7 @@ BlockWeightExchange::Share BlockWeightExchange::read_share(int64_t block) const 
     // to fp32, a device backend uploads it on its own stream (Backend::from_stored) while the current
     // block computes; the buffer is kept for the next tensor. With several ranks the bytes are exchanged
     // first, on the calling thread.
-    if (one_rank)
-      share.values.emplace(
-          t.expected.name,
-          model_.backend().from_stored(t.expected.shape, model_.tensors().info(t.stored).dtype, bytes));
+    if (one_rank) share.values.emplace(t.expected.name, backend_tensor(model_, t.stored, t.expected, bytes));
   }
   return share;
 }
@@ -92,6 +88,7 @@ void BlockWeightExchange::load(int64_t block, int64_t next) {
       bytes_exchanged_ += static_cast<int64_t>(t.bytes);
     }
     values.emplace(t.expected.name, backend_tensor(model_, t.stored, t.expected, bytes));
+    std::vector<std::byte>().swap(bytes);  // released once the backend holds the tensor
   }
   model_.set_block_weights(
       block, model::assemble_block_weights(model_.config(), block, [&](const io::ExpectedTensor& e) {

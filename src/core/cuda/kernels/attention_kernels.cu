@@ -69,6 +69,19 @@ constexpr size_t flash_shared_bytes() {  // the Q tile and two stages of a K and
          sizeof(uint16_t);
 }
 
+// acc[r][n] += a[r] · (b[0], b[1]) and acc[r][n + 1] += a[r] · (b[2], b[3]) for every row tile r: the B
+// fragments of two 8-wide column tiles from one ldmatrix.x4, shared by the warp's row tiles.
+template <bool kBf16, int kRowTiles, int kTiles>
+__device__ __forceinline__ void mma_two_tiles(float (&acc)[kRowTiles][kTiles][4], int n,
+                                              const uint32_t (&a)[kRowTiles][4], const uint32_t (&b)[4]) {
+  const uint32_t first[2] = {b[0], b[1]}, second[2] = {b[2], b[3]};
+  SYMPRUNE_UNROLL
+  for (int r = 0; r < kRowTiles; ++r) {
+    mma_m16n8k16<kBf16>(acc[r][n], a[r], first);
+    mma_m16n8k16<kBf16>(acc[r][n + 1], a[r], second);
+  }
+}
+
 template <bool kBf16, int kHead, int kRowTiles>
 __global__ void __launch_bounds__(kFlashThreads)
     flash_attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
@@ -163,12 +176,7 @@ __global__ void __launch_bounds__(kFlashThreads)
         for (int n = 0; n < kKeyTiles; n += 2) {
           uint32_t b[4];
           load_matrix_x4(b, k_tile(stage) + (8 * n + k_row) * kStride + 16 * step + k_column);
-          const uint32_t first[2] = {b[0], b[1]}, second[2] = {b[2], b[3]};
-          SYMPRUNE_UNROLL
-          for (int r = 0; r < kRowTiles; ++r) {
-            mma_m16n8k16<kBf16>(s[r][n], a[r], first);
-            mma_m16n8k16<kBf16>(s[r][n + 1], a[r], second);
-          }
+          mma_two_tiles<kBf16>(s, n, a, b);
         }
       }
       // Scaled to base 2; keys after a query or past the sequence are -inf (only in the tiles at the edge).
@@ -227,12 +235,7 @@ __global__ void __launch_bounds__(kFlashThreads)
         for (int d = 0; d < kDimTiles; d += 2) {
           uint32_t b[4];
           load_matrix_x4_trans(b, v_tile(stage) + (16 * kk + v_row) * kStride + 8 * d + v_column);
-          const uint32_t first[2] = {b[0], b[1]}, second[2] = {b[2], b[3]};
-          SYMPRUNE_UNROLL
-          for (int r = 0; r < kRowTiles; ++r) {
-            mma_m16n8k16<kBf16>(o[r][d], a[r], first);
-            mma_m16n8k16<kBf16>(o[r][d + 1], a[r], second);
-          }
+          mma_two_tiles<kBf16>(o, d, a, b);
         }
       }
     }

@@ -40,35 +40,30 @@ __global__ void convert_kernel(const typename Src::Element* __restrict__ src,
 // the last count % 4 one by one; each element converted as by convert_kernel.
 template <typename Dst>
 __global__ void narrow4_kernel(const float* __restrict__ src, uint16_t* __restrict__ dst, int64_t count) {
-  const int64_t head = count / 4, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t q = first; q < head; q += stride) {
+  const int64_t head = count / 4;
+  SYMPRUNE_GRID_STRIDE(q, head) {
     const float4 v = load_float4(src + 4 * q);
     store_4x16(dst + 4 * q, Dst::store(v.x), Dst::store(v.y), Dst::store(v.z), Dst::store(v.w));
   }
-  for (int64_t i = 4 * head + first; i < count; i += stride) dst[i] = Dst::store(src[i]);
+  SYMPRUNE_GRID_STRIDE(j, count - 4 * head) dst[4 * head + j] = Dst::store(src[4 * head + j]);
 }
 template <typename Src>
 __global__ void widen4_kernel(const uint16_t* __restrict__ src, float* __restrict__ dst, int64_t count) {
-  const int64_t head = count / 4, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t q = first; q < head; q += stride) {
+  const int64_t head = count / 4;
+  SYMPRUNE_GRID_STRIDE(q, head) {
     uint16_t v[4];
     load_4x16(src + 4 * q, v);
     store_float4(dst + 4 * q, float4{Src::load(v[0]), Src::load(v[1]), Src::load(v[2]), Src::load(v[3])});
   }
-  for (int64_t i = 4 * head + first; i < count; i += stride) dst[i] = Src::load(src[i]);
+  SYMPRUNE_GRID_STRIDE(j, count - 4 * head) dst[4 * head + j] = Src::load(src[4 * head + j]);
 }
 
 template <typename Src, typename Dst>
 void launch_pair(const void* src, void* dst, int64_t count, DeviceStream stream) {
   constexpr bool kNarrow = std::is_same_v<Src, F32> && !std::is_same_v<Dst, F32>;
   constexpr bool kWiden = !std::is_same_v<Src, F32> && std::is_same_v<Dst, F32>;
-  const auto aligned = [](const void* p, uintptr_t bytes) {
-    return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-  };
   if constexpr (kNarrow) {
-    if (aligned(src, 16) && aligned(dst, 8)) {
+    if (aligned_to(src, 16) && aligned_to(dst, 8)) {
       SYMPRUNE_LAUNCH(narrow4_kernel<Dst>, grid_for(count / 4), kThreads, 0, native(stream),
                       static_cast<const float*>(src), static_cast<uint16_t*>(dst), count);
       SYMPRUNE_CHECK_LAUNCH();
@@ -76,7 +71,7 @@ void launch_pair(const void* src, void* dst, int64_t count, DeviceStream stream)
     }
   }
   if constexpr (kWiden) {
-    if (aligned(src, 8) && aligned(dst, 16)) {
+    if (aligned_to(src, 8) && aligned_to(dst, 16)) {
       SYMPRUNE_LAUNCH(widen4_kernel<Src>, grid_for(count / 4), kThreads, 0, native(stream),
                       static_cast<const uint16_t*>(src), static_cast<float*>(dst), count);
       SYMPRUNE_CHECK_LAUNCH();

@@ -34,15 +34,12 @@ __device__ double block_sum(double value) {
 // Whether every pointer is 16-byte aligned (the vector kernels' float4 accesses); null pointers pass.
 template <typename... Pointers>
 bool aligned16(Pointers... pointers) {
-  return ((reinterpret_cast<uintptr_t>(pointers) % 16 == 0) && ...);
+  return (aligned_to(pointers, 16) && ...);
 }
 
 // The elementwise kernels below take four elements per thread and step when their pointers allow
 // (`vector`: count/4 float4 accesses, then the last count % 4 one by one), each element computed exactly as
 // in the one-at-a-time loop: the vector accesses only move more bytes per instruction.
-#define SYMPRUNE_GRID_STRIDE(i, count)                                                       \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (count); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 // The 16-bit copy of an output element (RoundedOutput): `rounded` null writes none.
 __device__ __forceinline__ uint16_t round_16bit(bool bf16, float value) {
@@ -313,7 +310,7 @@ void launch_rms_norm(const float* x, const float* weight, int64_t rows, int64_t 
                      DeviceStream stream, RoundedOutput rounded) {
   if (rows <= 0 || d <= 0) return;
   auto* rounded_data = static_cast<uint16_t*>(rounded.data);
-  if (d % 4 == 0 && aligned16(x, weight, y) && reinterpret_cast<uintptr_t>(rounded_data) % 8 == 0)
+  if (d % 4 == 0 && aligned16(x, weight, y) && aligned_to(rounded_data, 8))
     SYMPRUNE_LAUNCH(rms_norm4_kernel, static_cast<unsigned>(rows), kThreads, 0, native(stream), x, weight, d,
                     eps, y, rounded_data, rounded.dtype == DType::kBF16);
   else
@@ -335,8 +332,7 @@ void launch_rope(float* x, int64_t rows, int64_t seq_len, int64_t n_heads, int64
   const int64_t pairs = rows * n_heads * half;
   if (pairs <= 0) return;
   auto* rounded_data = static_cast<uint16_t*>(rounded.data);
-  if (half % 4 == 0 && aligned16(x, cos_table, sin_table) &&
-      reinterpret_cast<uintptr_t>(rounded_data) % 8 == 0)
+  if (half % 4 == 0 && aligned16(x, cos_table, sin_table) && aligned_to(rounded_data, 8))
     SYMPRUNE_LAUNCH(rope4_kernel, grid_for(pairs / 4), kThreads, 0, native(stream), x, rows, seq_len, n_heads,
                     half, cos_table, sin_table, rounded_data, rounded.dtype == DType::kBF16);
   else
@@ -349,7 +345,7 @@ void launch_silu_mul(const float* gate, const float* up, int64_t count, float* o
                      RoundedOutput rounded) {
   if (count <= 0) return;
   auto* rounded_data = static_cast<uint16_t*>(rounded.data);
-  const bool vector = aligned16(gate, up, out) && reinterpret_cast<uintptr_t>(rounded_data) % 8 == 0;
+  const bool vector = aligned16(gate, up, out) && aligned_to(rounded_data, 8);
   SYMPRUNE_LAUNCH(silu_mul_kernel, grid_for(vector ? count / 4 : count), kThreads, 0, native(stream), gate,
                   up, count, out, rounded_data, rounded.dtype == DType::kBF16, vector);
   SYMPRUNE_CHECK_LAUNCH();

@@ -29,6 +29,17 @@ inline int grid_for(int64_t count) {
   return static_cast<int>(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
 }
 
+// Whether p is aligned to `bytes` (null passes): the vector kernels' 16-byte float4 and 8-byte 4 × 16-bit
+// accesses need it.
+inline bool aligned_to(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// A grid-stride loop over i in [0, count).
+#define SYMPRUNE_GRID_STRIDE(i, count)                                                       \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (count); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
 inline cudaStream_t native(DeviceStream stream) {
   return static_cast<cudaStream_t>(stream.handle);
 }
