@@ -31,7 +31,10 @@ Mask::Mask(const Mask& other) : rows_(other.rows_), cols_(other.cols_) {
   const bool bytes = other.has_bytes_.load(std::memory_order_acquire);
   const bool bits = other.has_bits_.load(std::memory_order_acquire);
   if (bytes) pruned_ = other.pruned_;
-  if (bits) bits_ = other.bits_;
+  if (bits) {
+    bits_ = other.bits_;
+    backend_bits_ = other.backend_bits_;
+  }
   has_bytes_.store(bytes, std::memory_order_relaxed);
   has_bits_.store(bits, std::memory_order_relaxed);
 }
@@ -51,6 +54,7 @@ Mask& Mask::operator=(Mask&& other) noexcept {
   cols_ = std::exchange(other.cols_, 0);
   pruned_ = std::move(other.pruned_);
   bits_ = std::move(other.bits_);
+  backend_bits_ = std::move(other.backend_bits_);
   has_bytes_.store(other.has_bytes_.exchange(true), std::memory_order_relaxed);
   has_bits_.store(other.has_bits_.exchange(false), std::memory_order_relaxed);
   other.pruned_.clear();
@@ -176,6 +180,18 @@ std::vector<uint8_t> Mask::pack_bits() const {
   return out;
 }
 
+std::span<const uint8_t> Mask::packed_bits(std::vector<uint8_t>& scratch) const {
+  if (has_bits_.load(std::memory_order_acquire)) return bits_;
+  scratch = pack_bits();
+  return scratch;
+}
+
+std::vector<uint8_t> Mask::release_bits() && {
+  std::vector<uint8_t> bits = has_bits_.load(std::memory_order_acquire) ? std::move(bits_) : pack_bits();
+  *this = Mask();
+  return bits;
+}
+
 namespace {
 
 void check_packed(int64_t rows, int64_t cols, std::span<const uint8_t> bits) {
@@ -214,12 +230,14 @@ Mask Mask::unpack_bits(int64_t rows, int64_t cols, std::span<const uint8_t> bits
   return mask;
 }
 
-Mask Mask::from_bits(int64_t rows, int64_t cols, std::vector<uint8_t> bits) {
+Mask Mask::from_bits(int64_t rows, int64_t cols, std::vector<uint8_t> bits,
+                     std::shared_ptr<const BackendBits> backend_copy) {
   check_packed(rows, cols, bits);
   Mask mask;
   mask.rows_ = rows;
   mask.cols_ = cols;
   mask.bits_ = std::move(bits);
+  mask.backend_bits_ = std::move(backend_copy);
   mask.has_bits_.store(true, std::memory_order_relaxed);
   mask.has_bytes_.store(false, std::memory_order_relaxed);
   return mask;

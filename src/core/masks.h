@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,6 +29,14 @@ namespace symprune {
 // stale (threads writing their own rows may do that concurrently, beside threads reading other rows).
 // Code about to read a packed mask's entries from many threads unpacks it first (unpack() on one thread),
 // or the first reader unpacks it alone while the others wait.
+//
+// A device's mask also keeps the device's copy of its packed bits (BackendBits), so that masking the weight
+// there reads them in place instead of uploading the host's copy again.
+class BackendBits {
+ public:
+  virtual ~BackendBits() = default;
+};
+
 class Mask {
  public:
   Mask() = default;
@@ -63,8 +72,19 @@ class Mask {
   std::vector<uint8_t> pack_bits() const;
   // Inverse of pack_bits; Error when the byte count does not match or padding bits are set.
   static Mask unpack_bits(int64_t rows, int64_t cols, std::span<const uint8_t> bits);
-  // The same mask kept packed (see above); the same checks.
-  static Mask from_bits(int64_t rows, int64_t cols, std::vector<uint8_t> bits);
+  // The same mask kept packed (see above); the same checks. `backend_copy`: the same bits in a backend's
+  // memory, shared by copies of the mask and dropped with the packed bits when entries are written.
+  static Mask from_bits(int64_t rows, int64_t cols, std::vector<uint8_t> bits,
+                        std::shared_ptr<const BackendBits> backend_copy = nullptr);
+  // The packed bits: the mask's own when it holds them (no copy), else pack_bits() kept in `scratch`.
+  std::span<const uint8_t> packed_bits(std::vector<uint8_t>& scratch) const;
+  // pack_bits() of a mask about to be dropped: its own packed bits moved out when it holds them. The mask
+  // is left empty ([0, 0]).
+  std::vector<uint8_t> release_bits() &&;
+  // The backend's copy of the packed bits (from_bits), null when there is none or entries were written since.
+  const BackendBits* backend_bits() const {
+    return has_bits_.load(std::memory_order_acquire) ? backend_bits_.get() : nullptr;
+  }
   // Unpacks a packed mask's entries now (nothing for a byte mask): before many threads read them.
   void unpack() const { (void)entries(); }
   // Whether the entries are held bit-packed only (not yet unpacked).
@@ -87,6 +107,7 @@ class Mask {
   // threads at once (an OpenMP loop over rows) unpacks once, under a lock, or marks the bits stale.
   std::vector<uint8_t> bits_;
   std::atomic<bool> has_bits_{false};
+  std::shared_ptr<const BackendBits> backend_bits_;  // valid while has_bits_, like bits_
 };
 
 struct NmPattern {

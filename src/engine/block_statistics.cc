@@ -92,11 +92,52 @@ size_t BlockStatistics::packed_length() const {
 }
 
 void BlockStatistics::reduce() {
-  // Pack: per chunk, per linear: in_sumsq, in_sum, in_seqsq, [out_sumsq], n_seqs.
-  const size_t length = packed_length();
   size_t chunks = chunk_stats_.empty() ? 0 : chunk_stats_.begin()->second.size();
   for (const auto& [name, list] : chunk_stats_)
     SYMPRUNE_ASSERT(list.size() == chunks, "{}: {} chunks, others {}", name, list.size(), chunks);
+  if (comm_.size() == 1) {
+    sum_own_chunks();
+  } else {
+    sum_chunks_over_ranks(chunks);
+  }
+  chunk_stats_.clear();
+  gather_samples_and_grams();
+}
+
+// One rank: the chunks added in their order onto zeros, as ordered_sum adds them (the same sums, bit for
+// bit), without packing them into one vector and gathering it (megabytes per block copied for nothing).
+void BlockStatistics::sum_own_chunks() {
+  const auto add = [](std::vector<double>& total, const std::vector<double>& part) {
+    SYMPRUNE_ASSERT(part.size() == total.size(), "a statistic of {} values for {}", part.size(),
+                    total.size());
+    for (size_t i = 0; i < total.size(); ++i) total[i] += part[i];
+  };
+  for (const auto& l : linears_) {
+    ActivationStats s;
+    s.in_sumsq.assign(static_cast<size_t>(l.n), 0.0);
+    s.in_sum.assign(static_cast<size_t>(l.n), 0.0);
+    s.in_seqsq.assign(static_cast<size_t>(l.n), 0.0);
+    if (collect_output_) s.out_sumsq.assign(static_cast<size_t>(l.m), 0.0);
+    double n_seqs = 0.0;
+    if (const auto found = chunk_stats_.find(l.name); found != chunk_stats_.end()) {
+      for (const ActivationStats& chunk : found->second) {
+        add(s.in_sumsq, chunk.in_sumsq);
+        add(s.in_sum, chunk.in_sum);
+        add(s.in_seqsq, chunk.in_seqsq);
+        if (collect_output_) add(s.out_sumsq, chunk.out_sumsq);
+        n_seqs += static_cast<double>(chunk.n_seqs);
+      }
+    }
+    s.n_seqs = static_cast<int64_t>(n_seqs);
+    s.seq_len = seq_len_;
+    totals_[l.name] = std::move(s);
+  }
+}
+
+// Several ranks: every rank's chunks gathered and added in chunk order (ordered_sum). Packed per chunk, per
+// linear: in_sumsq, in_sum, in_seqsq, [out_sumsq], n_seqs.
+void BlockStatistics::sum_chunks_over_ranks(size_t chunks) {
+  const size_t length = packed_length();
   std::vector<double> packed;
   packed.reserve(chunks * length);
   for (size_t chunk = 0; chunk < chunks; ++chunk) {
@@ -111,7 +152,6 @@ void BlockStatistics::reduce() {
   }
   SYMPRUNE_ASSERT(packed.size() == chunks * length, "packed {} for {} chunks of {}", packed.size(), chunks,
                   length);
-  chunk_stats_.clear();
   int64_t gathered = 0;
   const std::vector<double> total = ordered_sum(comm_, packed, length, &gathered);
   if (comm_.size() > 1) stats_bytes_ += gathered;
@@ -133,7 +173,9 @@ void BlockStatistics::reduce() {
     s.seq_len = seq_len_;
     totals_[l.name] = std::move(s);
   }
+}
 
+void BlockStatistics::gather_samples_and_grams() {
   if (!sample_positions_.empty()) {
     for (auto& group : groups_) {
       // Rank order is chunk order (each rank holds a contiguous run of chunks).

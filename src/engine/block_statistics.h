@@ -6,11 +6,12 @@
 //
 // Each rank runs the dense block on its chunks of calibration windows; the model calls the observer once
 // per chunk (the micro-batch) and linear. Without output statistics, the other linears of a group take the
-// group leader's statistics of the chunk (the same input: one pass over it, not one per linear). Chunk partials are combined in global chunk order
-// (engine/ordered_reduce.h), so the statistics are bit-identical for any number of ranks and equal to the
-// single-process ones. Statistics: one gather of every chunk's per-channel vectors per block (all linears
-// fused into one buffer). Grams: one ordered chain per input group. Samples: one gather per input group, in
-// rank order, which is chunk order.
+// group leader's statistics of the chunk (the same input: one pass over it, not one per linear). Chunk
+// partials are added in global chunk order onto zeros (engine/ordered_reduce.h), so the statistics are
+// bit-identical for any number of ranks and equal to the single-process ones. Statistics: one gather of
+// every chunk's per-channel vectors per block (all linears fused into one buffer; a single process adds its
+// chunks in place instead). Grams: one ordered chain per input group. Samples: one gather per input group,
+// in rank order, which is chunk order.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -71,6 +72,11 @@ class BlockStatistics : public model::LinearObserver {
     Tensor samples;                    // all ranks', after reduce()
   };
   size_t packed_length() const;
+  // reduce()'s steps: the statistics' totals over this rank's chunks alone or every rank's, then the
+  // recon samples and Gram matrices.
+  void sum_own_chunks();
+  void sum_chunks_over_ranks(size_t chunks);
+  void gather_samples_and_grams();
   const Group* group_of(const std::string& linear) const;  // null for an unknown linear
 
   dist::Communicator& comm_;

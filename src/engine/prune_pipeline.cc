@@ -728,7 +728,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       result.params_total += w.numel();
       result.layers.push_back(layer);
       pruned_weights.emplace_back(id, model.backend().mask_weight(w, lm.mask, MaskedPart::kKept));
-      masks.emplace(stored_weight_name(model, b, name), PackedMask::of(lm.mask));
+      masks.emplace(stored_weight_name(model, b, name), PackedMask::of(std::move(lm.mask)));
     }
     for (auto& [id, w] : pruned_weights) model.set_linear_weight(id, std::move(w));
     result.timings.refine += refine_seconds;

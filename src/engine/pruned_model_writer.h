@@ -17,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/masks.h"
@@ -33,6 +34,11 @@ struct PackedMask {
   int64_t cols = 0;
   std::vector<uint8_t> bits;
   static PackedMask of(const Mask& mask) { return {mask.rows(), mask.cols(), mask.pack_bits()}; }
+  // The same from a mask no longer needed: a packed mask's bits are moved, not copied.
+  static PackedMask of(Mask&& mask) {
+    const int64_t rows = mask.rows(), cols = mask.cols();
+    return {rows, cols, std::move(mask).release_bits()};
+  }
   bool pruned(int64_t flat_index) const {
     return (bits[static_cast<size_t>(flat_index >> 3)] >> (flat_index & 7)) & 1;
   }

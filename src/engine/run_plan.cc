@@ -651,10 +651,10 @@ DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, in
                      static_cast<double>(kAttentionTileBytes);
   // The dense and the pruned evaluation streams, and one slab of logits.
   p.evaluation = eval_tokens > 0 ? s * 2.0 * static_cast<double>(eval_tokens) * d + f * 512.0 * vocab : 0.0;
-  // The scores of the largest matrix and its byte mask (and its fp32 copy in lower precision), and DSnoT's
-  // scratch.
+  // The scores of the largest matrix, its byte mask and packed bits (kept with the mask), its fp32 copy in
+  // lower precision, and DSnoT's scratch.
   p.selection =
-      (f + 1.0 + (low_precision ? f : 0.0)) * largest + static_cast<double>(kDeviceRefineScratchBytes);
+      (f + 1.125 + (low_precision ? f : 0.0)) * largest + static_cast<double>(kDeviceRefineScratchBytes);
   // The widest input's Gram matrix XᵀX, computed per chunk on the device and brought to the host.
   if (gram) p.gram = f * widest_input * widest_input;
   // The widest group's samples (fp32) and a block of rows' products with them (mask_stage.h).

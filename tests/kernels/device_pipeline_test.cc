@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -30,6 +31,7 @@
 #include "core/backend.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/kernels/cuda_backend.h"
+#include "core/cuda/kernels/device_mask_selector.h"
 #include "core/interrupt.h"
 #include "engine/checkpoint.h"
 #include "engine/prune_pipeline.h"
@@ -213,6 +215,52 @@ TEST_F(DevicePruningOpsTest, MaskedWeightsRowNllAndCopiesEqualTheCpu) {
   EXPECT_TRUE(device().allocate({3, 4}).on_device());
   ASSERT_TRUE(device().device_memory().has_value());
   EXPECT_GT(device().device_memory()->free, 0);
+}
+
+// A mask selected on the device keeps its packed bits there (DeviceMaskBits), and masking a weight reads
+// them in place: a mask whose device copy was made to differ from its host bits masks by the device copy;
+// once an entry is written on the host that copy is stale, and the host's entries are uploaded instead.
+// DSnoT's upload of a mask (upload_mask, here through initial_column_l1) reads the device copy too.
+TEST_F(DevicePruningOpsTest, DeviceMasksAreAppliedFromTheirBitsOnTheDevice) {
+  const Tensor w = host_tensor({7, 13}, 6);
+  const Tensor dw = device().to_backend(w);
+  const Mask selected = device().score_and_select(ScoreMethod::kMagnitude, dw, nullptr, ScoreOptions{},
+                                                  MaskSpec::row(0.5), nullptr);
+  ASSERT_NE(dynamic_cast<const cuda::DeviceMaskBits*>(selected.backend_bits()), nullptr);
+  EXPECT_TRUE(selected.packed_only());
+  expect_same_values(device().to_host(device().mask_weight(dw, selected, MaskedPart::kKept)),
+                     cpu_backend().mask_weight(w, selected, MaskedPart::kKept));
+
+  Mask other(7, 13);
+  for (int64_t i = 0; i < other.size(); i += 3) other.flat()[static_cast<size_t>(i)] = 1;
+  auto kept = std::make_shared<cuda::DeviceMaskBits>();
+  kept->bits = cuda::DeviceArray<uint8_t>(other.pack_bits());
+  kept->device = cuda::current_device();
+  Mask mixed = Mask::from_bits(7, 13, selected.pack_bits(), kept);
+  for (MaskedPart part : {MaskedPart::kKept, MaskedPart::kPruned})
+    expect_same_values(device().to_host(device().mask_weight(dw, mixed, part)),
+                       cpu_backend().mask_weight(w, other, part));
+  EXPECT_EQ(device().initial_column_l1(dw, mixed), cpu_backend().initial_column_l1(w, other));
+
+  Mask written = selected;
+  written.set(0, 0, !written.pruned(0, 0));
+  mixed.set(0, 0, !mixed.pruned(0, 0));
+  EXPECT_EQ(mixed.backend_bits(), nullptr);
+  expect_same_values(device().to_host(device().mask_weight(dw, mixed, MaskedPart::kKept)),
+                     cpu_backend().mask_weight(w, written, MaskedPart::kKept));
+  EXPECT_EQ(device().initial_column_l1(dw, mixed), cpu_backend().initial_column_l1(w, written));
+}
+
+// download_bytes goes through a staging buffer of 8 MiB: a download of several buffers and a tail.
+TEST_F(DevicePruningOpsTest, StagedDownloadsReturnEveryByte) {
+  const size_t count = (size_t{8} << 20) * 2 + 13;
+  std::vector<uint8_t> values(count);
+  for (size_t i = 0; i < count; ++i) values[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  const cuda::DeviceArray<uint8_t> on_device(values);
+  EXPECT_EQ(cuda::download_bytes(on_device.data(), count), values);
+  EXPECT_TRUE(cuda::download_bytes(on_device.data(), 0).empty());
+  const std::vector<uint8_t> head = cuda::download_bytes(on_device.data(), 5);
+  EXPECT_EQ(head, std::vector<uint8_t>(values.begin(), values.begin() + 5));
 }
 
 // The Gram matrix XᵀX of the recon refinement and --refine-guard, computed where X is.

@@ -9,9 +9,11 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "core/error.h"
@@ -544,6 +546,56 @@ TEST(MaskBits, PackedMaskUnpacksOnReadAndRepacksAfterAWrite) {
   Tensor w({37, 53}, std::vector<float>(37 * 53, 1.0f));
   Mask::from_bits(37, 53, bits).apply(w);
   for (int64_t i = 0; i < 37 * 53; ++i) ASSERT_EQ(w[i], bytes.flat()[static_cast<size_t>(i)] ? 0.0f : 1.0f);
+}
+
+// A backend's copy of the packed bits travels with them: copies and moves share it, reading entries keeps
+// it, writing an entry drops it (it would be stale), and so does a mask made without one.
+TEST(MaskBits, BackendCopyOfTheBitsLivesAsLongAsThePackedBits) {
+  struct Tagged : BackendBits {
+    int tag = 7;
+  };
+  const auto [bytes, bits] = random_mask(9, 40, 11);
+  auto tagged = std::make_shared<Tagged>();
+  const BackendBits* held = tagged.get();
+  Mask mask = Mask::from_bits(9, 40, bits, tagged);
+  tagged.reset();
+  EXPECT_EQ(mask.backend_bits(), held);
+  const Mask copy = mask;
+  EXPECT_EQ(copy.backend_bits(), held);
+  Mask moved = Mask(mask);
+  const Mask target = std::move(moved);
+  EXPECT_EQ(target.backend_bits(), held);
+  EXPECT_EQ(moved.backend_bits(), nullptr);
+  EXPECT_EQ(mask.pruned(2, 3), bytes.pruned(2, 3));  // a read keeps the bits and their copy
+  EXPECT_EQ(mask.backend_bits(), held);
+  EXPECT_EQ(dynamic_cast<const Tagged*>(mask.backend_bits())->tag, 7);
+  mask.set(2, 3, !bytes.pruned(2, 3));
+  EXPECT_EQ(mask.backend_bits(), nullptr);
+  EXPECT_EQ(copy.backend_bits(), held);  // the copy's bits are still its own
+  EXPECT_EQ(Mask::from_bits(9, 40, bits).backend_bits(), nullptr);
+  EXPECT_EQ(bytes.backend_bits(), nullptr);
+}
+
+// packed_bits reads a packed mask's own bits without a copy and packs a byte mask; release_bits moves a
+// packed mask's bits out (same bytes, same storage) and leaves an empty mask.
+TEST(MaskBits, PackedBitsAreLentOrReleasedWithoutACopy) {
+  const auto [bytes, bits] = random_mask(13, 29, 5);
+  const Mask packed = Mask::from_bits(13, 29, bits);
+  std::vector<uint8_t> scratch;
+  const std::span<const uint8_t> lent = packed.packed_bits(scratch);
+  EXPECT_TRUE(scratch.empty());
+  EXPECT_TRUE(std::ranges::equal(lent, bits));
+  EXPECT_EQ(lent.data(), packed.packed_bits(scratch).data());
+  EXPECT_TRUE(std::ranges::equal(bytes.packed_bits(scratch), bits));
+  EXPECT_EQ(scratch, bits);
+
+  Mask dropped = Mask::from_bits(13, 29, bits);
+  const uint8_t* storage = dropped.packed_bits(scratch).data();
+  const std::vector<uint8_t> released = std::move(dropped).release_bits();
+  EXPECT_EQ(released, bits);
+  EXPECT_EQ(released.data(), storage);
+  EXPECT_EQ(dropped.size(), 0);
+  EXPECT_EQ(Mask(bytes).release_bits(), bits);  // a byte mask is packed
 }
 
 // Many threads reading (or each writing its own rows of) one packed mask at once, as the CPU refinements'

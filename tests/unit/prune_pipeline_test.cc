@@ -18,9 +18,12 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/masks.h"
+#include "dist/communicator.h"
+#include "engine/block_statistics.h"
 #include "engine/pruned_model_writer.h"
 #include "engine/run_plan.h"
 #include "io/calibration.h"
+#include "io/model_resolver.h"
 #include "io/output_dir.h"
 #include "io/safetensors.h"
 #include "io/synthetic_model.h"
@@ -623,6 +626,74 @@ TEST(ReconSamplePositions, EvenlySpacedAllWhenEnoughOrZero) {
   EXPECT_EQ(recon_sample_positions(1, 8, 16), (std::vector<int64_t>{8}));
 }
 
+// A rank of two whose partner holds no chunks: its collectives are the identity, so the statistics
+// go through the gather-and-add path of several ranks with this rank's chunks alone.
+class LoneRankOfTwo final : public dist::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string name() const override { return "lone"; }
+  void all_reduce_sum(std::span<double>) override {}
+  void all_reduce_sum(std::span<float>) override {}
+  void all_reduce_sum(std::span<int64_t>) override {}
+  void broadcast(std::span<std::byte>, int) override {}
+  void all_gather(std::span<const std::byte>, std::span<std::byte>) override { fail("no all_gather here"); }
+  void all_gather_v(std::span<const std::byte> local, std::span<const int64_t> counts,
+                    std::span<std::byte> gathered) override {
+    SYMPRUNE_ASSERT(counts.size() == 2 && counts[1] == 0 && gathered.size() == local.size(), "lone gather");
+    std::copy(local.begin(), local.end(), gathered.begin());
+  }
+  void send(std::span<const std::byte>, int) override { fail("no send here"); }
+  void recv(std::span<std::byte>, int) override { fail("no recv here"); }
+  void barrier() override {}
+  [[noreturn]] void abort(int) override { fail("no abort here"); }
+};
+
+// One rank adds its chunks' statistics directly; the result is the ordered gather-and-add of several
+// ranks bit for bit (the sums of chunks in order onto zeros), for input and output statistics.
+TEST(BlockStatisticsReduce, OneRankSumsEqualTheGatheredSumsBitForBit) {
+  model::DecoderModel model = model::DecoderModel::open(io::resolve_model("synthetic:tiny-llama"));
+  const int64_t seq_len = 4, windows = 3;
+  for (const bool collect_output : {false, true}) {
+    const auto local = dist::make_local_communicator();
+    LoneRankOfTwo lone;
+    BlockStatistics one(*local, model, 0, seq_len, collect_output, false);
+    BlockStatistics gathered(lone, model, 0, seq_len, collect_output, false);
+    std::mt19937 gen(17);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    const auto random = [&](int64_t rows, int64_t cols) {
+      Tensor t({rows, cols});
+      for (int64_t i = 0; i < t.numel(); ++i) t[i] = normal(gen);
+      return t;
+    };
+    for (int chunk = 0; chunk < 5; ++chunk) {
+      std::map<int64_t, Tensor> group_inputs;  // the linears of a group read one input
+      for (const auto& shape : model.linear_shapes()) {
+        if (!group_inputs.contains(shape.in) || shape.name.find("down_proj") != std::string::npos ||
+            shape.name.find("o_proj") != std::string::npos)
+          group_inputs[shape.in] = random(windows * seq_len, shape.in);
+        const Tensor output = random(windows * seq_len, shape.out);
+        const model::LinearId id{0, shape.name};
+        one.on_linear(id, group_inputs[shape.in], output, nullptr);
+        gathered.on_linear(id, group_inputs[shape.in], output, nullptr);
+      }
+    }
+    one.reduce();
+    gathered.reduce();
+    for (const auto& shape : model.linear_shapes()) {
+      const ActivationStats &a = one.stats(shape.name), &e = gathered.stats(shape.name);
+      EXPECT_EQ(a.in_sumsq, e.in_sumsq) << shape.name;
+      EXPECT_EQ(a.in_sum, e.in_sum) << shape.name;
+      EXPECT_EQ(a.in_seqsq, e.in_seqsq) << shape.name;
+      EXPECT_EQ(a.out_sumsq, e.out_sumsq) << shape.name;
+      EXPECT_EQ(a.out_sumsq.size(), collect_output ? static_cast<size_t>(shape.out) : 0u);
+      EXPECT_EQ(a.n_seqs, 5 * windows) << shape.name;
+      EXPECT_EQ(a.n_seqs, e.n_seqs);
+      EXPECT_EQ(a.seq_len, e.seq_len);
+    }
+  }
+}
+
 // The device memory plan of the 70B target: LLaMA-2-70B with 128 x 2048 calibration tokens in
 // micro-batches of 8 windows. In bf16 the linear weights and the hidden states cost two bytes per value,
 // half of fp32's, and the whole run fits an 80 GB GPU.
@@ -653,8 +724,8 @@ TEST(DeviceMemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
   // 256 MiB tile of scores and probabilities.
   EXPECT_DOUBLE_EQ(bf16.activations - fp32.activations,
                    4 * pass * d + 2 * pass * (d + ffn + 2 * d + 2 * kv) + 256.0 * 1024 * 1024);
-  EXPECT_DOUBLE_EQ(bf16.selection,
-                   9 * d * ffn + 64.0 * 1024 * 1024);  // fp32 scores and copy, byte mask, DSnoT
+  // fp32 scores and copy, byte mask, packed bits, DSnoT
+  EXPECT_DOUBLE_EQ(bf16.selection, 9.125 * d * ffn + 64.0 * 1024 * 1024);
   EXPECT_LT(one_rank.total(), 0.5 * 80e9);
   // --refine recon or --refine-guard: the widest input's Gram matrix (down_proj's, fp32) on the device.
   EXPECT_EQ(bf16.gram, 0);

@@ -526,11 +526,12 @@ class CudaBackend final : public Backend {
     const OpTimer timer("mask_weight");
     SYMPRUNE_ASSERT(weight.rank() == 2 && mask.rows() == weight.dim(0) && mask.cols() == weight.dim(1),
                     "mask {}x{} for weight {}", mask.rows(), mask.cols(), weight.shape_string());
-    const DeviceArray<uint8_t> bits(mask.pack_bits());
+    DeviceArray<uint8_t> upload;
+    const uint8_t* bits = device_bits_of(mask, upload);  // a device selection's bits are read in place
     Tensor result;
     void* rd = out_bytes(result, weight.shape(), weight.dtype());
-    launch_mask_weight(in_bytes(weight, "masked weight"), dtype_size(weight.dtype()), bits.data(),
-                       weight.numel(), keep == MaskedPart::kPruned, rd, {});
+    launch_mask_weight(in_bytes(weight, "masked weight"), dtype_size(weight.dtype()), bits, weight.numel(),
+                       keep == MaskedPart::kPruned, rd, {});
     return result;
   }
 

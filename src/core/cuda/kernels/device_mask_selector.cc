@@ -4,6 +4,9 @@
 
 #include <bit>
 #include <limits>
+#include <memory>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "core/cuda/kernels/mask_kernels.h"
@@ -58,17 +61,31 @@ Mask DeviceMaskSelector::take_mask() {
   return mask;
 }
 
+const uint8_t* device_bits_of(const Mask& mask, DeviceArray<uint8_t>& upload) {
+  const auto* kept = dynamic_cast<const DeviceMaskBits*>(mask.backend_bits());
+  if (kept != nullptr && kept->device == current_device()) return kept->bits.data();
+  std::vector<uint8_t> scratch;
+  const std::span<const uint8_t> bits = mask.packed_bits(scratch);
+  upload = DeviceArray<uint8_t>(bits.data(), static_cast<int64_t>(bits.size()));
+  return upload.data();
+}
+
 DeviceArray<uint8_t> upload_mask(const Mask& mask) {
-  const DeviceArray<uint8_t> bits(mask.pack_bits());
+  DeviceArray<uint8_t> upload;
+  const uint8_t* bits = device_bits_of(mask, upload);
   DeviceArray<uint8_t> bytes(mask.size());
-  launch_unpack_mask_bits(bits.data(), mask.size(), bytes.data(), {});
+  launch_unpack_mask_bits(bits, mask.size(), bytes.data(), {});
   return bytes;
 }
 
 Mask download_mask(const uint8_t* device_bytes, int64_t rows, int64_t cols) {
-  DeviceArray<uint8_t> bits((rows * cols + 7) / 8);
-  launch_pack_mask_bits(device_bytes, rows * cols, bits.data(), {});
-  return Mask::from_bits(rows, cols, bits.download());  // unpacked on the host only if read entry by entry
+  auto kept = std::make_shared<DeviceMaskBits>();
+  kept->bits = DeviceArray<uint8_t>((rows * cols + 7) / 8);
+  kept->device = current_device();
+  launch_pack_mask_bits(device_bytes, rows * cols, kept->bits.data(), {});
+  // Unpacked on the host only if read entry by entry.
+  std::vector<uint8_t> host = download_bytes(kept->bits.data(), kept->bits.bytes());
+  return Mask::from_bits(rows, cols, std::move(host), std::move(kept));
 }
 
 Mask select_mask_on_device(const float* scores, int64_t rows, int64_t cols, const MaskSpec& spec,

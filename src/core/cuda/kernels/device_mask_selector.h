@@ -34,8 +34,19 @@ class DeviceMaskSelector final : public MaskSelector {
   DeviceArray<uint8_t> mask_;
 };
 
+// A mask's packed bits in device memory, kept with the host mask (Mask::backend_bits) by download_mask.
+struct DeviceMaskBits final : BackendBits {
+  DeviceArray<uint8_t> bits;
+  int device = 0;  // the device holding them
+};
+
+// The packed bits of `mask` on the current device: the ones it keeps there when it has them, else its host
+// bits uploaded into `upload` (which must live until the kernels reading them are queued).
+const uint8_t* device_bits_of(const Mask& mask, DeviceArray<uint8_t>& upload);
+
 // A host mask as a byte mask [rows·cols] on the device, and back: both cross the bus bit-packed (one
-// eighth of the bytes), packed and unpacked by kernels on the device.
+// eighth of the bytes), packed and unpacked by kernels on the device. The downloaded mask keeps its packed
+// bits on the device as well (DeviceMaskBits), so that masking a weight with it uploads nothing.
 DeviceArray<uint8_t> upload_mask(const Mask& mask);
 Mask download_mask(const uint8_t* device_bytes, int64_t rows, int64_t cols);
 
