@@ -1,11 +1,15 @@
 // Scores of a device-held weight against core::compute_scores on the host: every method, bit for bit
 // (the same fp64 formulas in the same order), and the same errors.
+#include "core/cuda/kernels/score_kernels.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "core/activation_stats.h"
 #include "core/cuda/device_memory.h"
@@ -71,7 +75,9 @@ void expect_bit_identical(ScoreMethod method, const Tensor& weight, const Activa
                           << (first >= 0 ? expected[first] : 0.0f) << ")";
 }
 
-const struct { int64_t m, n; } kShapes[] = {{1, 1}, {3, 5}, {17, 33}, {64, 300}};
+// The norm sums stage tiles of 32 lines × 128 elements: shapes with one partial tile, several tiles with
+// tails along both rows and columns.
+const struct { int64_t m, n; } kShapes[] = {{1, 1}, {3, 5}, {17, 33}, {64, 300}, {150, 40}};
 
 TEST_F(KernelTest, EveryMethodScoresLikeTheHost) {
   uint32_t seed = 1;
@@ -116,17 +122,54 @@ TEST_F(KernelTest, StochriaSampledSumsAreTheHostsForEveryBeta) {
     }
 }
 
-TEST_F(KernelTest, LpNormsAndStrategiesScoreLikeTheHost) {
-  const Tensor weight = test_weight(19, 41, 3);
-  const ActivationStats stats = test_stats(19, 41, 4);
-  for (double p : {0.0, 1.0, 2.0, 3.0, 4.0, std::numeric_limits<double>::infinity()})
-    for (int strategy = 1; strategy <= 4; ++strategy) {
-      ScoreOptions options;
-      options.p = p;
-      options.strategy = strategy;
-      expect_bit_identical(ScoreMethod::kLp, weight, &stats, options,
-                           "lp p=" + std::to_string(p) + " S" + std::to_string(strategy));
+// The fp64 row and column norm sums themselves, bit for bit the host's chain over each line in order (the
+// fp32 scores hide an fp64 sum's last bits, so the order of the additions shows here only): one partial
+// tile, several tiles with tails, lines in partial blocks of 32; magnitudes over twelve decades, so that
+// most sums round differently in any other order.
+TEST_F(KernelTest, NormSumsAddEveryLineInOrder) {
+  uint32_t seed = 90;
+  for (const auto& [m, n] : {std::pair<int64_t, int64_t>{150, 40}, {64, 300}, {33, 129}}) {
+    std::vector<float> values = uniform_values(m * n, seed++, -1.0f, 1.0f);
+    const std::vector<float> scales = uniform_values(m * n, seed++, -6.0f, 6.0f);
+    for (size_t i = 0; i < values.size(); ++i) values[i] *= std::pow(10.0f, scales[i]);
+    const cuda::DeviceArray<float> weight(values);
+    for (double p : {0.0, 1.0, 2.0, 3.0, 4.0, std::numeric_limits<double>::infinity()}) {
+      cuda::DeviceArray<double> rows(m), columns(n);
+      cuda::launch_row_norm_sums(weight.data(), m, n, p, rows.data(), {});
+      cuda::launch_column_norm_sums(weight.data(), m, n, p, columns.data(), {});
+      std::vector<double> expected_rows(static_cast<size_t>(m), 0.0),
+          expected_columns(static_cast<size_t>(n), 0.0);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < n; ++c) {
+          const double magnitude = std::fabs(static_cast<double>(values[static_cast<size_t>(r * n + c)]));
+          expected_rows[static_cast<size_t>(r)] =
+              norm_accumulate(p, expected_rows[static_cast<size_t>(r)], magnitude);
+          expected_columns[static_cast<size_t>(c)] =
+              norm_accumulate(p, expected_columns[static_cast<size_t>(c)], magnitude);
+        }
+      EXPECT_EQ(rows.download(), expected_rows) << "row sums p=" << p << " [" << m << ", " << n << "]";
+      EXPECT_EQ(columns.download(), expected_columns)
+          << "column sums p=" << p << " [" << m << ", " << n << "]";
     }
+  }
+}
+
+// Every norm's row and column sums (the ℓ2..ℓ4 powers round, so their sums depend on the order of the
+// additions): one partial tile, and several tiles with tails in both directions.
+TEST_F(KernelTest, LpNormsAndStrategiesScoreLikeTheHost) {
+  for (const auto& [m, n] : {std::pair<int64_t, int64_t>{19, 41}, {150, 40}, {64, 300}}) {
+    const Tensor weight = test_weight(m, n, 3);
+    const ActivationStats stats = test_stats(m, n, 4);
+    for (double p : {0.0, 1.0, 2.0, 3.0, 4.0, std::numeric_limits<double>::infinity()})
+      for (int strategy = 1; strategy <= 4; ++strategy) {
+        ScoreOptions options;
+        options.p = p;
+        options.strategy = strategy;
+        expect_bit_identical(
+            ScoreMethod::kLp, weight, &stats, options,
+            "lp p=" + std::to_string(p) + " S" + std::to_string(strategy) + " " + weight.shape_string());
+      }
+  }
 }
 
 TEST_F(KernelTest, RowRangesAndCompatRiaScoreLikeTheHost) {

@@ -1,6 +1,7 @@
 // Score kernels (see score_kernels.h). fp64 with explicit round-to-nearest operations (__dadd_rn,
 // __dmul_rn: nvcc would otherwise contract a·b + c into an FMA, which the CPU does not do) and the
 // CPU's reduction order, so the fp32 scores equal the CPU's bit for bit.
+#include <algorithm>
 #include <cfloat>
 
 #include "core/cuda/kernel_platform.cuh"
@@ -55,49 +56,95 @@ __global__ void first_nonfinite_kernel(const float* __restrict__ values, int64_t
       atomicMin(first, static_cast<unsigned long long>(i));
 }
 
-// One thread per row, columns in order (the CPU's order). Rows are few (m ≤ 10⁵), so this is a small
-// part of a block's work.
-__global__ void row_norm_sums_kernel(const float* __restrict__ weight, int64_t m, int64_t n, int code,
-                                     double* __restrict__ sums) {
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < m;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float* row = weight + r * n;
-    double acc = 0.0;
-    for (int64_t c = 0; c < n; ++c) acc = norm_add(code, acc, magnitude(row[c]));
-    sums[r] = acc;
-  }
-}
+// Norm sums along the lines of a matrix [m, n]: its rows (a line's elements are its columns) or its columns
+// (a line's elements are its rows), one fp64 chain per line adding its elements in order (the CPU's order,
+// so the sums are its sums bit for bit). The chains are sequential; what makes them fast is the loads: a
+// block takes kSumLines lines, all its warps stage tiles of kSumTile elements of those lines in shared memory
+// with coalesced reads (a warp reads 32 consecutive floats of one row), and warp 0's lanes run the 32 chains
+// over one tile while the next tile's loads are in flight. (One thread per line reading global memory
+// directly left a few warps per SM waiting on one load at a time: about 1 ms per 7B matrix, not 0.05.)
+constexpr int kSumLines = 32;
+constexpr int kSumTile = 128;                               // elements of each line per tile
+constexpr int kSumLoads = kSumLines * kSumTile / kThreads;  // floats each thread stages per tile
 
-// One thread per column, rows in order: neighbouring threads read neighbouring addresses.
-__global__ void column_norm_sums_kernel(const float* __restrict__ weight, int64_t m, int64_t n, int code,
-                                        double* __restrict__ sums) {
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < n;
-       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    double acc = 0.0;
-    for (int64_t r = 0; r < m; ++r) acc = norm_add(code, acc, magnitude(weight[r * n + c]));
-    sums[c] = acc;
+template <bool kRows>
+__global__ void line_norm_sums_kernel(const float* __restrict__ weight, int64_t m, int64_t n, int code,
+                                      double* __restrict__ sums) {
+  // [line][element], padded: lane L reads line L's elements in order at banks distinct from the others'.
+  __shared__ float tile[2][kSumLines][kSumTile + 1];
+  const int64_t lines = kRows ? m : n, length = kRows ? n : m;
+  const int64_t first_line = static_cast<int64_t>(blockIdx.x) * kSumLines;
+  const int tid = static_cast<int>(threadIdx.x);
+  // The j-th float a thread stages: consecutive threads take consecutive columns of one row, which are
+  // consecutive elements of one line (rows) or the same element of consecutive lines (columns).
+  const auto line_of = [&](int j) {
+    const int f = j * kThreads + tid;
+    return kRows ? f / kSumTile : f % kSumLines;
+  };
+  const auto element_of = [&](int j) {
+    const int f = j * kThreads + tid;
+    return kRows ? f % kSumTile : f / kSumLines;
+  };
+  float staged[kSumLoads];
+  const auto load = [&](int64_t first_element) {
+    SYMPRUNE_UNROLL
+    for (int j = 0; j < kSumLoads; ++j) {
+      const int64_t line = first_line + line_of(j), element = first_element + element_of(j);
+      const int64_t r = kRows ? line : element, c = kRows ? element : line;
+      staged[j] = r < m && c < n ? weight[r * n + c] : 0.0f;
+    }
+  };
+  const auto store = [&](int buffer) {
+    SYMPRUNE_UNROLL
+    for (int j = 0; j < kSumLoads; ++j) tile[buffer][line_of(j)][element_of(j)] = staged[j];
+  };
+  const int64_t tiles = (length + kSumTile - 1) / kSumTile;
+  double acc = 0.0;
+  if (tiles > 0) {
+    load(0);
+    store(0);
   }
+  __syncthreads();
+  for (int64_t t = 0; t < tiles; ++t) {
+    const bool more = t + 1 < tiles;
+    if (more) load((t + 1) * kSumTile);
+    if (tid < kSumLines) {
+      const int64_t left = length - t * kSumTile;
+      const int count = left < kSumTile ? static_cast<int>(left) : kSumTile;
+      const float* own = tile[t & 1][tid];
+      SYMPRUNE_UNROLL_BY(8)
+      for (int e = 0; e < count; ++e) acc = norm_add(code, acc, magnitude(own[e]));
+    }
+    if (more) store(static_cast<int>((t + 1) & 1));
+    __syncthreads();
+  }
+  if (tid < kSumLines && first_line + tid < lines) sums[first_line + tid] = acc;
 }
 
 __global__ void plan_scores_kernel(const float* __restrict__ weight, int64_t n, int64_t row_begin,
-                                   int64_t count, int form, const double* __restrict__ u,
-                                   const double* __restrict__ v, const double* __restrict__ f,
-                                   float* __restrict__ scores) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = row_begin + i / n, c = i % n;
-    const double w = magnitude(weight[r * n + c]);
-    const double sum_uv =
-        form == kHypot ? __dadd_rn(__dmul_rn(u[r], u[r]), __dmul_rn(v[c], v[c])) : __dadd_rn(u[r], v[c]);
-    double x;
-    if (form == kProduct)
-      x = __dmul_rn(w, sum_uv);
-    else if (form == kHypot)
-      x = __dmul_rn(w, __dsqrt_rn(sum_uv));
-    else
-      x = sum_uv > 0.0 ? __ddiv_rn(w, sum_uv) : 0.0;
-    if (f != nullptr) x = __dmul_rn(x, f[c]);
-    scores[i] = x > static_cast<double>(FLT_MAX) ? FLT_MAX : static_cast<float>(x);
+                                   int64_t rows, int64_t rows_per_block, int form,
+                                   const double* __restrict__ u, const double* __restrict__ v,
+                                   const double* __restrict__ f, float* __restrict__ scores) {
+  // A block takes consecutive rows, its threads a row's columns: no 64-bit division per element (it costs
+  // more than the element's fp64 arithmetic).
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t last = first + rows_per_block < rows ? first + rows_per_block : rows;
+  for (int64_t local_row = first; local_row < last; ++local_row) {
+    const int64_t r = row_begin + local_row;
+    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
+      const double w = magnitude(weight[r * n + c]);
+      const double sum_uv =
+          form == kHypot ? __dadd_rn(__dmul_rn(u[r], u[r]), __dmul_rn(v[c], v[c])) : __dadd_rn(u[r], v[c]);
+      double x;
+      if (form == kProduct)
+        x = __dmul_rn(w, sum_uv);
+      else if (form == kHypot)
+        x = __dmul_rn(w, __dsqrt_rn(sum_uv));
+      else
+        x = sum_uv > 0.0 ? __ddiv_rn(w, sum_uv) : 0.0;
+      if (f != nullptr) x = __dmul_rn(x, f[c]);
+      scores[local_row * n + c] = x > static_cast<double>(FLT_MAX) ? FLT_MAX : static_cast<float>(x);
+    }
   }
 }
 
@@ -126,11 +173,15 @@ void launch_first_nonfinite(const float* values, int64_t count, int64_t* first, 
   SYMPRUNE_CHECK_LAUNCH();
 }
 
+int sum_blocks(int64_t lines) {
+  return static_cast<int>((lines + kSumLines - 1) / kSumLines);
+}
+
 void launch_row_norm_sums(const float* weight, int64_t m, int64_t n, double p, double* sums,
                           DeviceStream stream) {
   if (m <= 0) return;
-  SYMPRUNE_LAUNCH(row_norm_sums_kernel, grid_for(m), kThreads, 0, native(stream), weight, m, n, norm_code(p),
-                  sums);
+  SYMPRUNE_LAUNCH(line_norm_sums_kernel<true>, sum_blocks(m), kThreads, 0, native(stream), weight, m, n,
+                  norm_code(p), sums);
   SYMPRUNE_CHECK_LAUNCH();
 }
 
@@ -145,7 +196,7 @@ void launch_sampled_abs_sums(const float* weight, int64_t n, const int32_t* pick
 void launch_column_norm_sums(const float* weight, int64_t m, int64_t n, double p, double* sums,
                              DeviceStream stream) {
   if (n <= 0) return;
-  SYMPRUNE_LAUNCH(column_norm_sums_kernel, grid_for(n), kThreads, 0, native(stream), weight, m, n,
+  SYMPRUNE_LAUNCH(line_norm_sums_kernel<false>, sum_blocks(n), kThreads, 0, native(stream), weight, m, n,
                   norm_code(p), sums);
   SYMPRUNE_CHECK_LAUNCH();
 }
@@ -153,10 +204,14 @@ void launch_column_norm_sums(const float* weight, int64_t m, int64_t n, double p
 void launch_plan_scores(const float* weight, int64_t n, int64_t row_begin, int64_t row_end, int form,
                         const double* u, const double* v, const double* f, float* scores,
                         DeviceStream stream) {
-  const int64_t count = (row_end - row_begin) * n;
-  if (count <= 0) return;
-  SYMPRUNE_LAUNCH(plan_scores_kernel, grid_for(count), kThreads, 0, native(stream), weight, n, row_begin,
-                  count, form, u, v, f, scores);
+  const int64_t rows = row_end - row_begin;
+  if (rows <= 0 || n <= 0) return;
+  // As many blocks as a grid-stride loop over the elements would have, each with whole rows.
+  const int64_t blocks = std::min<int64_t>(grid_for(rows * n), rows);
+  const int64_t rows_per_block = (rows + blocks - 1) / blocks;
+  SYMPRUNE_LAUNCH(plan_scores_kernel, static_cast<int>((rows + rows_per_block - 1) / rows_per_block),
+                  kThreads, 0, native(stream), weight, n, row_begin, rows, rows_per_block, form, u, v, f,
+                  scores);
   SYMPRUNE_CHECK_LAUNCH();
 }
 
