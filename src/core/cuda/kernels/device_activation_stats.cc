@@ -2,6 +2,7 @@
 #include "core/cuda/kernels/device_activation_stats.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/cuda/kernels/stats_kernels.h"
 #include "core/error.h"
@@ -9,18 +10,11 @@
 namespace symprune::cuda {
 
 DeviceActivationStats::DeviceActivationStats(int64_t in_features, int64_t out_features)
-    : n_(in_features),
-      m_(out_features),
-      in_sumsq_(in_features),
-      in_sum_(in_features),
-      in_seqsq_(in_features),
-      out_sumsq_(out_features) {
+    : n_(in_features), m_(out_features) {
   SYMPRUNE_CHECK(in_features > 0 && out_features >= 0, "activation statistics: invalid widths {} and {}",
                  in_features, out_features);
-  in_sumsq_.zero();
-  in_sum_.zero();
-  in_seqsq_.zero();
-  out_sumsq_.zero();
+  totals_ = DeviceArray<double>(3 * n_ + m_);
+  totals_.zero();
 }
 
 void DeviceActivationStats::accumulate(const float* input, const float* output, int64_t seqs, int64_t seq_len,
@@ -39,22 +33,26 @@ void DeviceActivationStats::accumulate(const float* input, const float* output, 
     seq_sum_ = DeviceArray<double>(scratch);
   }
   launch_sequence_sums(input, nullptr, seqs, seq_len, n_, seq_sumsq_.data(), seq_sum_.data(), {});
-  launch_combine_sequences(seq_sumsq_.data(), seq_sum_.data(), seqs, n_, in_sumsq_.data(), in_sum_.data(),
-                           in_seqsq_.data(), {});
+  launch_combine_sequences(seq_sumsq_.data(), seq_sum_.data(), seqs, n_, in_sumsq(), in_sum(), in_seqsq(),
+                           {});
   if (m_ > 0) {
     launch_sequence_sums(output, output_bias, seqs, seq_len, m_, seq_sumsq_.data(), nullptr, {});
-    launch_combine_sequences(seq_sumsq_.data(), nullptr, seqs, m_, out_sumsq_.data(), nullptr, nullptr, {});
+    launch_combine_sequences(seq_sumsq_.data(), nullptr, seqs, m_, out_sumsq(), nullptr, nullptr, {});
   }
   n_seqs_ += seqs;
   seq_len_ = seq_len;
 }
 
 ActivationStats DeviceActivationStats::download() const {
+  const std::vector<double> totals = totals_.download();
+  const auto part = [&](int64_t first, int64_t count) {
+    return std::vector<double>(totals.begin() + first, totals.begin() + first + count);
+  };
   ActivationStats stats;
-  stats.in_sumsq = in_sumsq_.download();
-  stats.in_sum = in_sum_.download();
-  stats.in_seqsq = in_seqsq_.download();
-  if (m_ > 0) stats.out_sumsq = out_sumsq_.download();
+  stats.in_sumsq = part(0, n_);
+  stats.in_sum = part(n_, n_);
+  stats.in_seqsq = part(2 * n_, n_);
+  if (m_ > 0) stats.out_sumsq = part(3 * n_, m_);
   stats.n_seqs = n_seqs_;
   stats.seq_len = seq_len_;
   return stats;

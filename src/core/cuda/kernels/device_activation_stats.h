@@ -22,9 +22,16 @@ class DeviceActivationStats {
   ActivationStats download() const;
 
  private:
+  double* in_sumsq() { return totals_.data(); }
+  double* in_sum() { return totals_.data() + n_; }
+  double* in_seqsq() { return totals_.data() + 2 * n_; }
+  double* out_sumsq() { return totals_.data() + 3 * n_; }
+
   int64_t n_, m_;
   int64_t n_seqs_ = 0, seq_len_ = 0;
-  DeviceArray<double> in_sumsq_, in_sum_, in_seqsq_, out_sumsq_;
+  // in_sumsq, in_sum, in_seqsq [n] and out_sumsq [m] end to end: one zeroing and one copy to the host (the
+  // pipeline makes four of these per micro-batch, and every copy to the host waits for the device).
+  DeviceArray<double> totals_;
   DeviceArray<double> seq_sumsq_, seq_sum_;  // per-call scratch, grown as needed
 };
 
