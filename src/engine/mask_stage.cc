@@ -35,11 +35,12 @@ Mask gather_mask(dist::Communicator& comm, Mask own, int64_t total_rows, int64_t
   std::vector<int64_t> counts(static_cast<size_t>(comm.size()));
   for (int p = 0; p < comm.size(); ++p)
     counts[static_cast<size_t>(p)] = (dist::partition(total_rows, comm.size(), p).size() * cols + 7) / 8;
-  const std::vector<uint8_t> local = own.pack_bits();
+  std::vector<uint8_t> scratch;
+  const std::span<const uint8_t> local = own.packed_bits(scratch);  // a device's mask: its bits, not a copy
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   std::vector<uint8_t> all(static_cast<size_t>(total));
-  comm.all_gather_v(std::as_bytes(std::span<const uint8_t>(local)), counts,
+  comm.all_gather_v(std::as_bytes(local), counts,
                     std::as_writable_bytes(std::span<uint8_t>(all)));
   *bytes += total;
   // Each part but the last a whole number of bytes (LLM widths are multiples of 8): the parts laid end to
