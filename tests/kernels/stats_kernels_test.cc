@@ -51,7 +51,8 @@ TEST_F(KernelTest, StatisticsSumLikeTheHostOverSeveralCalls) {
 
 TEST_F(KernelTest, SequenceSumsSplitOverLaunchesAreTheSame) {
   // As beyond the grid's 65535 sequences along y: 5 sequences two at a time, with an offset, bit for bit.
-  const int64_t seqs = 5, seq_len = 9, width = 70;
+  // 21 tokens: a group of 16 loaded ahead of its additions, and a tail.
+  const int64_t seqs = 5, seq_len = 21, width = 70;
   const std::vector<float> x = uniform_values(seqs * seq_len * width, 41, -3.0f, 5.0f);
   const std::vector<float> offset = uniform_values(width, 42);
   const cuda::DeviceArray<float> dx(x), doffset(offset);
@@ -67,13 +68,20 @@ TEST_F(KernelTest, SequenceSumsSplitOverLaunchesAreTheSame) {
   }
   ASSERT_EQ(results[0].size(), results[1].size());
   for (size_t i = 0; i < results[0].size(); ++i) ASSERT_EQ(results[0][i], results[1][i]) << i;
-  // And the first sequence's first channel is the sum over its tokens.
-  double expected = 0.0;
-  for (int64_t t = 0; t < seq_len; ++t) {
-    const double v = static_cast<double>(x[static_cast<size_t>(t * width)]) - offset[0];
-    expected += v * v;
-  }
-  EXPECT_DOUBLE_EQ(results[1][0], expected);
+  // And each sequence's channel holds the sums over its tokens, in token order.
+  for (int64_t q = 0; q < seqs; ++q)
+    for (int64_t c = 0; c < width; ++c) {
+      double sumsq = 0.0, sum = 0.0;
+      for (int64_t t = 0; t < seq_len; ++t) {
+        const double v = static_cast<double>(x[static_cast<size_t>((q * seq_len + t) * width + c)]) -
+                         static_cast<double>(offset[static_cast<size_t>(c)]);
+        sumsq += v * v;
+        sum += v;
+      }
+      const size_t at = static_cast<size_t>(q * width + c);
+      ASSERT_DOUBLE_EQ(results[1][at], sumsq) << "sequence " << q << " channel " << c;
+      ASSERT_DOUBLE_EQ(results[1][static_cast<size_t>(seqs * width) + at], sum) << "sequence " << q;
+    }
 }
 
 TEST_F(KernelTest, StatisticsRejectWhatTheHostRejects) {

@@ -66,9 +66,12 @@ __global__ void first_nonfinite_kernel(const float* __restrict__ values, int64_t
 constexpr int kSumLines = 32;
 constexpr int kSumTile = 128;                               // elements of each line per tile
 constexpr int kSumLoads = kSumLines * kSumTile / kThreads;  // floats each thread stages per tile
+constexpr int kSumGroup = 16;                               // tile elements read ahead of the chain
 
-template <bool kRows>
-__global__ void line_norm_sums_kernel(const float* __restrict__ weight, int64_t m, int64_t n, int code,
+// kCode (NormCode) is a template argument: with a run-time code the chain branched on it at every element,
+// and no shared-memory read went ahead of the one being added.
+template <bool kRows, int kCode>
+__global__ void line_norm_sums_kernel(const float* __restrict__ weight, int64_t m, int64_t n,
                                       double* __restrict__ sums) {
   // [line][element], padded: lane L reads line L's elements in order at banks distinct from the others'.
   __shared__ float tile[2][kSumLines][kSumTile + 1];
@@ -109,11 +112,16 @@ __global__ void line_norm_sums_kernel(const float* __restrict__ weight, int64_t 
     const bool more = t + 1 < tiles;
     if (more) load((t + 1) * kSumTile);
     if (tid < kSumLines) {
-      const int64_t left = length - t * kSumTile;
-      const int count = left < kSumTile ? static_cast<int>(left) : kSumTile;
+      // The whole tile, in groups whose reads go ahead of their additions: past the line's end the tile
+      // holds zeros, and adding the norm of a zero leaves every kind of sum as it is (acc ≥ +0).
       const float* own = tile[t & 1][tid];
-      SYMPRUNE_UNROLL_BY(8)
-      for (int e = 0; e < count; ++e) acc = norm_add(code, acc, magnitude(own[e]));
+      for (int e0 = 0; e0 < kSumTile; e0 += kSumGroup) {
+        float values[kSumGroup];
+        SYMPRUNE_UNROLL
+        for (int k = 0; k < kSumGroup; ++k) values[k] = own[e0 + k];
+        SYMPRUNE_UNROLL
+        for (int k = 0; k < kSumGroup; ++k) acc = norm_add(kCode, acc, magnitude(values[k]));
+      }
     }
     if (more) store(static_cast<int>((t + 1) & 1));
     __syncthreads();
@@ -164,6 +172,25 @@ __global__ void sampled_abs_sums_kernel(const float* __restrict__ weight, int64_
   }
 }
 
+using LineNormSumsKernel = void (*)(const float*, int64_t, int64_t, double*);
+
+template <bool kRows>
+void launch_line_norm_sums(const float* weight, int64_t m, int64_t n, double p, double* sums,
+                           DeviceStream stream) {
+  const int64_t lines = kRows ? m : n;
+  if (lines <= 0) return;
+  const int code = norm_code(p);
+  const LineNormSumsKernel kernel = code == kCount ? line_norm_sums_kernel<kRows, kCount>
+                                    : code == kL1  ? line_norm_sums_kernel<kRows, kL1>
+                                    : code == kL2  ? line_norm_sums_kernel<kRows, kL2>
+                                    : code == kL3  ? line_norm_sums_kernel<kRows, kL3>
+                                    : code == kL4  ? line_norm_sums_kernel<kRows, kL4>
+                                                   : line_norm_sums_kernel<kRows, kMax>;
+  SYMPRUNE_LAUNCH(kernel, static_cast<int>((lines + kSumLines - 1) / kSumLines), kThreads, 0, native(stream),
+                  weight, m, n, sums);
+  SYMPRUNE_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void launch_first_nonfinite(const float* values, int64_t count, int64_t* first, DeviceStream stream) {
@@ -173,16 +200,9 @@ void launch_first_nonfinite(const float* values, int64_t count, int64_t* first, 
   SYMPRUNE_CHECK_LAUNCH();
 }
 
-int sum_blocks(int64_t lines) {
-  return static_cast<int>((lines + kSumLines - 1) / kSumLines);
-}
-
 void launch_row_norm_sums(const float* weight, int64_t m, int64_t n, double p, double* sums,
                           DeviceStream stream) {
-  if (m <= 0) return;
-  SYMPRUNE_LAUNCH(line_norm_sums_kernel<true>, sum_blocks(m), kThreads, 0, native(stream), weight, m, n,
-                  norm_code(p), sums);
-  SYMPRUNE_CHECK_LAUNCH();
+  launch_line_norm_sums<true>(weight, m, n, p, sums, stream);
 }
 
 void launch_sampled_abs_sums(const float* weight, int64_t n, const int32_t* picks, int64_t begin, int64_t end,
@@ -195,10 +215,7 @@ void launch_sampled_abs_sums(const float* weight, int64_t n, const int32_t* pick
 
 void launch_column_norm_sums(const float* weight, int64_t m, int64_t n, double p, double* sums,
                              DeviceStream stream) {
-  if (n <= 0) return;
-  SYMPRUNE_LAUNCH(line_norm_sums_kernel<false>, sum_blocks(n), kThreads, 0, native(stream), weight, m, n,
-                  norm_code(p), sums);
-  SYMPRUNE_CHECK_LAUNCH();
+  launch_line_norm_sums<false>(weight, m, n, p, sums, stream);
 }
 
 void launch_plan_scores(const float* weight, int64_t n, int64_t row_begin, int64_t row_end, int form,

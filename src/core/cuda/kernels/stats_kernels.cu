@@ -12,6 +12,14 @@ namespace {
 
 using namespace kernels;
 
+// Each thread has a whole column of one sequence (the sums stay in token order), so there are only
+// seqs · width threads: a micro-batch of 8 sequences of a 4096-wide input gives 8 warps per SM. What keeps
+// the memory busy is the loads each of them has in flight: kLoadsInFlight tokens are loaded into registers
+// before they are added, explicitly (the unrolled loop of one token at a time compiled to 32 registers,
+// too few for that many loads outstanding).
+constexpr int kLoadsInFlight = 16;
+
+template <bool kShift>
 __global__ void sequence_sums_kernel(const float* __restrict__ x, const float* __restrict__ offset,
                                      int64_t seq_len, int64_t width, double* __restrict__ seq_sumsq,
                                      double* __restrict__ seq_sum) {
@@ -19,17 +27,22 @@ __global__ void sequence_sums_kernel(const float* __restrict__ x, const float* _
   const int64_t s = blockIdx.y;
   if (c >= width) return;
   const float* column = x + s * seq_len * width + c;
-  const double shift = offset != nullptr ? static_cast<double>(offset[c]) : 0.0;
+  const double shift = kShift ? static_cast<double>(offset[c]) : 0.0;
   double sumsq = 0.0, sum = 0.0;
-  // Unrolled so that many loads are in flight per thread (the sums must stay in token order, so a thread
-  // has a whole column of a sequence and there are only seqs · width threads).
-  SYMPRUNE_UNROLL_BY(16)
-  for (int64_t t = 0; t < seq_len; ++t) {
-    const double v = offset != nullptr ? __dsub_rn(static_cast<double>(column[t * width]), shift)
-                                       : static_cast<double>(column[t * width]);
+  const auto add = [&](float value) {
+    const double v = kShift ? __dsub_rn(static_cast<double>(value), shift) : static_cast<double>(value);
     sumsq = __dadd_rn(sumsq, __dmul_rn(v, v));
     sum = __dadd_rn(sum, v);
+  };
+  int64_t t = 0;
+  for (; t + kLoadsInFlight <= seq_len; t += kLoadsInFlight) {
+    float values[kLoadsInFlight];
+    SYMPRUNE_UNROLL
+    for (int k = 0; k < kLoadsInFlight; ++k) values[k] = column[(t + k) * width];
+    SYMPRUNE_UNROLL
+    for (int k = 0; k < kLoadsInFlight; ++k) add(values[k]);
   }
+  for (; t < seq_len; ++t) add(column[t * width]);
   seq_sumsq[s * width + c] = sumsq;
   if (seq_sum != nullptr) seq_sum[s * width + c] = sum;
 }
@@ -65,9 +78,9 @@ void launch_sequence_sums(const float* x, const float* offset, int64_t seqs, int
   // Sequences along y.
   for_each_grid_slice(seqs, seqs_per_launch, [&](int64_t first, int64_t count) {
     const dim3 grid(static_cast<unsigned>((width + kThreads - 1) / kThreads), static_cast<unsigned>(count));
-    SYMPRUNE_LAUNCH(sequence_sums_kernel, grid, kThreads, 0, native(stream), x + first * seq_len * width,
-                    offset, seq_len, width, seq_sumsq + first * width,
-                    seq_sum != nullptr ? seq_sum + first * width : nullptr);
+    const auto kernel = offset != nullptr ? sequence_sums_kernel<true> : sequence_sums_kernel<false>;
+    SYMPRUNE_LAUNCH(kernel, grid, kThreads, 0, native(stream), x + first * seq_len * width, offset, seq_len,
+                    width, seq_sumsq + first * width, seq_sum != nullptr ? seq_sum + first * width : nullptr);
     SYMPRUNE_CHECK_LAUNCH();
   });
 }
