@@ -146,8 +146,8 @@ int main(int argc, char** argv) {
     // way of the mask to the host (packed on the device, kept there and copied through a page-locked buffer;
     // the host Mask keeps the bits), the host's pass over such a Mask that the pipeline makes (count; the
     // written masks take its bits without a copy), and masking the bf16 weights with it (the bits read on
-    // the device) against masking them with the same masks' host bits (uploaded, as before the masks kept
-    // theirs on the device).
+    // the device) against masking them with the same masks' host bits (uploaded from pageable memory: what a
+    // mask without device bits costs, e.g. a mask gathered from several ranks).
     std::vector<DeviceArray<uint8_t>> masks;
     for (const auto& m : kBlock) masks.emplace_back(m.rows * m.cols);
     const double rows_ms = median_ms(reps, [&] {

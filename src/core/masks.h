@@ -73,7 +73,9 @@ class Mask {
   // Inverse of pack_bits; Error when the byte count does not match or padding bits are set.
   static Mask unpack_bits(int64_t rows, int64_t cols, std::span<const uint8_t> bits);
   // The same mask kept packed (see above); the same checks. `backend_copy`: the same bits in a backend's
-  // memory, shared by copies of the mask and dropped with the packed bits when entries are written.
+  // memory, shared by copies of the mask. Once entries are written it is no longer offered (backend_bits()
+  // is null: it would be stale); its memory is freed with the mask or at its next assignment (threads
+  // writing rows at once must not race on it).
   static Mask from_bits(int64_t rows, int64_t cols, std::vector<uint8_t> bits,
                         std::shared_ptr<const BackendBits> backend_copy = nullptr);
   // The packed bits: the mask's own when it holds them (no copy), else pack_bits() kept in `scratch`.

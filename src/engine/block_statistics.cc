@@ -96,7 +96,7 @@ void BlockStatistics::reduce() {
   for (const auto& [name, list] : chunk_stats_)
     SYMPRUNE_ASSERT(list.size() == chunks, "{}: {} chunks, others {}", name, list.size(), chunks);
   if (comm_.size() == 1) {
-    sum_own_chunks();
+    sum_own_chunks(chunks);
   } else {
     sum_chunks_over_ranks(chunks);
   }
@@ -106,7 +106,7 @@ void BlockStatistics::reduce() {
 
 // One rank: the chunks added in their order onto zeros, as ordered_sum adds them (the same sums, bit for
 // bit), without packing them into one vector and gathering it (megabytes per block copied for nothing).
-void BlockStatistics::sum_own_chunks() {
+void BlockStatistics::sum_own_chunks(size_t chunks) {
   const auto add = [](std::vector<double>& total, const std::vector<double>& part) {
     SYMPRUNE_ASSERT(part.size() == total.size(), "a statistic of {} values for {}", part.size(),
                     total.size());
@@ -119,7 +119,10 @@ void BlockStatistics::sum_own_chunks() {
     s.in_seqsq.assign(static_cast<size_t>(l.n), 0.0);
     if (collect_output_) s.out_sumsq.assign(static_cast<size_t>(l.m), 0.0);
     double n_seqs = 0.0;
-    if (const auto found = chunk_stats_.find(l.name); found != chunk_stats_.end()) {
+    const auto found = chunk_stats_.find(l.name);
+    SYMPRUNE_ASSERT(found != chunk_stats_.end() || chunks == 0, "no statistics of {} in {} chunks", l.name,
+                    chunks);
+    if (found != chunk_stats_.end()) {
       for (const ActivationStats& chunk : found->second) {
         add(s.in_sumsq, chunk.in_sumsq);
         add(s.in_sum, chunk.in_sum);

@@ -74,7 +74,7 @@ class BlockStatistics : public model::LinearObserver {
   size_t packed_length() const;
   // reduce()'s steps: the statistics' totals over this rank's chunks alone or every rank's, then the
   // recon samples and Gram matrices.
-  void sum_own_chunks();
+  void sum_own_chunks(size_t chunks);
   void sum_chunks_over_ranks(size_t chunks);
   void gather_samples_and_grams();
   const Group* group_of(const std::string& linear) const;  // null for an unknown linear

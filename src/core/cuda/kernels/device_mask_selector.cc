@@ -63,7 +63,11 @@ Mask DeviceMaskSelector::take_mask() {
 
 const uint8_t* device_bits_of(const Mask& mask, DeviceArray<uint8_t>& upload) {
   const auto* kept = dynamic_cast<const DeviceMaskBits*>(mask.backend_bits());
-  if (kept != nullptr && kept->device == current_device()) return kept->bits.data();
+  if (kept != nullptr && kept->device == current_device()) {
+    SYMPRUNE_ASSERT(kept->bits.size() == (mask.size() + 7) / 8,
+                    "device bits: {} bytes for a mask of {} entries", kept->bits.size(), mask.size());
+    return kept->bits.data();
+  }
   std::vector<uint8_t> scratch;
   const std::span<const uint8_t> bits = mask.packed_bits(scratch);
   upload = DeviceArray<uint8_t>(bits.data(), static_cast<int64_t>(bits.size()));
