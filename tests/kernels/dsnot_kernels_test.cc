@@ -112,6 +112,19 @@ TEST_F(DsnotKernelTest, UnstructuredDsnotEqualsTheCpu) {
   expect_device_equals_cpu(layer, no_variance, std::nullopt);
 }
 
+// The row's sums (error, R²-DSnoT's norms, the error after the swaps) are staged 1024 columns at a time for
+// thread 0's in-order chain: rows of several tiles and a tail, with and without R²-DSnoT's norms.
+TEST_F(DsnotKernelTest, RowsWiderThanOneStagedTileEqualTheCpu) {
+  const Layer layer = make_layer(3, 2500, 21, std::nullopt);
+  expect_device_equals_cpu(layer, DsnotOptions{}, std::nullopt);
+  DsnotOptions r2;
+  r2.r2 = r2_keys(2.0, 5e-3, 5e-3);
+  expect_device_equals_cpu(layer, r2, std::nullopt);
+  DsnotOptions r2_max;
+  r2_max.r2 = r2_keys(std::numeric_limits<double>::infinity(), 1e-2, 1e-2);
+  expect_device_equals_cpu(layer, r2_max, std::nullopt);
+}
+
 TEST_F(DsnotKernelTest, NmDsnotEqualsTheCpu) {
   for (const NmPattern nm : {NmPattern{2, 4}, NmPattern{4, 8}}) {
     SCOPED_TRACE(std::to_string(nm.n) + ":" + std::to_string(nm.m));

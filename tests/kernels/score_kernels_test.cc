@@ -147,6 +147,20 @@ TEST_F(KernelTest, NormSumsAddEveryLineInOrder) {
           expected_columns[static_cast<size_t>(c)] =
               norm_accumulate(p, expected_columns[static_cast<size_t>(c)], magnitude);
         }
+      // Column sums that pass over the entries a mask marks (DSnoT's norms of the kept entries).
+      std::vector<uint8_t> skip(static_cast<size_t>(m * n));
+      for (size_t i = 0; i < skip.size(); ++i) skip[i] = (i * 2654435761u >> 7) % 3 == 0;
+      const cuda::DeviceArray<uint8_t> device_skip(skip);
+      cuda::DeviceArray<double> kept_columns(n);
+      cuda::launch_column_norm_sums(weight.data(), m, n, p, kept_columns.data(), {}, device_skip.data());
+      std::vector<double> expected_kept(static_cast<size_t>(n), 0.0);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < n; ++c)
+          if (!skip[static_cast<size_t>(r * n + c)])
+            expected_kept[static_cast<size_t>(c)] =
+                norm_accumulate(p, expected_kept[static_cast<size_t>(c)],
+                                std::fabs(static_cast<double>(values[static_cast<size_t>(r * n + c)])));
+      EXPECT_EQ(kept_columns.download(), expected_kept) << "kept column sums p=" << p;
       EXPECT_EQ(rows.download(), expected_rows) << "row sums p=" << p << " [" << m << ", " << n << "]";
       EXPECT_EQ(columns.download(), expected_columns)
           << "column sums p=" << p << " [" << m << ", " << n << "]";

@@ -11,6 +11,7 @@
 #include "core/cuda/kernels/block_select.cuh"
 #include "core/cuda/kernels/dsnot_kernels.h"
 #include "core/cuda/kernels/launch_shape.cuh"
+#include "core/cuda/kernels/score_kernels.h"
 
 namespace symprune::cuda {
 namespace {
@@ -47,23 +48,59 @@ __device__ __forceinline__ float expected_term(const float* w, const float* mu, 
   return __fmul_rn(w[c], mu[c]);  // D[r,c], fp32 as the reference
 }
 
-// Σ of D over the pruned entries, in column order.
-__device__ double row_error(const float* w, const float* mu, const uint8_t* pruned, int64_t n) {
+// A row's columns for thread 0's in-order sums, kChainTile at a time: D[r, c], |W[r, c]| and a mask's flag,
+// staged in shared memory by the whole block (thread 0 reading the row from global memory itself waited
+// on its loads, a few hundred cycles per column, about 1 ms per row of 4096).
+constexpr int kChainTile = 1024;
+struct ChainTile {
+  float term[kChainTile];
+  float magnitude[kChainTile];
+  uint8_t flag[kChainTile];
+};
+
+// Calls visit(term, magnitude, flagged, c) on thread 0 for c = 0, 1, …, n − 1 in order, flagged = the
+// mask `flags` marks c. The whole block calls it; it ends with a barrier.
+template <typename Visit>
+__device__ void row_in_order(const float* w, const float* mu, const uint8_t* flags, int64_t n,
+                             ChainTile& tile, Visit visit) {
+  for (int64_t base = 0; base < n; base += kChainTile) {
+    const int count = n - base < kChainTile ? static_cast<int>(n - base) : kChainTile;
+    for (int i = static_cast<int>(threadIdx.x); i < count; i += kThreads) {
+      tile.term[i] = expected_term(w, mu, base + i);
+      tile.magnitude[i] = fabsf(w[base + i]);  // widened: fabs of the double, as the CPU takes it
+      tile.flag[i] = flags[base + i];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      SYMPRUNE_UNROLL_BY(8)
+      for (int i = 0; i < count; ++i) visit(tile.term[i], tile.magnitude[i], tile.flag[i] != 0, base + i);
+    }
+    __syncthreads();
+  }
+}
+
+// Σ of D over the pruned entries, in column order (thread 0's result). An entry not pruned adds +0.0
+// instead of being passed over, which is the same: the sum starts at +0.0 and so is never −0.0, and
+// x + 0.0 = x for every other x, NaN and infinities included.
+__device__ double row_error(const float* w, const float* mu, const uint8_t* pruned, int64_t n,
+                            ChainTile& tile) {
   double e = 0.0;
-  for (int64_t c = 0; c < n; ++c)
-    if (pruned[c]) e = __dadd_rn(e, static_cast<double>(expected_term(w, mu, c)));
+  row_in_order(w, mu, pruned, n, tile, [&](float term, float, bool flagged, int64_t) {
+    e = __dadd_rn(e, flagged ? static_cast<double>(term) : 0.0);
+  });
   return e;
 }
 
+// The row's error and (R²-DSnoT) the norms of its initially kept entries, in one pass (thread 0's result).
 __device__ RowState row_state(const float* w, const uint8_t* initial, const float* mu, int64_t n,
-                              const DsnotKernelOptions& options) {
+                              const DsnotKernelOptions& options, ChainTile& tile) {
   RowState s{};
   s.argmax = -1;
-  s.error = row_error(w, mu, initial, n);
-  if (!options.r2) return s;
-  for (int64_t c = 0; c < n; ++c) {
-    if (initial[c]) continue;
-    const double x = fabs(static_cast<double>(w[c]));
+  const bool r2 = options.r2;
+  row_in_order(w, mu, initial, n, tile, [&](float term, float magnitude, bool pruned, int64_t c) {
+    s.error = __dadd_rn(s.error, pruned ? static_cast<double>(term) : 0.0);  // as row_error
+    if (!r2 || pruned) return;
+    const double x = static_cast<double>(magnitude);
     s.l1 = __dadd_rn(s.l1, x);
     s.sumsq = __dadd_rn(s.sumsq, __dmul_rn(x, x));
     if (x > s.max1) {
@@ -73,7 +110,7 @@ __device__ RowState row_state(const float* w, const uint8_t* initial, const floa
     } else if (x > s.max2) {
       s.max2 = x;
     }
-  }
+  });
   s.inv_l1 = s.l1 > 0.0 ? __ddiv_rn(1.0, s.l1) : 0.0;
   return s;
 }
@@ -251,7 +288,7 @@ __device__ void run_swaps(const RowContext& x, const RowLists& lists, uint8_t* c
   }
   results.swaps[row] = swaps;
   results.error_before[row] = x.row.error;
-  results.error_after[row] = swaps == 0 ? x.row.error : row_error(x.w, x.columns.mu, current, n);
+  results.error_after[row] = x.row.error;  // the row's new error, when it swapped, is summed by the block
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -259,6 +296,7 @@ __global__ void __launch_bounds__(kThreads)
                       DsnotDeviceColumns columns, DsnotKernelOptions options, DsnotRowResults results,
                       char* __restrict__ scratch, int64_t scratch_per_block) {
   __shared__ RowState shared_state;
+  __shared__ ChainTile chain_tile;
   const int64_t reach = regrow_reach(n, options.max_cycles), prune_depth = prune_reach(n, options.max_cycles);
   char* own = scratch + static_cast<int64_t>(blockIdx.x) * scratch_per_block;
   uint64_t* sort_keys = reinterpret_cast<uint64_t*>(own);
@@ -277,7 +315,8 @@ __global__ void __launch_bounds__(kThreads)
       touched[c] = current[c];
     }
     __syncthreads();
-    if (threadIdx.x == 0) shared_state = row_state(w, initial, columns.mu, n, options);
+    const RowState state = row_state(w, initial, columns.mu, n, options, chain_tile);
+    if (threadIdx.x == 0) shared_state = state;
     __syncthreads();
     const RowContext x{w, initial, columns, options, shared_state};
     // A row already within the threshold makes no swap: no lists. With the sign test (same-sign, N:M) e
@@ -315,19 +354,12 @@ __global__ void __launch_bounds__(kThreads)
           block_smallest([&](int64_t c) { return !initial[c] && expected_term(w, columns.mu, c) > 0.0f; },
                          prune_order, column, n, prune_depth, sort_keys, positive);
     if (threadIdx.x == 0) run_swaps(x, lists, current, touched, n, row, results);
+    __syncthreads();
+    if (results.swaps[row] > 0) {  // every thread reads thread 0's count (written before the barrier)
+      const double after = row_error(w, columns.mu, current, n, chain_tile);
+      if (threadIdx.x == 0) results.error_after[row] = after;
+    }
     __syncthreads();  // the next row reuses the scratch and shared_state
-  }
-}
-
-__global__ void initial_column_l1_kernel(const float* __restrict__ weight, int64_t rows, int64_t n,
-                                         const uint8_t* __restrict__ mask, double* __restrict__ col_l1) {
-  // One thread per column, rows in order (the CPU's sums); neighbouring threads read neighbouring columns.
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < n;
-       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    double sum = 0.0;
-    for (int64_t r = 0; r < rows; ++r)
-      if (!mask[r * n + c]) sum = __dadd_rn(sum, fabs(static_cast<double>(weight[r * n + c])));
-    col_l1[c] = sum;
   }
 }
 
@@ -352,10 +384,8 @@ void launch_dsnot_rows(const float* weight, int64_t rows, int64_t n, uint8_t* ma
 
 void launch_initial_column_l1(const float* weight, int64_t rows, int64_t n, const uint8_t* mask,
                               double* col_l1, DeviceStream stream) {
-  if (n == 0) return;
-  SYMPRUNE_LAUNCH(initial_column_l1_kernel, dim3(static_cast<unsigned>(grid_for(n))), dim3(kThreads), 0,
-                  native(stream), weight, rows, n, mask, col_l1);
-  SYMPRUNE_CHECK_LAUNCH();
+  // The ℓ1 column sums of score_kernels with the pruned entries passed over (the same tiles and order).
+  launch_column_norm_sums(weight, rows, n, 1.0, col_l1, stream, mask);
 }
 
 }  // namespace symprune::cuda

@@ -71,8 +71,8 @@ constexpr int kSumGroup = 16;                               // tile elements rea
 // kCode (NormCode) is a template argument: with a run-time code the chain branched on it at every element,
 // and no shared-memory read went ahead of the one being added.
 template <bool kRows, int kCode>
-__global__ void line_norm_sums_kernel(const float* __restrict__ weight, int64_t m, int64_t n,
-                                      double* __restrict__ sums) {
+__global__ void line_norm_sums_kernel(const float* __restrict__ weight, const uint8_t* __restrict__ skip,
+                                      int64_t m, int64_t n, double* __restrict__ sums) {
   // [line][element], padded: lane L reads line L's elements in order at banks distinct from the others'.
   __shared__ float tile[2][kSumLines][kSumTile + 1];
   const int64_t lines = kRows ? m : n, length = kRows ? n : m;
@@ -94,7 +94,8 @@ __global__ void line_norm_sums_kernel(const float* __restrict__ weight, int64_t 
     for (int j = 0; j < kSumLoads; ++j) {
       const int64_t line = first_line + line_of(j), element = first_element + element_of(j);
       const int64_t r = kRows ? line : element, c = kRows ? element : line;
-      staged[j] = r < m && c < n ? weight[r * n + c] : 0.0f;
+      // A skipped entry counts as a zero, which leaves every kind of sum as it is (see the chain below).
+      staged[j] = r < m && c < n && (skip == nullptr || skip[r * n + c] == 0) ? weight[r * n + c] : 0.0f;
     }
   };
   const auto store = [&](int buffer) {
@@ -172,11 +173,11 @@ __global__ void sampled_abs_sums_kernel(const float* __restrict__ weight, int64_
   }
 }
 
-using LineNormSumsKernel = void (*)(const float*, int64_t, int64_t, double*);
+using LineNormSumsKernel = void (*)(const float*, const uint8_t*, int64_t, int64_t, double*);
 
 template <bool kRows>
-void launch_line_norm_sums(const float* weight, int64_t m, int64_t n, double p, double* sums,
-                           DeviceStream stream) {
+void launch_line_norm_sums(const float* weight, const uint8_t* skip, int64_t m, int64_t n, double p,
+                           double* sums, DeviceStream stream) {
   const int64_t lines = kRows ? m : n;
   if (lines <= 0) return;
   const int code = norm_code(p);
@@ -187,7 +188,7 @@ void launch_line_norm_sums(const float* weight, int64_t m, int64_t n, double p, 
                                     : code == kL4  ? line_norm_sums_kernel<kRows, kL4>
                                                    : line_norm_sums_kernel<kRows, kMax>;
   SYMPRUNE_LAUNCH(kernel, static_cast<int>((lines + kSumLines - 1) / kSumLines), kThreads, 0, native(stream),
-                  weight, m, n, sums);
+                  weight, skip, m, n, sums);
   SYMPRUNE_CHECK_LAUNCH();
 }
 
@@ -202,7 +203,7 @@ void launch_first_nonfinite(const float* values, int64_t count, int64_t* first, 
 
 void launch_row_norm_sums(const float* weight, int64_t m, int64_t n, double p, double* sums,
                           DeviceStream stream) {
-  launch_line_norm_sums<true>(weight, m, n, p, sums, stream);
+  launch_line_norm_sums<true>(weight, nullptr, m, n, p, sums, stream);
 }
 
 void launch_sampled_abs_sums(const float* weight, int64_t n, const int32_t* picks, int64_t begin, int64_t end,
@@ -214,8 +215,8 @@ void launch_sampled_abs_sums(const float* weight, int64_t n, const int32_t* pick
 }
 
 void launch_column_norm_sums(const float* weight, int64_t m, int64_t n, double p, double* sums,
-                             DeviceStream stream) {
-  launch_line_norm_sums<false>(weight, m, n, p, sums, stream);
+                             DeviceStream stream, const uint8_t* skip) {
+  launch_line_norm_sums<false>(weight, skip, m, n, p, sums, stream);
 }
 
 void launch_plan_scores(const float* weight, int64_t n, int64_t row_begin, int64_t row_end, int form,

@@ -14,8 +14,10 @@ void launch_first_nonfinite(const float* values, int64_t count, int64_t* first, 
 // core::norm_accumulate's rules (p = 0 counts nonzeros, p = ∞ takes the max, p ∈ {1, 2, 3, 4}).
 void launch_row_norm_sums(const float* weight, int64_t m, int64_t n, double p, double* sums,
                           DeviceStream stream);
+// With `skip` (a byte mask [m, n]), the entries it marks are passed over (DSnoT's column norms of the
+// kept entries).
 void launch_column_norm_sums(const float* weight, int64_t m, int64_t n, double p, double* sums,
-                             DeviceStream stream);
+                             DeviceStream stream, const uint8_t* skip = nullptr);
 // stochria's sampled sums over one range of visit_stochria_samples (core/scores.h), for i in [begin, end):
 // sums[i] = Σ_k |W[i, picks[(i − begin)·τ + k]]| (columns = false: i a row) or Σ_k |W[picks[...], i]|
 // (columns = true: i a column), k in order.
