@@ -166,9 +166,19 @@ __global__ void sampled_abs_sums_kernel(const float* __restrict__ weight, int64_
   for (int64_t i = begin + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t* own = picks + (i - begin) * tau;
+    const float* line = weight + i * index_stride;
     double acc = 0.0;
-    for (int64_t k = 0; k < tau; ++k)
-      acc = __dadd_rn(acc, magnitude(weight[i * index_stride + own[k] * pick_stride]));
+    int64_t k = 0;
+    // kSumGroup samples loaded before they are added (the picks, then the weights they point at), not
+    // one pair of dependent loads per addition.
+    for (; k + kSumGroup <= tau; k += kSumGroup) {
+      float values[kSumGroup];
+      SYMPRUNE_UNROLL
+      for (int j = 0; j < kSumGroup; ++j) values[j] = line[own[k + j] * pick_stride];
+      SYMPRUNE_UNROLL
+      for (int j = 0; j < kSumGroup; ++j) acc = __dadd_rn(acc, magnitude(values[j]));
+    }
+    for (; k < tau; ++k) acc = __dadd_rn(acc, magnitude(line[own[k] * pick_stride]));
     sums[i] = acc;
   }
 }
