@@ -121,25 +121,32 @@ class Backend {
   // y[M, m] = x[M, n] · W[m, n]ᵀ (+ bias[m] when bias is non-null and non-empty). A bf16/fp16 weight
   // (device backends) multiplies x rounded to its dtype, accumulating in fp32; y is fp32.
   virtual void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y) = 0;
+  // `read_as` below (rms_norm, rope, silu_mul, attention's output): how the caller reads the op's fp32 result
+  // until it is rewritten. kF32: as fp32. bf16/fp16 (device backends, a run in lower precision): every read
+  // rounds it to that dtype (a linear with a weight of it, attention's operands of it), so a device backend
+  // may keep only the rounded values and skip writing the fp32 ones; reading them afterwards is a caller's
+  // bug (asserted). A host backend writes fp32 regardless.
   // y = x / sqrt(mean(x²) + eps) · weight, per row (LLaMA RMSNorm; variance in fp32 as HF does).
-  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) = 0;
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
+                        DType read_as = DType::kF32) = 0;
   // y = (x − mean) / sqrt(var + eps) · weight + bias, per row; weight/bias may be null (no affine).
   virtual void layer_norm(const Tensor& x, const Tensor* weight, const Tensor* bias, float eps,
                           Tensor& y) = 0;
   // In-place rotate-half RoPE on x [rows, n_heads·head_dim]; row r has position r % seq_len.
   // head_dim = 2·inv_freq.size().
-  virtual void rope(Tensor& x, const SequenceBatch& batch, int64_t n_heads,
-                    std::span<const float> inv_freq) = 0;
+  virtual void rope(Tensor& x, const SequenceBatch& batch, int64_t n_heads, std::span<const float> inv_freq,
+                    DType read_as = DType::kF32) = 0;
   // Causal attention per sequence, grouped-query: q [rows, n_heads·hd], k/v [rows, n_kv_heads·hd],
   // query head h reads kv head h / (n_heads / n_kv_heads). out [rows, n_heads·hd].
   // scores = scale · q·kᵀ, softmax over keys ≤ query position. `operands` bf16/fp16 (device backends, a
   // run in lower precision): q, k, v and the probabilities are rounded to it for the two products, which
-  // accumulate in fp32 (tensor cores; score tiles within kAttentionTileBytes); out stays fp32.
+  // accumulate in fp32 (tensor cores; score tiles within kAttentionTileBytes); out stays fp32 (`read_as`:
+  // see rms_norm).
   virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const SequenceBatch& batch,
                          int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& out,
-                         DType operands = DType::kF32) = 0;
+                         DType operands = DType::kF32, DType read_as = DType::kF32) = 0;
   // out = silu(gate) · up, elementwise.
-  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out, DType read_as = DType::kF32) = 0;
   virtual void relu(Tensor& x) = 0;
   // x += y (same element count).
   virtual void add(Tensor& x, const Tensor& y) = 0;

@@ -420,6 +420,20 @@ const Tensor* non_empty(const Tensor& t) {
   return t.empty() ? nullptr : &t;
 }
 
+// Whether every linear of the block multiplies a weight of `dtype` (an override on the device its own, a host
+// one uploaded in the block's dtype, as LinearRunner does).
+bool linears_of_dtype(int64_t block, const BlockWeights& w, const WeightOverrides* overrides, DType dtype) {
+  for (const auto& [name, lw] : w.linears) {
+    DType weight_dtype = lw.weight.dtype();
+    if (overrides) {
+      auto it = overrides->find(LinearId{block, name});
+      if (it != overrides->end() && it->second.on_device()) weight_dtype = it->second.dtype();
+    }
+    if (weight_dtype != dtype) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 void DecoderModel::run_llama_block(int64_t block, const BlockWeights& w, Tensor& x, int64_t n_seqs,
@@ -431,22 +445,31 @@ void DecoderModel::run_llama_block(int64_t block, const BlockWeights& w, Tensor&
   const SequenceBatch batch{n_seqs, seq_len};
   const LinearRunner linear{be, block, w, observer, overrides};
   const float eps = static_cast<float>(c.rms_norm_eps);
+  // How the intermediate results are read (Backend::rms_norm's read_as): in a run in lower precision, q and
+  // k after RoPE only as attention's operands, rounded to the storage dtype; and when no observer reads the
+  // linears' inputs in fp32, the norms', the attention's and SiLU's outputs only as inputs of linears of
+  // that dtype. A device backend then keeps only their rounded values (a pass less over each).
+  const DType operands = storage_dtype_;
+  const DType linear_inputs = observer == nullptr && linears_of_dtype(block, w, overrides, storage_dtype_)
+                                  ? storage_dtype_
+                                  : DType::kF32;
 
-  be.rms_norm(x, w.norm1_weight, eps, ws.h);
+  be.rms_norm(x, w.norm1_weight, eps, ws.h, linear_inputs);
   linear("self_attn.q_proj", ws.h, ws.q);
   linear("self_attn.k_proj", ws.h, ws.k);
   linear("self_attn.v_proj", ws.h, ws.v);
-  be.rope(ws.q, batch, c.num_heads, inv_freq_);
-  be.rope(ws.k, batch, c.num_kv_heads, inv_freq_);
+  be.rope(ws.q, batch, c.num_heads, inv_freq_, operands);
+  be.rope(ws.k, batch, c.num_kv_heads, inv_freq_, operands);
   be.attention(ws.q, ws.k, ws.v, batch, c.num_heads, c.num_kv_heads,
-               static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))), ws.attn, storage_dtype_);
+               static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))), ws.attn, operands,
+               linear_inputs);
   linear("self_attn.o_proj", ws.attn, ws.o);
   be.add(x, ws.o);
 
-  be.rms_norm(x, w.norm2_weight, eps, ws.h);
+  be.rms_norm(x, w.norm2_weight, eps, ws.h, linear_inputs);
   linear("mlp.gate_proj", ws.h, ws.gate);
   linear("mlp.up_proj", ws.h, ws.up);
-  be.silu_mul(ws.gate, ws.up, ws.act);
+  be.silu_mul(ws.gate, ws.up, ws.act, linear_inputs);
   linear("mlp.down_proj", ws.act, ws.down);
   be.add(x, ws.down);
 }

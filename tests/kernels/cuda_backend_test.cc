@@ -170,5 +170,43 @@ TEST_P(CudaBackendModelTest, EmbeddingIn16BitsHoldsOneMicroBatchInFp32) {
 INSTANTIATE_TEST_SUITE_P(SyntheticModels, CudaBackendModelTest,
                          ::testing::Values("synthetic:tiny-llama", "synthetic:tiny-opt"));
 
+// Observes nothing, but its presence makes the blocks keep the fp32 values of the linears' inputs.
+class IdleObserver final : public model::LinearObserver {
+ public:
+  void on_linear(const model::LinearId&, const Tensor&, const Tensor&, const Tensor*) override { ++calls; }
+  bool reads_backend_tensors() const override { return true; }
+  int calls = 0;
+};
+
+// In bf16 without an observer, a LLaMA block keeps only the rounded values of what 16-bit products alone
+// read (norms, SiLU, attention output, q and k after RoPE): the hidden states are bit for bit those of the
+// same blocks with an observer, which keep the fp32 values, in micro-batches and with a host override.
+TEST_F(KernelTest, LlamaBlocksWithoutAnObserverGiveTheSameHiddenStatesIn16Bits) {
+  const io::ResolvedModel resolved = io::resolve_model("synthetic:tiny-llama");
+  model::DecoderModel gpu = model::DecoderModel::open(resolved, cuda::cuda_backend());
+  gpu.set_storage_dtype(DType::kBF16);
+  const int64_t n_seqs = 3, seq_len = 8;
+  gpu.set_max_tokens_per_pass(2 * seq_len);  // two micro-batches, the second partial
+  const std::vector<int32_t> tokens = test_tokens(n_seqs * seq_len, gpu.vocab_size());
+  const std::string first = gpu.linear_names().front();
+  Tensor halved = cuda::cuda_backend().to_host(gpu.block_weights(1).linears.at(first).weight);
+  for (float& v : halved.values()) v *= 0.5f;
+  model::WeightOverrides overrides;
+  overrides.emplace(model::LinearId{1, first}, halved);
+
+  Tensor observed = gpu.embed(tokens, n_seqs, seq_len), unobserved = gpu.embed(tokens, n_seqs, seq_len);
+  IdleObserver observer;
+  for (int64_t b = 0; b < 2; ++b) {
+    gpu.run_block(b, observed, n_seqs, seq_len, &observer, &overrides);
+    gpu.run_block(b, unobserved, n_seqs, seq_len, nullptr, &overrides);
+  }
+  EXPECT_EQ(observer.calls, 2 * 2 * 7);  // blocks × micro-batches × linears
+  const Tensor expected = cuda::cuda_backend().to_host(observed),
+               actual = cuda::cuda_backend().to_host(unobserved);
+  ASSERT_EQ(actual.shape(), expected.shape());
+  for (int64_t i = 0; i < expected.numel(); ++i)
+    ASSERT_EQ(float_to_bits(actual[i]), float_to_bits(expected[i])) << "element " << i;
+}
+
 }  // namespace
 }  // namespace symprune::kernel_test

@@ -9,19 +9,22 @@
 //  * the tensor-core attention (16-bit q, k, v and probabilities, fp32 accumulation) is within NMSE 1e-4
 //    (bf16) and 2e-6 (fp16) of the fp32 attention, for every kind of query tile;
 //  * the backend's rounded copies (an input rounded once for the linears that share it, or by the kernel
-//    that wrote it) give bit for bit the results of rounding at every read, through every kind of write.
+//    that wrote it) give bit for bit the results of rounding at every read, through every kind of write;
+//    results read only rounded (read_as) are written only so, with the same results for their readers.
 // The end-to-end prune in bf16 is in device_pipeline_test.cc.
 // Built into the emulated tests (label unit) and into symprune_gpu_tests (label gpu, a real device).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <future>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/cuda/device_memory.h"
 #include "core/cuda/kernels/attention_kernels.h"
 #include "core/cuda/kernels/cuda_backend.h"
 #include "core/cuda/kernels/device_attention.h"
@@ -311,6 +314,99 @@ TEST_F(LowPrecisionTest, RoundedCopiesGiveTheResultsOfRoundingAtEveryRead) {
   be.attention(x, other, h, batch, heads, heads, 0.25f, h, DType::kBF16);
   expect_fresh(h, w_bf16, "an attention into its own v");
   EXPECT_EQ(checks, 19);
+}
+
+// An fp32 device tensor's own memory, read past the backend (which refuses it after a rounded-only write).
+std::vector<float> raw_fp32(const Tensor& t) {
+  std::vector<float> values(static_cast<size_t>(t.numel()));
+  cuda::copy_to_host(values.data(), t.device_bytes(), values.size() * sizeof(float));
+  return values;
+}
+
+TEST_F(LowPrecisionTest, ResultsReadOnlyRoundedKeepTheRoundedValuesAlone) {
+  // Each op that can (rms_norm, RoPE, silu_mul, the flash attention's output) given read_as bf16/fp16 writes
+  // only the rounded copy: its reader (a linear of that dtype, the attention) gives bit for bit what the
+  // fp32 write gives, and the fp32 memory keeps the sentinel it held (the pass that is saved). The GEMM
+  // attention path computes in its output's memory, so there the fp32 values stay readable.
+  const int64_t rows = 24, n = 32, m = 16, heads = 2;
+  Backend& be = device();
+  const SequenceBatch batch{2, rows / 2};
+  const Tensor x = be.to_backend(Tensor({rows, n}, uniform_values(rows * n, 81)));
+  const Tensor other = be.to_backend(Tensor({rows, n}, uniform_values(rows * n, 82)));
+  const Tensor norm_weight = be.to_backend(Tensor({n}, uniform_values(n, 83, 0.5f, 1.5f)));
+  const std::vector<float> sentinel(static_cast<size_t>(rows * n), 12345.0f);
+  const std::vector<float> inv_freq = rope_inv_freq(n / heads, 10000.0, {});
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor w = be.to_backend(Tensor({m, n}, uniform_values(m * n, 84, -0.2f, 0.2f)), dtype);
+    const auto product = [&](const Tensor& t) {
+      Tensor y;
+      be.linear(t, w, nullptr, y);
+      return be.to_host(y);
+    };
+    // `write(t, read_as)` rewrites t; `kept`: whether the rounded-only write left the sentinel.
+    const auto check = [&](const char* what, const std::function<void(Tensor&, DType)>& write, bool kept) {
+      SCOPED_TRACE(what);
+      Tensor full = be.to_backend(Tensor({rows, n}, sentinel));
+      Tensor only = be.to_backend(Tensor({rows, n}, sentinel));
+      write(full, DType::kF32);
+      write(only, dtype);
+      expect_bits_equal(product(only), product(full), "a linear of the result");
+      if (kept) {
+        EXPECT_EQ(raw_fp32(only), sentinel) << "the fp32 values were written";
+      } else {
+        expect_bits_equal(be.to_host(only), be.to_host(full), "the fp32 values");
+      }
+      return only;
+    };
+    Tensor normed = check(
+        "rms_norm", [&](Tensor& t, DType read_as) { be.rms_norm(x, norm_weight, 1e-5f, t, read_as); }, true);
+    check(
+        "silu_mul", [&](Tensor& t, DType read_as) { be.silu_mul(x, other, t, read_as); }, true);
+    check(
+        "flash attention",
+        [&](Tensor& t, DType read_as) {
+          be.attention(x, other, x, batch, heads, heads, 0.25f, t, dtype, read_as);
+        },
+        true);
+    check(
+        "GEMM-path attention",
+        [&](Tensor& t, DType read_as) {
+          be.attention(x, other, x, batch, 2 * heads, 2 * heads, 0.25f, t, dtype, read_as);
+        },
+        false);
+    // RoPE in place keeps the unrotated fp32 values; the attention reads the rotated ones rounded.
+    for (const bool flash : {true, false}) {
+      SCOPED_TRACE(flash ? "RoPE, then the flash attention" : "RoPE, then the GEMM-path attention");
+      const int64_t attention_heads = flash ? heads : 2 * heads;
+      Tensor q_full = be.duplicate(x), k_full = be.duplicate(other);
+      Tensor q_only = be.duplicate(x), k_only = be.duplicate(other);
+      be.rope(q_full, batch, heads, inv_freq);
+      be.rope(k_full, batch, heads, inv_freq);
+      be.rope(q_only, batch, heads, inv_freq, dtype);
+      be.rope(k_only, batch, heads, inv_freq, dtype);
+      const Tensor x_host = be.to_host(x);
+      EXPECT_EQ(raw_fp32(q_only), std::vector<float>(x_host.values().begin(), x_host.values().end()));
+      Tensor out_full, out_only;
+      be.attention(q_full, k_full, x, batch, attention_heads, attention_heads, 0.25f, out_full, dtype);
+      be.attention(q_only, k_only, x, batch, attention_heads, attention_heads, 0.25f, out_only, dtype);
+      expect_bits_equal(be.to_host(out_only), be.to_host(out_full), "the attention of the rotated q, k");
+    }
+    // A full write makes the fp32 values current again.
+    be.rms_norm(x, norm_weight, 1e-5f, normed);
+    Tensor expected;
+    be.rms_norm(x, norm_weight, 1e-5f, expected);
+    expect_bits_equal(be.to_host(normed), be.to_host(expected), "rewritten in fp32");
+  }
+  if (!emulated_device()) return;  // death tests fork, which a CUDA context does not survive
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Tensor only;
+  be.rms_norm(x, norm_weight, 1e-5f, only, DType::kBF16);
+  EXPECT_DEATH(be.to_host(only), "written rounded to BF16 only");
+  const Tensor w_fp16 = be.to_backend(Tensor({m, n}, uniform_values(m * n, 85, -0.2f, 0.2f)), DType::kF16);
+  Tensor y;
+  EXPECT_DEATH(be.linear(only, w_fp16, nullptr, y), "written rounded to BF16 only");
+  EXPECT_DEATH(be.add(only, x), "written rounded to BF16 only");
 }
 
 TEST_F(LowPrecisionTest, ScoresMasksAndMaskedWeightsOfA16BitWeightAreThoseOfItsValues) {

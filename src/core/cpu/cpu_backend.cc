@@ -98,7 +98,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
+                DType /*read_as: fp32 is written regardless*/) override {
     const int64_t d = cols_of(x), rows = rows_of(x);
     SYMPRUNE_ASSERT(weight.numel() == d, "rms_norm weight {} vs width {}", weight.shape_string(), d);
     y.resize(x.shape());
@@ -149,8 +150,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void rope(Tensor& x, const SequenceBatch& batch, int64_t n_heads,
-            std::span<const float> inv_freq) override {
+  void rope(Tensor& x, const SequenceBatch& batch, int64_t n_heads, std::span<const float> inv_freq,
+            DType /*read_as: fp32 is written regardless*/) override {
     const int64_t half = static_cast<int64_t>(inv_freq.size());
     const int64_t hd = 2 * half;
     SYMPRUNE_ASSERT(cols_of(x) == n_heads * hd, "rope: width {} vs {} heads x {}", cols_of(x), n_heads, hd);
@@ -178,7 +179,8 @@ class CpuBackend final : public Backend {
   }
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const SequenceBatch& batch,
-                 int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& out, DType operands) override {
+                 int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& out, DType operands,
+                 DType /*read_as: fp32 is written regardless*/) override {
     SYMPRUNE_ASSERT(operands == DType::kF32, "cpu attention in {}: this backend computes in fp32 only",
                     dtype_name(operands));
     SYMPRUNE_ASSERT(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0, "heads {} / kv heads {}",
@@ -246,7 +248,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out,
+                DType /*read_as: fp32 is written regardless*/) override {
     SYMPRUNE_ASSERT(gate.numel() == up.numel(), "silu_mul {} vs {}", gate.shape_string(), up.shape_string());
     out.resize(gate.shape());
     const float* g = gate.data();

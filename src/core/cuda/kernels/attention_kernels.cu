@@ -254,8 +254,10 @@ __global__ void __launch_bounds__(kFlashThreads)
     SYMPRUNE_UNROLL
     for (int d = 0; d < kDimTiles; ++d) {
       const float low = o[r][d][2 * h] * inverse, high = o[r][d][2 * h + 1] * inverse;
-      out[first + 8 * d] = low;
-      out[first + 8 * d + 1] = high;
+      if (out != nullptr) {
+        out[first + 8 * d] = low;
+        out[first + 8 * d + 1] = high;
+      }
       if (out_rounded != nullptr) {
         out_rounded[first + 8 * d] = kBf16 ? float_to_bf16_bits(low) : float_to_fp16_bits(low);
         out_rounded[first + 8 * d + 1] = kBf16 ? float_to_bf16_bits(high) : float_to_fp16_bits(high);

@@ -48,6 +48,9 @@ class DeviceStorage final : public TensorStorage {
   DeviceArray<uint16_t> rounded;
   DType rounded_dtype = DType::kF32;  // kF32: never read rounded
   bool rounded_current = false;
+  // Whether the fp32 contents are the last write's: false after an op whose caller reads its result only
+  // rounded (Backend::rms_norm's read_as) wrote the rounded copy alone; reading them then is a caller's bug.
+  bool wide_current = true;
 
  private:
   DeviceArray<float> array_;  // 4-byte units: aligned for every element dtype
@@ -70,13 +73,23 @@ int64_t rows_of(const Tensor& t) {
   return c == 0 ? 0 : t.numel() / c;
 }
 
-// The device memory of an input, which must be a device tensor (a host tensor here is a caller's bug);
-// `in` for ops that read fp32 only (it asserts the dtype), `in_bytes` for those that read any.
+// The device memory of an input, which must be a device tensor (a host tensor here is a caller's bug) whose
+// values were written (not only their rounded copy); `in` for ops that read fp32 only (it asserts the
+// dtype), `in_bytes` for those that read any.
 const void* in_bytes(const Tensor& t, const char* what) {
   SYMPRUNE_ASSERT(t.on_device() || t.empty(), "cuda backend: {} {} is a host tensor", what, t.shape_string());
+  const DeviceStorage* storage = device_storage(t);
+  SYMPRUNE_ASSERT(storage == nullptr || storage->wide_current,
+                  "cuda backend: {} {} was written rounded to {} only (its caller said it reads it so)", what,
+                  t.shape_string(), dtype_name(storage == nullptr ? DType::kF32 : storage->rounded_dtype));
   return t.device_bytes();
 }
 const float* in(const Tensor& t, const char* what) {
+  in_bytes(t, what);
+  return t.device_data();
+}
+// The fp32 memory of a tensor an op rewrites in place (it reads it first).
+float* in_place(Tensor& t, const char* what) {
   in_bytes(t, what);
   return t.device_data();
 }
@@ -89,6 +102,7 @@ void* out_bytes(Tensor& t, std::vector<int64_t> shape, DType dtype) {
     t = Tensor::in_device_memory(std::move(shape), std::make_shared<DeviceStorage>(bytes), dtype);
   }
   rounded_copy_stale(t);
+  device_storage(t)->wide_current = true;
   return t.device_bytes();
 }
 
@@ -110,6 +124,25 @@ void rounded_written(const Tensor& t, const RoundedOutput& rounded) {
   if (DeviceStorage* storage = device_storage(t); storage != nullptr && rounded.data != nullptr)
     storage->rounded_current = true;
 }
+// What an op rewriting fp32 device tensor `t` (an output already) writes, for a caller that reads the result
+// as `read_as` (Backend::rms_norm): the fp32 values and, when t is read rounded, the copy rounded_output
+// names; for a 16-bit read_as (of the kernel's one dtype `only` when that is set), the copy rounded to it
+// alone, and `wide` null. Until rounded_written, neither is current.
+struct OpOutputs {
+  float* wide;
+  RoundedOutput rounded;
+};
+OpOutputs outputs_for(Tensor& t, DType read_as, DType only = DType::kF32) {
+  DeviceStorage* storage = device_storage(t);
+  if (storage == nullptr || read_as == DType::kF32 || (only != DType::kF32 && read_as != only))
+    return {t.device_data(), rounded_output(t, only)};
+  storage->rounded_current = false;
+  storage->wide_current = false;
+  storage->rounded_dtype = read_as;
+  storage->rounded.reserve(t.numel());
+  return {nullptr, {storage->rounded.data(), read_as}};
+}
+
 // Whether two tensors share their device memory.
 bool same_storage(const Tensor& a, const Tensor& b) {
   return a.storage() != nullptr && a.storage() == b.storage();
@@ -123,7 +156,7 @@ const uint16_t* rounded_input(const Tensor& t, DType dtype, const char* what) {
                   "cuda backend: {} {} is not an fp32 device tensor", what, t.shape_string());
   if (storage->rounded_current && storage->rounded_dtype == dtype) return storage->rounded.data();
   storage->rounded.reserve(t.numel());
-  launch_convert(t.device_data(), DType::kF32, storage->rounded.data(), dtype, t.numel(), {});
+  launch_convert(in(t, what), DType::kF32, storage->rounded.data(), dtype, t.numel(), {});
   storage->rounded_dtype = dtype;
   storage->rounded_current = true;
   return storage->rounded.data();
@@ -319,7 +352,7 @@ class CudaBackend final : public Backend {
     if (host.numel() == 0) return host;
     const size_t bytes = static_cast<size_t>(host.numel()) * sizeof(float);
     if (tensor.dtype() == DType::kF32) {
-      copy_to_host(host.data(), tensor.device_data(), bytes);
+      copy_to_host(host.data(), in(tensor, "to_host source"), bytes);
     } else {
       convert_in_chunks(host.numel(), [&](int64_t first, int64_t count, DeviceArray<float>& wide) {
         launch_convert(element_at(tensor.device_bytes(), tensor, first), tensor.dtype(), wide.data(),
@@ -334,6 +367,12 @@ class CudaBackend final : public Backend {
     const OpTimer timer("copy_rows");
     const int64_t width = copy_rows_width(src, src_row, dst, dst_row, rows);
     rounded_copy_stale(dst);
+    // Rows of a tensor whose fp32 values were not kept would leave the others stale.
+    if (DeviceStorage* storage = device_storage(dst); storage != nullptr && !storage->wide_current) {
+      SYMPRUNE_ASSERT(rows * width == dst.numel(), "copy_rows: {} rows into {} written rounded only", rows,
+                      dst.shape_string());
+      storage->wide_current = true;
+    }
     if (rows > 0)
       launch_convert(element_at(in_bytes(src, "copy_rows source"), src, src_row * width), src.dtype(),
                      element_at(dst.device_bytes(), dst, dst_row * width), dst.dtype(), rows * width, {});
@@ -372,15 +411,16 @@ class CudaBackend final : public Backend {
     return host;
   }
 
-  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) override {
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& y, DType read_as) override {
     const OpTimer timer("rms_norm");
     SYMPRUNE_ASSERT(weight.numel() == cols_of(x), "rms_norm weight {} vs {}", weight.shape_string(),
                     x.shape_string());
-    float* yd = out(y, x.shape());
-    const RoundedOutput rounded = rounded_output(y);
-    launch_rms_norm(in(x, "rms_norm input"), in(weight, "rms_norm weight"), rows_of(x), cols_of(x), eps, yd,
-                    {}, rounded);
-    rounded_written(y, rounded);
+    const float* xd = in(x, "rms_norm input");  // before y, which may be x, is made an output
+    out(y, x.shape());
+    const OpOutputs outputs = outputs_for(y, read_as);
+    launch_rms_norm(xd, in(weight, "rms_norm weight"), rows_of(x), cols_of(x), eps, outputs.wide, {},
+                    outputs.rounded);
+    rounded_written(y, outputs.rounded);
   }
 
   void layer_norm(const Tensor& x, const Tensor* weight, const Tensor* bias, float eps, Tensor& y) override {
@@ -392,8 +432,8 @@ class CudaBackend final : public Backend {
                       has_bias ? in(*bias, "layer_norm bias") : nullptr, rows_of(x), cols_of(x), eps, yd, {});
   }
 
-  void rope(Tensor& x, const SequenceBatch& batch, int64_t n_heads,
-            std::span<const float> inv_freq) override {
+  void rope(Tensor& x, const SequenceBatch& batch, int64_t n_heads, std::span<const float> inv_freq,
+            DType read_as) override {
     const OpTimer timer("rope");
     const int64_t half = static_cast<int64_t>(inv_freq.size());
     SYMPRUNE_ASSERT(cols_of(x) == n_heads * 2 * half && rows_of(x) == batch.rows(), "rope on {} for {} heads",
@@ -407,14 +447,16 @@ class CudaBackend final : public Backend {
       rope_inv_freq_.assign(inv_freq.begin(), inv_freq.end());
       rope_seq_len_ = batch.seq_len;
     }
-    const RoundedOutput rounded = rounded_output(x);
-    launch_rope(x.device_data(), batch.rows(), batch.seq_len, n_heads, half, rope_cos_.data(),
-                rope_sin_.data(), {}, rounded);
-    rounded_written(x, rounded);
+    float* xd = in_place(x, "rope input");
+    const OpOutputs outputs = outputs_for(x, read_as);
+    launch_rope(xd, batch.rows(), batch.seq_len, n_heads, half, rope_cos_.data(), rope_sin_.data(), {},
+                outputs.rounded, outputs.wide != nullptr);
+    rounded_written(x, outputs.rounded);
   }
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const SequenceBatch& batch,
-                 int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& o, DType operands) override {
+                 int64_t n_heads, int64_t n_kv_heads, float scale, Tensor& o, DType operands,
+                 DType read_as) override {
     const OpTimer timer("attention");
     const int64_t head_dim = cols_of(q) / n_heads;
     SYMPRUNE_ASSERT(
@@ -423,18 +465,19 @@ class CudaBackend final : public Backend {
     if (operands != DType::kF32) {
       // The operands rounded before o is made an output (o may share memory with one of them); o's rounded
       // copy is written by the kernel only when it is none of theirs (the kernel reads those while it
-      // writes).
+      // writes), and then alone when o is read rounded so (the GEMM path writes o's fp32 values anyway).
       const uint16_t* q_rounded = rounded_input(q, operands, "attention q");
       const uint16_t* k_rounded = rounded_input(k, operands, "attention k");
       const uint16_t* v_rounded = rounded_input(v, operands, "attention v");
       float* od = out(o, q.shape());
       const bool aliased = same_storage(o, q) || same_storage(o, k) || same_storage(o, v);
-      const RoundedOutput rounded = aliased ? RoundedOutput{} : rounded_output(o, operands);
-      attention_16bit_rounded(q_rounded, k_rounded, v_rounded, batch.n_seqs, batch.seq_len, n_heads,
-                              n_kv_heads, head_dim, scale, operands,
-                              attention_query_tile(n_heads, batch.seq_len, kAttentionTileBytes),
-                              attention_scratch_, od, rounded);
-      rounded_written(o, rounded);
+      const OpOutputs outputs = aliased ? OpOutputs{od, {}} : outputs_for(o, read_as, operands);
+      const bool wide_written = attention_16bit_rounded(
+          q_rounded, k_rounded, v_rounded, batch.n_seqs, batch.seq_len, n_heads, n_kv_heads, head_dim, scale,
+          operands, attention_query_tile(n_heads, batch.seq_len, kAttentionTileBytes), attention_scratch_, od,
+          outputs.rounded, AttentionPath::kAuto, outputs.wide != nullptr);
+      if (wide_written) device_storage(o)->wide_current = true;
+      rounded_written(o, outputs.rounded);
       return;
     }
     float* od = out(o, q.shape());
@@ -442,26 +485,29 @@ class CudaBackend final : public Backend {
                      batch.seq_len, n_heads, n_kv_heads, head_dim, scale, od, {});
   }
 
-  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& o) override {
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& o, DType read_as) override {
     const OpTimer timer("silu_mul");
     SYMPRUNE_ASSERT(gate.numel() == up.numel(), "silu_mul {} vs {}", gate.shape_string(), up.shape_string());
-    float* od = out(o, gate.shape());
-    const RoundedOutput rounded = rounded_output(o);
-    launch_silu_mul(in(gate, "silu gate"), in(up, "silu up"), gate.numel(), od, {}, rounded);
-    rounded_written(o, rounded);
+    const float *gd = in(gate, "silu gate"), *ud = in(up, "silu up");  // before o (maybe one) is an output
+    out(o, gate.shape());
+    const OpOutputs outputs = outputs_for(o, read_as);
+    launch_silu_mul(gd, ud, gate.numel(), outputs.wide, {}, outputs.rounded);
+    rounded_written(o, outputs.rounded);
   }
 
   void relu(Tensor& x) override {
     const OpTimer timer("relu");
+    float* xd = in_place(x, "relu input");
     rounded_copy_stale(x);
-    launch_relu(x.device_data(), x.numel(), {});
+    launch_relu(xd, x.numel(), {});
   }
 
   void add(Tensor& x, const Tensor& y) override {
     const OpTimer timer("add");
     SYMPRUNE_ASSERT(x.numel() == y.numel(), "add {} vs {}", x.shape_string(), y.shape_string());
+    float* xd = in_place(x, "add destination");
     rounded_copy_stale(x);
-    launch_add(x.device_data(), in(y, "add operand"), x.numel(), {});
+    launch_add(xd, in(y, "add operand"), x.numel(), {});
   }
 
   void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& o) override {
@@ -482,9 +528,9 @@ class CudaBackend final : public Backend {
     SYMPRUNE_ASSERT(table.rank() == 2 && table.dim(1) == d && row_offset + batch.seq_len <= table.dim(0) &&
                         rows_of(x) == batch.rows(),
                     "position table {} for {}", table.shape_string(), x.shape_string());
+    float* xd = in_place(x, "position rows destination");
     rounded_copy_stale(x);
-    launch_add_position_rows(x.device_data(), in(table, "position table"), batch.rows(), batch.seq_len,
-                             row_offset, d, {});
+    launch_add_position_rows(xd, in(table, "position table"), batch.rows(), batch.seq_len, row_offset, d, {});
   }
 
   ActivationStats activation_stats(const Tensor& input, const Tensor* output, const Tensor* output_bias,

@@ -44,15 +44,16 @@ void attention_16bit(const float* q, const float* k, const float* v, int64_t n_s
                           n_kv_heads, head_dim, scale, dtype, query_tile, scratch, out, {}, path);
 }
 
-void attention_16bit_rounded(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t n_seqs,
+bool attention_16bit_rounded(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t n_seqs,
                              int64_t seq_len, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                              float scale, DType dtype, int64_t query_tile, AttentionScratch& scratch,
-                             float* out, RoundedOutput out_rounded, AttentionPath path) {
+                             float* out, RoundedOutput out_rounded, AttentionPath path, bool write_fp32) {
   check_attention_shape(n_heads, n_kv_heads, head_dim, dtype, query_tile);
   SYMPRUNE_CHECK(out_rounded.data == nullptr || out_rounded.dtype == dtype,
                  "attention: the output rounded to {} from operands in {}", dtype_name(out_rounded.dtype),
                  dtype_name(dtype));
-  if (n_seqs <= 0 || seq_len <= 0) return;
+  SYMPRUNE_CHECK(write_fp32 || out_rounded.data != nullptr, "attention: no output to write");
+  if (n_seqs <= 0 || seq_len <= 0) return write_fp32;
   const int64_t rows = n_seqs * seq_len, group = n_heads / n_kv_heads;
   const int64_t q_width = n_heads * head_dim, kv_width = n_kv_heads * head_dim;
   // The flash kernel copies rows 16 bytes at a time (cp.async): its operands must start 16-byte aligned.
@@ -62,9 +63,10 @@ void attention_16bit_rounded(const uint16_t* q, const uint16_t* k, const uint16_
     const int rows_per_warp = path == AttentionPath::kFlash16   ? 16
                               : path == AttentionPath::kFlash32 ? 32
                                                                 : kFlashRowsPerWarp;
-    launch_flash_attention_16bit(q, k, v, n_seqs, seq_len, n_heads, n_kv_heads, head_dim, scale, dtype, out,
-                                 static_cast<uint16_t*>(out_rounded.data), {}, rows_per_warp);
-    return;
+    launch_flash_attention_16bit(q, k, v, n_seqs, seq_len, n_heads, n_kv_heads, head_dim, scale, dtype,
+                                 write_fp32 ? out : nullptr, static_cast<uint16_t*>(out_rounded.data), {},
+                                 rows_per_warp);
+    return write_fp32;
   }
   const int64_t tile_cap = std::min(query_tile, seq_len);
   scratch.scores.reserve(n_heads * tile_cap * seq_len);
@@ -101,6 +103,7 @@ void attention_16bit_rounded(const uint16_t* q, const uint16_t* k, const uint16_
   }
   if (out_rounded.data != nullptr)
     launch_convert(out, DType::kF32, out_rounded.data, dtype, rows * q_width, {});
+  return true;
 }
 
 }  // namespace symprune::cuda

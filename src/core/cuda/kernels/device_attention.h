@@ -39,11 +39,12 @@ void attention_16bit(const float* q, const float* k, const float* v, int64_t n_s
 
 // The same on operands already rounded to dtype (the CUDA backend's rounded copies). `out_rounded`, when
 // set (in dtype), receives out rounded as well: by the flash kernel in the same pass, by a conversion after
-// the GEMM path.
-void attention_16bit_rounded(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t n_seqs,
+// the GEMM path. write_fp32 false (out_rounded set): the flash kernel writes the rounded output only; the
+// GEMM path, which computes out in its memory, writes both. Returns whether out's fp32 values were written.
+bool attention_16bit_rounded(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t n_seqs,
                              int64_t seq_len, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                              float scale, DType dtype, int64_t query_tile, AttentionScratch& scratch,
                              float* out, RoundedOutput out_rounded = {},
-                             AttentionPath path = AttentionPath::kAuto);
+                             AttentionPath path = AttentionPath::kAuto, bool write_fp32 = true);
 
 }  // namespace symprune::cuda

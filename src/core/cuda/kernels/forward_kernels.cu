@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ weight, int64_t d, float eps,
                     float* __restrict__ y, uint16_t* __restrict__ rounded, bool rounded_bf16) {
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * d;
-  float* yr = y + static_cast<int64_t>(blockIdx.x) * d;
+  float* yr = y != nullptr ? y + static_cast<int64_t>(blockIdx.x) * d : nullptr;
   double sumsq = 0.0;
   for (int64_t j = threadIdx.x; j < d; j += kThreads) sumsq += static_cast<double>(xr[j]) * xr[j];
   sumsq = block_sum(sumsq);
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* rr = rounded != nullptr ? rounded + static_cast<int64_t>(blockIdx.x) * d : nullptr;
   for (int64_t j = threadIdx.x; j < d; j += kThreads) {
     const float value = __fmul_rn(weight[j], __fmul_rn(xr[j], inv));
-    yr[j] = value;
+    if (yr != nullptr) yr[j] = value;
     write_rounded(rr, rounded_bf16, j, value);
   }
 }
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads)
                      float* __restrict__ y, uint16_t* __restrict__ rounded, bool rounded_bf16) {
   const int64_t row = blockIdx.x, quads = d / 4;
   const float* xr = x + row * d;
-  float* yr = y + row * d;
+  float* yr = y != nullptr ? y + row * d : nullptr;
   double sumsq = 0.0;
   for (int64_t q = threadIdx.x; q < quads; q += kThreads) {
     const float4 v = load_float4(xr + 4 * q);
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kThreads)
     const float4 v = load_float4(xr + 4 * q), w = load_float4(weight + 4 * q);
     const float4 out{__fmul_rn(w.x, __fmul_rn(v.x, inv)), __fmul_rn(w.y, __fmul_rn(v.y, inv)),
                      __fmul_rn(w.z, __fmul_rn(v.z, inv)), __fmul_rn(w.w, __fmul_rn(v.w, inv))};
-    store_float4(yr + 4 * q, out);
+    if (yr != nullptr) store_float4(yr + 4 * q, out);
     write_rounded4(rr, rounded_bf16, 4 * q, out);
   }
 }
@@ -132,7 +132,7 @@ __device__ __forceinline__ float rotated_second(float x1, float x2, float c, flo
 __global__ void rope4_kernel(float* __restrict__ x, int64_t rows, int64_t seq_len, int64_t n_heads,
                              int64_t half, const float* __restrict__ cos_table,
                              const float* __restrict__ sin_table, uint16_t* __restrict__ rounded,
-                             bool rounded_bf16) {
+                             bool rounded_bf16, bool write_fp32) {
   const int64_t quarter = half / 4;
   SYMPRUNE_GRID_STRIDE(i, rows * n_heads * quarter) {
     const int64_t f = 4 * (i % quarter), head_row = i / quarter;
@@ -144,8 +144,10 @@ __global__ void rope4_kernel(float* __restrict__ x, int64_t rows, int64_t seq_le
                     rotated_first(x1.z, x2.z, c.z, s.z), rotated_first(x1.w, x2.w, c.w, s.w)};
     const float4 y2{rotated_second(x1.x, x2.x, c.x, s.x), rotated_second(x1.y, x2.y, c.y, s.y),
                     rotated_second(x1.z, x2.z, c.z, s.z), rotated_second(x1.w, x2.w, c.w, s.w)};
-    store_float4(x + first, y1);
-    store_float4(x + first + half, y2);
+    if (write_fp32) {
+      store_float4(x + first, y1);
+      store_float4(x + first + half, y2);
+    }
     write_rounded4(rounded, rounded_bf16, first, y1);
     write_rounded4(rounded, rounded_bf16, first + half, y2);
   }
@@ -154,7 +156,7 @@ __global__ void rope4_kernel(float* __restrict__ x, int64_t rows, int64_t seq_le
 __global__ void rope_kernel(float* __restrict__ x, int64_t rows, int64_t seq_len, int64_t n_heads,
                             int64_t half, const float* __restrict__ cos_table,
                             const float* __restrict__ sin_table, uint16_t* __restrict__ rounded,
-                            bool rounded_bf16) {
+                            bool rounded_bf16, bool write_fp32) {
   const int64_t pairs = rows * n_heads * half;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -165,8 +167,10 @@ __global__ void rope_kernel(float* __restrict__ x, int64_t rows, int64_t seq_len
     const float c = cos_table[t * half + f], s = sin_table[t * half + f];
     const float x1 = v[0], x2 = v[half];
     const float y1 = rotated_first(x1, x2, c, s), y2 = rotated_second(x1, x2, c, s);
-    v[0] = y1;
-    v[half] = y2;
+    if (write_fp32) {
+      v[0] = y1;
+      v[half] = y2;
+    }
     write_rounded(rounded, rounded_bf16, first, y1);
     write_rounded(rounded, rounded_bf16, first + half, y2);
   }
@@ -184,13 +188,13 @@ __global__ void silu_mul_kernel(const float* __restrict__ gate, const float* __r
     const float4 g = load_float4(gate + 4 * q), u = load_float4(up + 4 * q);
     const float4 value{silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z),
                        silu_times(g.w, u.w)};
-    store_float4(out + 4 * q, value);
+    if (out != nullptr) store_float4(out + 4 * q, value);
     write_rounded4(rounded, rounded_bf16, 4 * q, value);
   }
   SYMPRUNE_GRID_STRIDE(j, count - 4 * head) {
     const int64_t i = 4 * head + j;
     const float value = silu_times(gate[i], up[i]);
-    out[i] = value;
+    if (out != nullptr) out[i] = value;
     write_rounded(rounded, rounded_bf16, i, value);
   }
 }
@@ -328,16 +332,17 @@ void launch_layer_norm(const float* x, const float* weight, const float* bias, i
 }
 
 void launch_rope(float* x, int64_t rows, int64_t seq_len, int64_t n_heads, int64_t half,
-                 const float* cos_table, const float* sin_table, DeviceStream stream, RoundedOutput rounded) {
+                 const float* cos_table, const float* sin_table, DeviceStream stream, RoundedOutput rounded,
+                 bool write_fp32) {
   const int64_t pairs = rows * n_heads * half;
   if (pairs <= 0) return;
   auto* rounded_data = static_cast<uint16_t*>(rounded.data);
   if (half % 4 == 0 && aligned16(x, cos_table, sin_table) && aligned_to(rounded_data, 8))
     SYMPRUNE_LAUNCH(rope4_kernel, grid_for(pairs / 4), kThreads, 0, native(stream), x, rows, seq_len, n_heads,
-                    half, cos_table, sin_table, rounded_data, rounded.dtype == DType::kBF16);
+                    half, cos_table, sin_table, rounded_data, rounded.dtype == DType::kBF16, write_fp32);
   else
     SYMPRUNE_LAUNCH(rope_kernel, grid_for(pairs), kThreads, 0, native(stream), x, rows, seq_len, n_heads,
-                    half, cos_table, sin_table, rounded_data, rounded.dtype == DType::kBF16);
+                    half, cos_table, sin_table, rounded_data, rounded.dtype == DType::kBF16, write_fp32);
   SYMPRUNE_CHECK_LAUNCH();
 }
 

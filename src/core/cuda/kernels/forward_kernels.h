@@ -18,17 +18,19 @@ struct RoundedOutput {
   DType dtype = DType::kBF16;
 };
 
-// y = x / sqrt(mean(x²) + eps) · weight per row of width d (sums in fp64, as the CPU).
+// y = x / sqrt(mean(x²) + eps) · weight per row of width d (sums in fp64, as the CPU). y may be null when
+// `rounded` is given: the rounded result only (the same for silu_mul's out).
 void launch_rms_norm(const float* x, const float* weight, int64_t rows, int64_t d, float eps, float* y,
                      DeviceStream stream, RoundedOutput rounded = {});
 // y = (x − mean) / sqrt(var + eps) (· weight) (+ bias) per row; weight / bias may be null.
 void launch_layer_norm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t d,
                        float eps, float* y, DeviceStream stream);
 // In-place rotate-half RoPE on x [rows, n_heads · 2·half]; row r has position r % seq_len; cos/sin are
-// core::rope_tables' [seq_len, half] tables on the device.
+// core::rope_tables' [seq_len, half] tables on the device. write_fp32 false (`rounded` given): x keeps its
+// values and the rotated ones go to the rounded copy only.
 void launch_rope(float* x, int64_t rows, int64_t seq_len, int64_t n_heads, int64_t half,
                  const float* cos_table, const float* sin_table, DeviceStream stream,
-                 RoundedOutput rounded = {});
+                 RoundedOutput rounded = {}, bool write_fp32 = true);
 // out = silu(gate) · up; x = max(x, 0); x += y (count elements each). rms_norm, RoPE and silu_mul may
 // also write their result rounded (RoundedOutput).
 void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out, DeviceStream stream,
