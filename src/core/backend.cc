@@ -55,6 +55,12 @@ Tensor Backend::duplicate(const Tensor& tensor) {
   return copy;
 }
 
+void Backend::add_rms_norm(Tensor& x, const Tensor& residual, const Tensor& weight, float eps, Tensor& y,
+                           DType read_as) {
+  add(x, residual);
+  rms_norm(x, weight, eps, y, read_as);
+}
+
 const Tensor& Backend::host_view(const Tensor& tensor, Tensor& copy) {
   if (!tensor.on_device()) return tensor;
   copy = to_host(tensor);

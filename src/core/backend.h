@@ -150,6 +150,13 @@ class Backend {
   virtual void relu(Tensor& x) = 0;
   // x += y (same element count).
   virtual void add(Tensor& x, const Tensor& y) = 0;
+  // The residual stream's fused steps (a device backend saves a pass over x each):
+  // x += residual, then y = rms_norm(x) as rms_norm (y is neither x nor residual). The default runs the two.
+  virtual void add_rms_norm(Tensor& x, const Tensor& residual, const Tensor& weight, float eps, Tensor& y,
+                            DType read_as = DType::kF32);
+  // dst rows [dst_row, dst_row + rows of x) = x + y (x's element count, viewed as [*, width] like
+  // copy_rows), converted to dst's dtype as copy_rows converts; x is unchanged unless dst is x (dst_row 0).
+  virtual void add_into_rows(const Tensor& x, const Tensor& y, Tensor& dst, int64_t dst_row) = 0;
   // out[i, :] = table[ids[i], :]; ids must be in range (checked by the caller).
   virtual void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) = 0;
   // out[i, :] = table[row_offset + (i % seq_len), :] added to x (OPT learned positions).

@@ -353,15 +353,16 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
   const auto original_shape = hidden.shape();
   hidden.reshape({n_seqs * seq_len, d});
   const int64_t per_pass = std::max<int64_t>(1, max_tokens_per_pass_ / seq_len);
-  auto run = [&](Tensor& x, int64_t seqs) {
+  auto run = [&](BlockRows rows, int64_t seqs) {
     if (config_.family == io::ModelFamily::kLlama)
-      run_llama_block(block, w, x, seqs, seq_len, observer, overrides);
+      run_llama_block(block, w, rows, seqs, seq_len, observer, overrides);
     else
-      run_opt_block(block, w, x, seqs, seq_len, observer, overrides);
+      run_opt_block(block, w, rows, seqs, seq_len, observer, overrides);
   };
-  // States stored in another dtype than fp32 are widened into the fp32 micro-batch buffer and back.
+  // States stored in another dtype than fp32 are widened into the fp32 micro-batch buffer; the block writes
+  // its result back into their rows.
   if (per_pass >= n_seqs && hidden.dtype() == DType::kF32) {
-    run(hidden, n_seqs);
+    run({hidden, hidden}, n_seqs);
   } else {
     Tensor& x = workspace_->x;
     for (int64_t s0 = 0; s0 < n_seqs; s0 += per_pass) {
@@ -372,8 +373,7 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
           x.dtype() != DType::kF32)
         x = backend_->allocate({rows, d});
       backend_->copy_rows(hidden, s0 * seq_len, x, 0, rows);
-      run(x, seqs);
-      backend_->copy_rows(x, 0, hidden, s0 * seq_len, rows);
+      run({x, hidden, s0 * seq_len}, seqs);
     }
   }
   hidden.reshape(original_shape);
@@ -436,10 +436,11 @@ bool linears_of_dtype(int64_t block, const BlockWeights& w, const WeightOverride
 
 }  // namespace
 
-void DecoderModel::run_llama_block(int64_t block, const BlockWeights& w, Tensor& x, int64_t n_seqs,
+void DecoderModel::run_llama_block(int64_t block, const BlockWeights& w, BlockRows rows, int64_t n_seqs,
                                    int64_t seq_len, LinearObserver* observer,
                                    const WeightOverrides* overrides) {
   Backend& be = *backend_;
+  Tensor& x = rows.x;
   Workspace& ws = *workspace_;
   const auto& c = config_;
   const SequenceBatch batch{n_seqs, seq_len};
@@ -464,20 +465,19 @@ void DecoderModel::run_llama_block(int64_t block, const BlockWeights& w, Tensor&
                static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))), ws.attn, operands,
                linear_inputs);
   linear("self_attn.o_proj", ws.attn, ws.o);
-  be.add(x, ws.o);
-
-  be.rms_norm(x, w.norm2_weight, eps, ws.h, linear_inputs);
+  be.add_rms_norm(x, ws.o, w.norm2_weight, eps, ws.h, linear_inputs);
   linear("mlp.gate_proj", ws.h, ws.gate);
   linear("mlp.up_proj", ws.h, ws.up);
   be.silu_mul(ws.gate, ws.up, ws.act, linear_inputs);
   linear("mlp.down_proj", ws.act, ws.down);
-  be.add(x, ws.down);
+  be.add_into_rows(x, ws.down, rows.dst, rows.dst_row);
 }
 
-void DecoderModel::run_opt_block(int64_t block, const BlockWeights& w, Tensor& x, int64_t n_seqs,
+void DecoderModel::run_opt_block(int64_t block, const BlockWeights& w, BlockRows rows, int64_t n_seqs,
                                  int64_t seq_len, LinearObserver* observer,
                                  const WeightOverrides* overrides) {
   Backend& be = *backend_;
+  Tensor& x = rows.x;
   Workspace& ws = *workspace_;
   const auto& c = config_;
   const SequenceBatch batch{n_seqs, seq_len};
@@ -510,11 +510,14 @@ void DecoderModel::run_opt_block(int64_t block, const BlockWeights& w, Tensor& x
   linear("fc1", *mlp_in, ws.gate);
   be.relu(ws.gate);
   linear("fc2", ws.gate, ws.down);
-  be.add(x, ws.down);
-  if (!pre) {
-    be.layer_norm(x, non_empty(w.norm2_weight), non_empty(w.norm2_bias), kOptLayerNormEps, ws.h);
-    std::swap(x, ws.h);
+  if (pre) {
+    be.add_into_rows(x, ws.down, rows.dst, rows.dst_row);
+    return;
   }
+  be.add(x, ws.down);
+  be.layer_norm(x, non_empty(w.norm2_weight), non_empty(w.norm2_bias), kOptLayerNormEps, ws.h);
+  std::swap(x, ws.h);
+  if (&rows.dst != &x) be.copy_rows(x, 0, rows.dst, rows.dst_row, n_seqs * seq_len);
 }
 
 Tensor DecoderModel::final_hidden(const Tensor& stored_hidden) {

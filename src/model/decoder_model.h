@@ -167,9 +167,15 @@ class DecoderModel {
   struct Workspace;
   void load_globals();
   BlockWeights load_block(int64_t block) const;
-  void run_llama_block(int64_t block, const BlockWeights& w, Tensor& x, int64_t n_seqs, int64_t seq_len,
+  // One block on the fp32 rows x, its result written into dst's rows from dst_row on (dst may be x).
+  struct BlockRows {
+    Tensor& x;
+    Tensor& dst;
+    int64_t dst_row = 0;
+  };
+  void run_llama_block(int64_t block, const BlockWeights& w, BlockRows rows, int64_t n_seqs, int64_t seq_len,
                        LinearObserver* observer, const WeightOverrides* overrides);
-  void run_opt_block(int64_t block, const BlockWeights& w, Tensor& x, int64_t n_seqs, int64_t seq_len,
+  void run_opt_block(int64_t block, const BlockWeights& w, BlockRows rows, int64_t n_seqs, int64_t seq_len,
                      LinearObserver* observer, const WeightOverrides* overrides);
 
   std::filesystem::path dir_;

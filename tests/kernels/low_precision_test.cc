@@ -16,6 +16,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <future>
@@ -407,6 +408,62 @@ TEST_F(LowPrecisionTest, ResultsReadOnlyRoundedKeepTheRoundedValuesAlone) {
   Tensor y;
   EXPECT_DEATH(be.linear(only, w_fp16, nullptr, y), "written rounded to BF16 only");
   EXPECT_DEATH(be.add(only, x), "written rounded to BF16 only");
+}
+
+TEST_F(LowPrecisionTest, FusedResidualStepsEqualTheOpsTheyJoin) {
+  // add_rms_norm is add then rms_norm, and add_into_rows is add then copy_rows, bit for bit: on the vector
+  // path (width 64) and the scalar one (width 37), into fp32, bf16 and fp16 rows at an offset, in place.
+  Backend& be = device();
+  for (const int64_t width : {64, 37}) {
+    SCOPED_TRACE("width " + std::to_string(width));
+    const int64_t rows = 10, dst_rows = 16, dst_row = 3;
+    const Tensor x_host({rows, width}, uniform_values(rows * width, 91));
+    const Tensor residual_host({rows, width}, uniform_values(rows * width, 92));
+    const Tensor weight = be.to_backend(Tensor({width}, uniform_values(width, 93, 0.5f, 1.5f)));
+    const Tensor residual = be.to_backend(residual_host);
+
+    Tensor x_ops = be.to_backend(x_host), y_ops;
+    be.add(x_ops, residual);
+    be.rms_norm(x_ops, weight, 1e-5f, y_ops);
+    Tensor x_fused = be.to_backend(x_host), y_fused;
+    be.add_rms_norm(x_fused, residual, weight, 1e-5f, y_fused);
+    expect_bits_equal(be.to_host(x_fused), be.to_host(x_ops), "add_rms_norm's x");
+    expect_bits_equal(be.to_host(y_fused), be.to_host(y_ops), "add_rms_norm's y");
+    Tensor x_rounded_only = be.to_backend(x_host), y_rounded_only;
+    be.add_rms_norm(x_rounded_only, residual, weight, 1e-5f, y_rounded_only, DType::kBF16);
+    const Tensor w =
+        be.to_backend(Tensor({8, width}, uniform_values(8 * width, 94, -0.2f, 0.2f)), DType::kBF16);
+    Tensor product_ops, product_fused;
+    be.linear(y_ops, w, nullptr, product_ops);
+    be.linear(y_rounded_only, w, nullptr, product_fused);
+    expect_bits_equal(be.to_host(product_fused), be.to_host(product_ops), "a linear of y read as bf16");
+
+    Tensor sum_host = x_host;
+    for (int64_t i = 0; i < sum_host.numel(); ++i) sum_host[i] += residual_host[i];
+    const Tensor sentinel({dst_rows, width}, uniform_values(dst_rows * width, 95));
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(dtype_name(dtype));
+      const Tensor x = be.to_backend(x_host);
+      Tensor dst = be.to_backend(sentinel, dtype);
+      be.add_into_rows(x, residual, dst, dst_row);
+      Tensor expected = be.to_host(be.to_backend(sentinel, dtype));
+      const Tensor sum_rounded = dtype == DType::kF32 ? sum_host : rounded(sum_host, dtype);
+      std::copy(sum_rounded.values().begin(), sum_rounded.values().end(),
+                expected.values().begin() + dst_row * width);
+      expect_bits_equal(be.to_host(dst), expected, "add_into_rows at an offset");
+      expect_bits_equal(be.to_host(x), x_host, "its x, unchanged");
+    }
+    Tensor in_place = be.to_backend(x_host);
+    be.add_into_rows(in_place, residual, in_place, 0);
+    expect_bits_equal(be.to_host(in_place), sum_host, "add_into_rows in place");
+    // The CPU backend's, the specification's, are the same sums.
+    Tensor cpu_dst = sentinel;
+    cpu_backend().add_into_rows(x_host, residual_host, cpu_dst, dst_row);
+    Tensor expected = sentinel;
+    std::copy(sum_host.values().begin(), sum_host.values().end(),
+              expected.values().begin() + dst_row * width);
+    expect_bits_equal(cpu_dst, expected, "the CPU's add_into_rows");
+  }
 }
 
 TEST_F(LowPrecisionTest, ScoresMasksAndMaskedWeightsOfA16BitWeightAreThoseOfItsValues) {

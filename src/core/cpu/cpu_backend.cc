@@ -279,6 +279,18 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) a[i] += b[i];
   }
 
+  void add_into_rows(const Tensor& x, const Tensor& y, Tensor& dst, int64_t dst_row) override {
+    SYMPRUNE_ASSERT(x.numel() == y.numel(), "add_into_rows {} vs {}", x.shape_string(), y.shape_string());
+    const int64_t width = x.rank() == 0 ? 1 : x.dim(-1);
+    const int64_t n = x.numel();
+    copy_rows_width(x, 0, dst, dst_row, width == 0 ? 0 : n / width);
+    const float* a = x.data();
+    const float* b = y.data();
+    float* out = dst.data() + dst_row * width;
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  }
+
   void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) override {
     SYMPRUNE_ASSERT(table.rank() == 2, "embedding table {}", table.shape_string());
     const int64_t d = table.dim(1), vocab = table.dim(0);

@@ -143,6 +143,17 @@ OpOutputs outputs_for(Tensor& t, DType read_as, DType only = DType::kF32) {
   return {nullptr, {storage->rounded.data(), read_as}};
 }
 
+// `count` elements of dst are rewritten in its dtype, the others kept: its rounded copy is stale, and rows
+// of a tensor whose fp32 values were not kept would leave the others stale (a caller's bug).
+void rows_rewritten(const Tensor& dst, int64_t count, const char* op) {
+  rounded_copy_stale(dst);
+  if (DeviceStorage* storage = device_storage(dst); storage != nullptr && !storage->wide_current) {
+    SYMPRUNE_ASSERT(count == dst.numel(), "{}: {} of the {} elements of {} written rounded only", op, count,
+                    dst.numel(), dst.shape_string());
+    storage->wide_current = true;
+  }
+}
+
 // Whether two tensors share their device memory.
 bool same_storage(const Tensor& a, const Tensor& b) {
   return a.storage() != nullptr && a.storage() == b.storage();
@@ -366,13 +377,7 @@ class CudaBackend final : public Backend {
   void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override {
     const OpTimer timer("copy_rows");
     const int64_t width = copy_rows_width(src, src_row, dst, dst_row, rows);
-    rounded_copy_stale(dst);
-    // Rows of a tensor whose fp32 values were not kept would leave the others stale.
-    if (DeviceStorage* storage = device_storage(dst); storage != nullptr && !storage->wide_current) {
-      SYMPRUNE_ASSERT(rows * width == dst.numel(), "copy_rows: {} rows into {} written rounded only", rows,
-                      dst.shape_string());
-      storage->wide_current = true;
-    }
+    rows_rewritten(dst, rows * width, "copy_rows");
     if (rows > 0)
       launch_convert(element_at(in_bytes(src, "copy_rows source"), src, src_row * width), src.dtype(),
                      element_at(dst.device_bytes(), dst, dst_row * width), dst.dtype(), rows * width, {});
@@ -508,6 +513,34 @@ class CudaBackend final : public Backend {
     float* xd = in_place(x, "add destination");
     rounded_copy_stale(x);
     launch_add(xd, in(y, "add operand"), x.numel(), {});
+  }
+
+  void add_rms_norm(Tensor& x, const Tensor& residual, const Tensor& weight, float eps, Tensor& y,
+                    DType read_as) override {
+    const OpTimer timer("add_rms_norm");
+    SYMPRUNE_ASSERT(x.numel() == residual.numel() && weight.numel() == cols_of(x),
+                    "add_rms_norm {} + {}, weight {}", x.shape_string(), residual.shape_string(),
+                    weight.shape_string());
+    SYMPRUNE_ASSERT(!same_storage(y, x) && !same_storage(y, residual),
+                    "add_rms_norm: y shares memory with x {}", x.shape_string());
+    float* xd = in_place(x, "add_rms_norm destination");
+    const float* rd = in(residual, "add_rms_norm residual");
+    rounded_copy_stale(x);
+    out(y, x.shape());
+    const OpOutputs outputs = outputs_for(y, read_as);
+    launch_add_rms_norm(xd, rd, in(weight, "rms_norm weight"), rows_of(x), cols_of(x), eps, outputs.wide, {},
+                        outputs.rounded);
+    rounded_written(y, outputs.rounded);
+  }
+
+  void add_into_rows(const Tensor& x, const Tensor& y, Tensor& dst, int64_t dst_row) override {
+    const OpTimer timer("add_into_rows");
+    SYMPRUNE_ASSERT(x.numel() == y.numel(), "add_into_rows {} vs {}", x.shape_string(), y.shape_string());
+    const int64_t rows = rows_of(x), width = copy_rows_width(x, 0, dst, dst_row, rows);
+    const float *xd = in(x, "add_into_rows input"), *yd = in(y, "add_into_rows operand");
+    rows_rewritten(dst, rows * width, "add_into_rows");
+    launch_add_into(xd, yd, rows * width, element_at(dst.device_bytes(), dst, dst_row * width), dst.dtype(),
+                    {});
   }
 
   void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& o) override {

@@ -54,13 +54,23 @@ __device__ __forceinline__ void write_rounded4(uint16_t* rounded, bool bf16, int
                round_16bit(bf16, value.z), round_16bit(bf16, value.w));
 }
 
+// With kResidual, x += residual first, in the same pass: each thread adds and stores the elements it then
+// sums and normalizes (the same partition in both loops, so it reads back its own writes).
+template <bool kResidual>
 __global__ void __launch_bounds__(kThreads)
-    rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ weight, int64_t d, float eps,
-                    float* __restrict__ y, uint16_t* __restrict__ rounded, bool rounded_bf16) {
-  const float* xr = x + static_cast<int64_t>(blockIdx.x) * d;
+    rms_norm_kernel(float* x, const float* __restrict__ residual, const float* __restrict__ weight, int64_t d,
+                    float eps, float* __restrict__ y, uint16_t* __restrict__ rounded, bool rounded_bf16) {
+  float* xr = x + static_cast<int64_t>(blockIdx.x) * d;
   float* yr = y != nullptr ? y + static_cast<int64_t>(blockIdx.x) * d : nullptr;
   double sumsq = 0.0;
-  for (int64_t j = threadIdx.x; j < d; j += kThreads) sumsq += static_cast<double>(xr[j]) * xr[j];
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+    float v = xr[j];
+    if constexpr (kResidual) {
+      v = __fadd_rn(v, residual[static_cast<int64_t>(blockIdx.x) * d + j]);
+      xr[j] = v;
+    }
+    sumsq += static_cast<double>(v) * v;
+  }
   sumsq = block_sum(sumsq);
   const float inv = static_cast<float>(1.0 / sqrt(sumsq / static_cast<double>(d) + eps));
   uint16_t* rr = rounded != nullptr ? rounded + static_cast<int64_t>(blockIdx.x) * d : nullptr;
@@ -74,15 +84,22 @@ __global__ void __launch_bounds__(kThreads)
 // The same with float4 accesses (d % 4 == 0, 16-byte aligned rows): thread j sums the groups of four j,
 // j + kThreads, ... (another order of the fp64 partial sums than rms_norm_kernel's, within the same tolerance
 // of the CPU); each output is computed as there.
+template <bool kResidual>
 __global__ void __launch_bounds__(kThreads)
-    rms_norm4_kernel(const float* __restrict__ x, const float* __restrict__ weight, int64_t d, float eps,
-                     float* __restrict__ y, uint16_t* __restrict__ rounded, bool rounded_bf16) {
+    rms_norm4_kernel(float* x, const float* __restrict__ residual, const float* __restrict__ weight,
+                     int64_t d, float eps, float* __restrict__ y, uint16_t* __restrict__ rounded,
+                     bool rounded_bf16) {
   const int64_t row = blockIdx.x, quads = d / 4;
-  const float* xr = x + row * d;
+  float* xr = x + row * d;
   float* yr = y != nullptr ? y + row * d : nullptr;
   double sumsq = 0.0;
   for (int64_t q = threadIdx.x; q < quads; q += kThreads) {
-    const float4 v = load_float4(xr + 4 * q);
+    float4 v = load_float4(xr + 4 * q);
+    if constexpr (kResidual) {
+      const float4 r = load_float4(residual + row * d + 4 * q);
+      v = float4{__fadd_rn(v.x, r.x), __fadd_rn(v.y, r.y), __fadd_rn(v.z, r.z), __fadd_rn(v.w, r.w)};
+      store_float4(xr + 4 * q, v);
+    }
     sumsq += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y +
              static_cast<double>(v.z) * v.z + static_cast<double>(v.w) * v.w;
   }
@@ -205,16 +222,33 @@ __global__ void relu_kernel(float* __restrict__ x, int64_t count) {
     x[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
-__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t count, bool vector) {
+// out = x + y; out may be x.
+__global__ void add_kernel(const float* x, const float* __restrict__ y, int64_t count, float* out,
+                           bool vector) {
   const int64_t head = vector ? count / 4 : 0;
   SYMPRUNE_GRID_STRIDE(q, head) {
     const float4 a = load_float4(x + 4 * q), b = load_float4(y + 4 * q);
-    store_float4(x + 4 * q,
+    store_float4(out + 4 * q,
                  float4{__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w)});
   }
   SYMPRUNE_GRID_STRIDE(j, count - 4 * head) {
     const int64_t i = 4 * head + j;
-    x[i] = __fadd_rn(x[i], y[i]);
+    out[i] = __fadd_rn(x[i], y[i]);
+  }
+}
+
+// out = x + y rounded to 16 bits (the conversion's rounding, convert_kernels.cu).
+__global__ void add_round_kernel(const float* __restrict__ x, const float* __restrict__ y, int64_t count,
+                                 uint16_t* __restrict__ out, bool bf16, bool vector) {
+  const int64_t head = vector ? count / 4 : 0;
+  SYMPRUNE_GRID_STRIDE(q, head) {
+    const float4 a = load_float4(x + 4 * q), b = load_float4(y + 4 * q);
+    store_4x16(out + 4 * q, round_16bit(bf16, __fadd_rn(a.x, b.x)), round_16bit(bf16, __fadd_rn(a.y, b.y)),
+               round_16bit(bf16, __fadd_rn(a.z, b.z)), round_16bit(bf16, __fadd_rn(a.w, b.w)));
+  }
+  SYMPRUNE_GRID_STRIDE(j, count - 4 * head) {
+    const int64_t i = 4 * head + j;
+    out[i] = round_16bit(bf16, __fadd_rn(x[i], y[i]));
   }
 }
 
@@ -310,17 +344,31 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void launch_rms_norm(const float* x, const float* weight, int64_t rows, int64_t d, float eps, float* y,
-                     DeviceStream stream, RoundedOutput rounded) {
+namespace {
+template <bool kResidual>
+void launch_rms_norm_of(float* x, const float* residual, const float* weight, int64_t rows, int64_t d,
+                        float eps, float* y, DeviceStream stream, RoundedOutput rounded) {
   if (rows <= 0 || d <= 0) return;
   auto* rounded_data = static_cast<uint16_t*>(rounded.data);
-  if (d % 4 == 0 && aligned16(x, weight, y) && aligned_to(rounded_data, 8))
-    SYMPRUNE_LAUNCH(rms_norm4_kernel, static_cast<unsigned>(rows), kThreads, 0, native(stream), x, weight, d,
-                    eps, y, rounded_data, rounded.dtype == DType::kBF16);
+  if (d % 4 == 0 && aligned16(x, residual, weight, y) && aligned_to(rounded_data, 8))
+    SYMPRUNE_LAUNCH(rms_norm4_kernel<kResidual>, static_cast<unsigned>(rows), kThreads, 0, native(stream), x,
+                    residual, weight, d, eps, y, rounded_data, rounded.dtype == DType::kBF16);
   else
-    SYMPRUNE_LAUNCH(rms_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, native(stream), x, weight, d,
-                    eps, y, rounded_data, rounded.dtype == DType::kBF16);
+    SYMPRUNE_LAUNCH(rms_norm_kernel<kResidual>, static_cast<unsigned>(rows), kThreads, 0, native(stream), x,
+                    residual, weight, d, eps, y, rounded_data, rounded.dtype == DType::kBF16);
   SYMPRUNE_CHECK_LAUNCH();
+}
+}  // namespace
+
+void launch_rms_norm(const float* x, const float* weight, int64_t rows, int64_t d, float eps, float* y,
+                     DeviceStream stream, RoundedOutput rounded) {
+  // Without a residual the kernel only reads x.
+  launch_rms_norm_of<false>(const_cast<float*>(x), nullptr, weight, rows, d, eps, y, stream, rounded);
+}
+
+void launch_add_rms_norm(float* x, const float* residual, const float* weight, int64_t rows, int64_t d,
+                         float eps, float* y, DeviceStream stream, RoundedOutput rounded) {
+  launch_rms_norm_of<true>(x, residual, weight, rows, d, eps, y, stream, rounded);
 }
 
 void launch_layer_norm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t d,
@@ -363,10 +411,21 @@ void launch_relu(float* x, int64_t count, DeviceStream stream) {
 }
 
 void launch_add(float* x, const float* y, int64_t count, DeviceStream stream) {
+  launch_add_into(x, y, count, x, DType::kF32, stream);
+}
+
+void launch_add_into(const float* x, const float* y, int64_t count, void* out, DType out_dtype,
+                     DeviceStream stream) {
   if (count <= 0) return;
-  const bool vector = aligned16(x, y);
-  SYMPRUNE_LAUNCH(add_kernel, grid_for(vector ? count / 4 : count), kThreads, 0, native(stream), x, y, count,
-                  vector);
+  if (out_dtype == DType::kF32) {
+    const bool vector = aligned16(x, y, out);
+    SYMPRUNE_LAUNCH(add_kernel, grid_for(vector ? count / 4 : count), kThreads, 0, native(stream), x, y,
+                    count, static_cast<float*>(out), vector);
+  } else {
+    const bool vector = aligned16(x, y) && aligned_to(out, 8);
+    SYMPRUNE_LAUNCH(add_round_kernel, grid_for(vector ? count / 4 : count), kThreads, 0, native(stream), x, y,
+                    count, static_cast<uint16_t*>(out), out_dtype == DType::kBF16, vector);
+  }
   SYMPRUNE_CHECK_LAUNCH();
 }
 

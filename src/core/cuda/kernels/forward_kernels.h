@@ -22,6 +22,10 @@ struct RoundedOutput {
 // `rounded` is given: the rounded result only (the same for silu_mul's out).
 void launch_rms_norm(const float* x, const float* weight, int64_t rows, int64_t d, float eps, float* y,
                      DeviceStream stream, RoundedOutput rounded = {});
+// x += residual, then y = rms_norm(x), in one pass: x and y bit for bit those of launch_add and
+// launch_rms_norm in turn. y shares no memory with x or residual.
+void launch_add_rms_norm(float* x, const float* residual, const float* weight, int64_t rows, int64_t d,
+                         float eps, float* y, DeviceStream stream, RoundedOutput rounded = {});
 // y = (x − mean) / sqrt(var + eps) (· weight) (+ bias) per row; weight / bias may be null.
 void launch_layer_norm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t d,
                        float eps, float* y, DeviceStream stream);
@@ -37,6 +41,9 @@ void launch_silu_mul(const float* gate, const float* up, int64_t count, float* o
                      RoundedOutput rounded = {});
 void launch_relu(float* x, int64_t count, DeviceStream stream);
 void launch_add(float* x, const float* y, int64_t count, DeviceStream stream);
+// out = x + y in out_dtype (fp32, or rounded to bf16/fp16 as launch_convert rounds); out may be x (fp32).
+void launch_add_into(const float* x, const float* y, int64_t count, void* out, DType out_dtype,
+                     DeviceStream stream);
 // out[i, :] = table[ids[i], :] (ids on the device, checked by the caller); out is [count, d].
 void launch_embedding(const float* table, const int32_t* ids, int64_t count, int64_t d, float* out,
                       DeviceStream stream);
