@@ -287,8 +287,7 @@ __device__ void run_swaps(const RowContext& x, const RowLists& lists, uint8_t* c
     ++swaps;
   }
   results.swaps[row] = swaps;
-  results.error_before[row] = x.row.error;
-  results.error_after[row] = x.row.error;  // the row's new error, when it swapped, is summed by the block
+  results.error_before[row] = x.row.error;  // error_after is the block's (dsnot_rows_kernel)
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -355,9 +354,13 @@ __global__ void __launch_bounds__(kThreads)
                          prune_order, column, n, prune_depth, sort_keys, positive);
     if (threadIdx.x == 0) run_swaps(x, lists, current, touched, n, row, results);
     __syncthreads();
-    if (results.swaps[row] > 0) {  // every thread reads thread 0's count (written before the barrier)
+    // Every thread reads thread 0's count (written before the barrier): a row that swapped has its error
+    // summed again by the block; one that did not keeps its error.
+    if (results.swaps[row] > 0) {
       const double after = row_error(w, columns.mu, current, n, chain_tile);
       if (threadIdx.x == 0) results.error_after[row] = after;
+    } else if (threadIdx.x == 0) {
+      results.error_after[row] = x.row.error;
     }
     __syncthreads();  // the next row reuses the scratch and shared_state
   }
