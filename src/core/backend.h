@@ -87,8 +87,9 @@ class Backend {
   // Whether the ops take and give tensors in device memory (Tensor::on_device) instead of host tensors.
   virtual bool device_resident() const { return false; }
   // The element dtypes this backend's tensors may have: fp32 everywhere; a device backend also stores
-  // bf16/fp16 (a run in lower precision, DESIGN.md §6.1). Only linear's weight, copy_rows, duplicate,
-  // to_host, score_and_select and mask_weight accept a tensor of another dtype than fp32.
+  // bf16/fp16 (a run in lower precision, DESIGN.md §6.1). Only linear's weight, copy_rows, add_into_rows'
+  // destination, duplicate, to_host, score_and_select and mask_weight accept a tensor of another dtype than
+  // fp32.
   virtual bool supports_dtype(DType dtype) const { return dtype == DType::kF32; }
   // `host` (fp32) in this backend's memory with elements of `dtype` (rounded to nearest even); a host
   // backend returns it as is.

@@ -31,6 +31,8 @@ constexpr Preset kPresets[] = {
     {"opt-1.3b", "opt", 2048, 8192, 24, 32, 32, 50272, 2048, 0.0},
     {"llama-1024", "llama", 1024, 2816, 4, 16, 16, 32000, 2048, 10000.0},
     {"tiny-llama", "llama", 64, 172, 4, 8, 4, 512, 512, 10000.0},
+    // tiny-llama with heads of 16, the smallest that the GPU's flash attention kernel takes.
+    {"tiny-llama-h16", "llama", 64, 172, 2, 4, 2, 512, 512, 10000.0},
     {"tiny-opt", "opt", 64, 256, 4, 4, 4, 512, 512, 0.0},
 };
 

@@ -412,9 +412,10 @@ TEST_F(LowPrecisionTest, ResultsReadOnlyRoundedKeepTheRoundedValuesAlone) {
 
 TEST_F(LowPrecisionTest, FusedResidualStepsEqualTheOpsTheyJoin) {
   // add_rms_norm is add then rms_norm, and add_into_rows is add then copy_rows, bit for bit: on the vector
-  // path (width 64) and the scalar one (width 37), into fp32, bf16 and fp16 rows at an offset, in place.
+  // path (widths 64 and 3076, whose threads take several groups of four each) and the scalar one (37 and
+  // 773), into fp32, bf16 and fp16 rows at an offset, in place.
   Backend& be = device();
-  for (const int64_t width : {64, 37}) {
+  for (const int64_t width : {64, 37, 3076, 773}) {
     SCOPED_TRACE("width " + std::to_string(width));
     const int64_t rows = 10, dst_rows = 16, dst_row = 3;
     const Tensor x_host({rows, width}, uniform_values(rows * width, 91));
@@ -431,6 +432,7 @@ TEST_F(LowPrecisionTest, FusedResidualStepsEqualTheOpsTheyJoin) {
     expect_bits_equal(be.to_host(y_fused), be.to_host(y_ops), "add_rms_norm's y");
     Tensor x_rounded_only = be.to_backend(x_host), y_rounded_only;
     be.add_rms_norm(x_rounded_only, residual, weight, 1e-5f, y_rounded_only, DType::kBF16);
+    expect_bits_equal(be.to_host(x_rounded_only), be.to_host(x_ops), "add_rms_norm's x, y read as bf16");
     const Tensor w =
         be.to_backend(Tensor({8, width}, uniform_values(8 * width, 94, -0.2f, 0.2f)), DType::kBF16);
     Tensor product_ops, product_fused;

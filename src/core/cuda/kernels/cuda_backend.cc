@@ -420,7 +420,7 @@ class CudaBackend final : public Backend {
     const OpTimer timer("rms_norm");
     SYMPRUNE_ASSERT(weight.numel() == cols_of(x), "rms_norm weight {} vs {}", weight.shape_string(),
                     x.shape_string());
-    const float* xd = in(x, "rms_norm input");  // before y, which may be x, is made an output
+    const float* xd = in(x, "rms_norm input");  // checked before y is made an output
     out(y, x.shape());
     const OpOutputs outputs = outputs_for(y, read_as);
     launch_rms_norm(xd, in(weight, "rms_norm weight"), rows_of(x), cols_of(x), eps, outputs.wide, {},
@@ -493,7 +493,7 @@ class CudaBackend final : public Backend {
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& o, DType read_as) override {
     const OpTimer timer("silu_mul");
     SYMPRUNE_ASSERT(gate.numel() == up.numel(), "silu_mul {} vs {}", gate.shape_string(), up.shape_string());
-    const float *gd = in(gate, "silu gate"), *ud = in(up, "silu up");  // before o (maybe one) is an output
+    const float *gd = in(gate, "silu gate"), *ud = in(up, "silu up");  // checked before o is an output
     out(o, gate.shape());
     const OpOutputs outputs = outputs_for(o, read_as);
     launch_silu_mul(gd, ud, gate.numel(), outputs.wide, {}, outputs.rounded);
@@ -521,8 +521,8 @@ class CudaBackend final : public Backend {
     SYMPRUNE_ASSERT(x.numel() == residual.numel() && weight.numel() == cols_of(x),
                     "add_rms_norm {} + {}, weight {}", x.shape_string(), residual.shape_string(),
                     weight.shape_string());
-    SYMPRUNE_ASSERT(!same_storage(y, x) && !same_storage(y, residual),
-                    "add_rms_norm: y shares memory with x {}", x.shape_string());
+    SYMPRUNE_ASSERT(!same_storage(y, x) && !same_storage(y, residual) && !same_storage(x, residual),
+                    "add_rms_norm: x {}, residual and y share memory", x.shape_string());
     float* xd = in_place(x, "add_rms_norm destination");
     const float* rd = in(residual, "add_rms_norm residual");
     rounded_copy_stale(x);

@@ -350,7 +350,8 @@ void launch_rms_norm_of(float* x, const float* residual, const float* weight, in
                         float eps, float* y, DeviceStream stream, RoundedOutput rounded) {
   if (rows <= 0 || d <= 0) return;
   auto* rounded_data = static_cast<uint16_t*>(rounded.data);
-  if (d % 4 == 0 && aligned16(x, residual, weight, y) && aligned_to(rounded_data, 8))
+  // The path (and so the order of the row's sums) is rms_norm's for the same x, weight and outputs.
+  if (d % 4 == 0 && aligned16(x, weight, y) && aligned_to(rounded_data, 8))
     SYMPRUNE_LAUNCH(rms_norm4_kernel<kResidual>, static_cast<unsigned>(rows), kThreads, 0, native(stream), x,
                     residual, weight, d, eps, y, rounded_data, rounded.dtype == DType::kBF16);
   else
@@ -368,6 +369,14 @@ void launch_rms_norm(const float* x, const float* weight, int64_t rows, int64_t 
 
 void launch_add_rms_norm(float* x, const float* residual, const float* weight, int64_t rows, int64_t d,
                          float eps, float* y, DeviceStream stream, RoundedOutput rounded) {
+  // The vector path reads the residual four at a time: one that would not allow it is added apart (the
+  // same sums in the same order as rms_norm's path).
+  const bool vector = d % 4 == 0 && aligned16(x, weight, y) && aligned_to(rounded.data, 8);
+  if (vector && !aligned16(residual)) {
+    launch_add(x, residual, rows * d, stream);
+    launch_rms_norm(x, weight, rows, d, eps, y, stream, rounded);
+    return;
+  }
   launch_rms_norm_of<true>(x, residual, weight, rows, d, eps, y, stream, rounded);
 }
 
