@@ -61,6 +61,13 @@ void Backend::add_rms_norm(Tensor& x, const Tensor& residual, const Tensor& weig
   rms_norm(x, weight, eps, y, read_as);
 }
 
+void Backend::copy_rows_rms_norm(const Tensor& src, int64_t src_row, Tensor& x, const Tensor& weight,
+                                 float eps, Tensor& y, DType read_as) {
+  const int64_t width = x.rank() == 0 ? 1 : x.dim(-1);
+  copy_rows(src, src_row, x, 0, width == 0 ? 0 : x.numel() / width);
+  rms_norm(x, weight, eps, y, read_as);
+}
+
 const Tensor& Backend::host_view(const Tensor& tensor, Tensor& copy) {
   if (!tensor.on_device()) return tensor;
   copy = to_host(tensor);

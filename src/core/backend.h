@@ -88,8 +88,8 @@ class Backend {
   virtual bool device_resident() const { return false; }
   // The element dtypes this backend's tensors may have: fp32 everywhere; a device backend also stores
   // bf16/fp16 (a run in lower precision, DESIGN.md §6.1). Only linear's weight, copy_rows, add_into_rows'
-  // destination, duplicate, to_host, score_and_select and mask_weight accept a tensor of another dtype than
-  // fp32.
+  // destination, copy_rows_rms_norm's source, duplicate, to_host, score_and_select and mask_weight accept a
+  // tensor of another dtype than fp32.
   virtual bool supports_dtype(DType dtype) const { return dtype == DType::kF32; }
   // `host` (fp32) in this backend's memory with elements of `dtype` (rounded to nearest even); a host
   // backend returns it as is.
@@ -155,6 +155,11 @@ class Backend {
   // x += residual, then y = rms_norm(x) as rms_norm (y is neither x nor residual). The default runs the two.
   virtual void add_rms_norm(Tensor& x, const Tensor& residual, const Tensor& weight, float eps, Tensor& y,
                             DType read_as = DType::kF32);
+  // x = src rows [src_row, src_row + rows of x) converted to fp32 (as copy_rows), then y = rms_norm(x) as
+  // rms_norm (y is neither x nor src): a micro-batch's first norm, on its stored rows. The default runs the
+  // two.
+  virtual void copy_rows_rms_norm(const Tensor& src, int64_t src_row, Tensor& x, const Tensor& weight,
+                                  float eps, Tensor& y, DType read_as = DType::kF32);
   // dst rows [dst_row, dst_row + rows of x) = x + y (x's element count, viewed as [*, width] like
   // copy_rows), converted to dst's dtype as copy_rows converts; x is unchanged unless dst is x (dst_row 0).
   virtual void add_into_rows(const Tensor& x, const Tensor& y, Tensor& dst, int64_t dst_row) = 0;

@@ -359,8 +359,8 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
     else
       run_opt_block(block, w, rows, seqs, seq_len, observer, overrides);
   };
-  // States stored in another dtype than fp32 are widened into the fp32 micro-batch buffer; the block writes
-  // its result back into their rows.
+  // States stored in another dtype than fp32 are widened into the fp32 micro-batch buffer by the block's
+  // first op, and the block writes its result back into their rows.
   if (per_pass >= n_seqs && hidden.dtype() == DType::kF32) {
     run({hidden, hidden}, n_seqs);
   } else {
@@ -372,8 +372,7 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
       if (x.shape() != std::vector<int64_t>{rows, d} || x.on_device() != hidden.on_device() ||
           x.dtype() != DType::kF32)
         x = backend_->allocate({rows, d});
-      backend_->copy_rows(hidden, s0 * seq_len, x, 0, rows);
-      run({x, hidden, s0 * seq_len}, seqs);
+      run({x, hidden, s0 * seq_len, &hidden, s0 * seq_len}, seqs);
     }
   }
   hidden.reshape(original_shape);
@@ -455,7 +454,10 @@ void DecoderModel::run_llama_block(int64_t block, const BlockWeights& w, BlockRo
                                   ? storage_dtype_
                                   : DType::kF32;
 
-  be.rms_norm(x, w.norm1_weight, eps, ws.h, linear_inputs);
+  if (rows.src)
+    be.copy_rows_rms_norm(*rows.src, rows.src_row, x, w.norm1_weight, eps, ws.h, linear_inputs);
+  else
+    be.rms_norm(x, w.norm1_weight, eps, ws.h, linear_inputs);
   linear("self_attn.q_proj", ws.h, ws.q);
   linear("self_attn.k_proj", ws.h, ws.k);
   linear("self_attn.v_proj", ws.h, ws.v);
@@ -478,6 +480,7 @@ void DecoderModel::run_opt_block(int64_t block, const BlockWeights& w, BlockRows
                                  const WeightOverrides* overrides) {
   Backend& be = *backend_;
   Tensor& x = rows.x;
+  if (rows.src) be.copy_rows(*rows.src, rows.src_row, x, 0, n_seqs * seq_len);
   Workspace& ws = *workspace_;
   const auto& c = config_;
   const SequenceBatch batch{n_seqs, seq_len};

@@ -167,11 +167,14 @@ class DecoderModel {
   struct Workspace;
   void load_globals();
   BlockWeights load_block(int64_t block) const;
-  // One block on the fp32 rows x, its result written into dst's rows from dst_row on (dst may be x).
+  // One block on the fp32 rows x, its result written into dst's rows from dst_row on (dst may be x). With
+  // src, x is first filled from src's rows from src_row on (the block's first op reads them).
   struct BlockRows {
     Tensor& x;
     Tensor& dst;
     int64_t dst_row = 0;
+    const Tensor* src = nullptr;
+    int64_t src_row = 0;
   };
   void run_llama_block(int64_t block, const BlockWeights& w, BlockRows rows, int64_t n_seqs, int64_t seq_len,
                        LinearObserver* observer, const WeightOverrides* overrides);

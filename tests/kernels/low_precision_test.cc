@@ -411,9 +411,9 @@ TEST_F(LowPrecisionTest, ResultsReadOnlyRoundedKeepTheRoundedValuesAlone) {
 }
 
 TEST_F(LowPrecisionTest, FusedResidualStepsEqualTheOpsTheyJoin) {
-  // add_rms_norm is add then rms_norm, and add_into_rows is add then copy_rows, bit for bit: on the vector
-  // path (widths 64 and 3076, whose threads take several groups of four each) and the scalar one (37 and
-  // 773), into fp32, bf16 and fp16 rows at an offset, in place.
+  // add_rms_norm is add then rms_norm, copy_rows_rms_norm copy_rows then rms_norm, and add_into_rows add then
+  // copy_rows, bit for bit: on the vector path (widths 64 and 3076, whose threads take several groups of four
+  // each) and the scalar one (37 and 773), from and into fp32, bf16 and fp16 rows at an offset, in place.
   Backend& be = device();
   for (const int64_t width : {64, 37, 3076, 773}) {
     SCOPED_TRACE("width " + std::to_string(width));
@@ -443,6 +443,22 @@ TEST_F(LowPrecisionTest, FusedResidualStepsEqualTheOpsTheyJoin) {
     Tensor sum_host = x_host;
     for (int64_t i = 0; i < sum_host.numel(); ++i) sum_host[i] += residual_host[i];
     const Tensor sentinel({dst_rows, width}, uniform_values(dst_rows * width, 95));
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(std::string("copy_rows_rms_norm from ") + std::string(dtype_name(dtype)));
+      const Tensor stored = be.to_backend(sentinel, dtype);
+      Tensor x_copied = be.allocate({rows, width}), y_copied;
+      be.copy_rows(stored, dst_row, x_copied, 0, rows);
+      be.rms_norm(x_copied, weight, 1e-5f, y_copied);
+      Tensor x_widened = be.allocate({rows, width}), y_widened;
+      be.copy_rows_rms_norm(stored, dst_row, x_widened, weight, 1e-5f, y_widened);
+      expect_bits_equal(be.to_host(x_widened), be.to_host(x_copied), "its x");
+      expect_bits_equal(be.to_host(y_widened), be.to_host(y_copied), "its y");
+      Tensor y_rounded, from_rounded, from_copied;
+      be.copy_rows_rms_norm(stored, dst_row, x_widened, weight, 1e-5f, y_rounded, DType::kBF16);
+      be.linear(y_rounded, w, nullptr, from_rounded);
+      be.linear(y_copied, w, nullptr, from_copied);
+      expect_bits_equal(be.to_host(from_rounded), be.to_host(from_copied), "a linear of y read as bf16");
+    }
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(dtype_name(dtype));
       const Tensor x = be.to_backend(x_host);

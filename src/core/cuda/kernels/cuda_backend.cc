@@ -533,6 +533,23 @@ class CudaBackend final : public Backend {
     rounded_written(y, outputs.rounded);
   }
 
+  void copy_rows_rms_norm(const Tensor& src, int64_t src_row, Tensor& x, const Tensor& weight, float eps,
+                          Tensor& y, DType read_as) override {
+    const OpTimer timer("copy_rows_rms_norm");
+    const int64_t rows = rows_of(x), width = copy_rows_width(src, src_row, x, 0, rows);
+    SYMPRUNE_ASSERT(weight.numel() == width && x.dtype() == DType::kF32,
+                    "copy_rows_rms_norm into {}, weight {}", x.shape_string(), weight.shape_string());
+    SYMPRUNE_ASSERT(!same_storage(y, x) && !same_storage(y, src) && !same_storage(x, src),
+                    "copy_rows_rms_norm: source, x {} and y share memory", x.shape_string());
+    const void* source = element_at(in_bytes(src, "copy_rows_rms_norm source"), src, src_row * width);
+    rows_rewritten(x, rows * width, "copy_rows_rms_norm");
+    out(y, x.shape());
+    const OpOutputs outputs = outputs_for(y, read_as);
+    launch_widen_rms_norm(source, src.dtype(), x.device_data(), in(weight, "rms_norm weight"), rows, width,
+                          eps, outputs.wide, {}, outputs.rounded);
+    rounded_written(y, outputs.rounded);
+  }
+
   void add_into_rows(const Tensor& x, const Tensor& y, Tensor& dst, int64_t dst_row) override {
     const OpTimer timer("add_into_rows");
     SYMPRUNE_ASSERT(x.numel() == y.numel(), "add_into_rows {} vs {}", x.shape_string(), y.shape_string());

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/cuda/kernel_platform.cuh"
+#include "core/cuda/kernels/convert_kernels.h"
 #include "core/cuda/kernels/forward_kernels.h"
 #include "core/cuda/kernels/launch_shape.cuh"
 
@@ -54,26 +55,66 @@ __device__ __forceinline__ void write_rounded4(uint16_t* rounded, bool bf16, int
                round_16bit(bf16, value.z), round_16bit(bf16, value.w));
 }
 
-// With kResidual, x += residual first, in the same pass: each thread adds and stores the elements it then
-// sums and normalizes (the same partition in both loops, so it reads back its own writes).
-template <bool kResidual>
+// What the norm kernels take as x: x itself; x + residual (fp32); or a 16-bit source widened. In the last
+// three the kernel stores x's new values in its first loop and reads them back in its second, each thread the
+// elements it stored (the same partition in both loops).
+enum class NormInput { kX, kResidual, kWidenedBf16, kWidenedFp16 };
+
+template <NormInput kInput>
+__device__ __forceinline__ float norm_input(float* xr, const void* source, int64_t row_first, int64_t j) {
+  if constexpr (kInput == NormInput::kX) {
+    return xr[j];
+  } else {
+    float v;
+    if constexpr (kInput == NormInput::kResidual)
+      v = __fadd_rn(xr[j], static_cast<const float*>(source)[row_first + j]);
+    else if constexpr (kInput == NormInput::kWidenedBf16)
+      v = bf16_bits_to_float(static_cast<const uint16_t*>(source)[row_first + j]);
+    else
+      v = fp16_bits_to_float(static_cast<const uint16_t*>(source)[row_first + j]);
+    xr[j] = v;
+    return v;
+  }
+}
+template <NormInput kInput>
+__device__ __forceinline__ float4 norm_input4(float* xr, const void* source, int64_t row_first, int64_t i) {
+  if constexpr (kInput == NormInput::kX) {
+    return load_float4(xr + i);
+  } else {
+    float4 v;
+    if constexpr (kInput == NormInput::kResidual) {
+      const float4 a = load_float4(xr + i),
+                   b = load_float4(static_cast<const float*>(source) + row_first + i);
+      v = float4{__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w)};
+    } else {
+      uint16_t bits[4];
+      load_4x16(static_cast<const uint16_t*>(source) + row_first + i, bits);
+      constexpr bool kBf16 = kInput == NormInput::kWidenedBf16;
+      v = kBf16 ? float4{bf16_bits_to_float(bits[0]), bf16_bits_to_float(bits[1]),
+                         bf16_bits_to_float(bits[2]), bf16_bits_to_float(bits[3])}
+                : float4{fp16_bits_to_float(bits[0]), fp16_bits_to_float(bits[1]),
+                         fp16_bits_to_float(bits[2]), fp16_bits_to_float(bits[3])};
+    }
+    store_float4(xr + i, v);
+    return v;
+  }
+}
+
+template <NormInput kInput>
 __global__ void __launch_bounds__(kThreads)
-    rms_norm_kernel(float* x, const float* __restrict__ residual, const float* __restrict__ weight, int64_t d,
+    rms_norm_kernel(float* x, const void* __restrict__ source, const float* __restrict__ weight, int64_t d,
                     float eps, float* __restrict__ y, uint16_t* __restrict__ rounded, bool rounded_bf16) {
-  float* xr = x + static_cast<int64_t>(blockIdx.x) * d;
-  float* yr = y != nullptr ? y + static_cast<int64_t>(blockIdx.x) * d : nullptr;
+  const int64_t row_first = static_cast<int64_t>(blockIdx.x) * d;
+  float* xr = x + row_first;
+  float* yr = y != nullptr ? y + row_first : nullptr;
   double sumsq = 0.0;
   for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-    float v = xr[j];
-    if constexpr (kResidual) {
-      v = __fadd_rn(v, residual[static_cast<int64_t>(blockIdx.x) * d + j]);
-      xr[j] = v;
-    }
+    const float v = norm_input<kInput>(xr, source, row_first, j);
     sumsq += static_cast<double>(v) * v;
   }
   sumsq = block_sum(sumsq);
   const float inv = static_cast<float>(1.0 / sqrt(sumsq / static_cast<double>(d) + eps));
-  uint16_t* rr = rounded != nullptr ? rounded + static_cast<int64_t>(blockIdx.x) * d : nullptr;
+  uint16_t* rr = rounded != nullptr ? rounded + row_first : nullptr;
   for (int64_t j = threadIdx.x; j < d; j += kThreads) {
     const float value = __fmul_rn(weight[j], __fmul_rn(xr[j], inv));
     if (yr != nullptr) yr[j] = value;
@@ -84,28 +125,22 @@ __global__ void __launch_bounds__(kThreads)
 // The same with float4 accesses (d % 4 == 0, 16-byte aligned rows): thread j sums the groups of four j,
 // j + kThreads, ... (another order of the fp64 partial sums than rms_norm_kernel's, within the same tolerance
 // of the CPU); each output is computed as there.
-template <bool kResidual>
+template <NormInput kInput>
 __global__ void __launch_bounds__(kThreads)
-    rms_norm4_kernel(float* x, const float* __restrict__ residual, const float* __restrict__ weight,
-                     int64_t d, float eps, float* __restrict__ y, uint16_t* __restrict__ rounded,
-                     bool rounded_bf16) {
-  const int64_t row = blockIdx.x, quads = d / 4;
-  float* xr = x + row * d;
-  float* yr = y != nullptr ? y + row * d : nullptr;
+    rms_norm4_kernel(float* x, const void* __restrict__ source, const float* __restrict__ weight, int64_t d,
+                     float eps, float* __restrict__ y, uint16_t* __restrict__ rounded, bool rounded_bf16) {
+  const int64_t row_first = static_cast<int64_t>(blockIdx.x) * d, quads = d / 4;
+  float* xr = x + row_first;
+  float* yr = y != nullptr ? y + row_first : nullptr;
   double sumsq = 0.0;
   for (int64_t q = threadIdx.x; q < quads; q += kThreads) {
-    float4 v = load_float4(xr + 4 * q);
-    if constexpr (kResidual) {
-      const float4 r = load_float4(residual + row * d + 4 * q);
-      v = float4{__fadd_rn(v.x, r.x), __fadd_rn(v.y, r.y), __fadd_rn(v.z, r.z), __fadd_rn(v.w, r.w)};
-      store_float4(xr + 4 * q, v);
-    }
+    const float4 v = norm_input4<kInput>(xr, source, row_first, 4 * q);
     sumsq += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y +
              static_cast<double>(v.z) * v.z + static_cast<double>(v.w) * v.w;
   }
   sumsq = block_sum(sumsq);
   const float inv = static_cast<float>(1.0 / sqrt(sumsq / static_cast<double>(d) + eps));
-  uint16_t* rr = rounded != nullptr ? rounded + row * d : nullptr;
+  uint16_t* rr = rounded != nullptr ? rounded + row_first : nullptr;
   for (int64_t q = threadIdx.x; q < quads; q += kThreads) {
     const float4 v = load_float4(xr + 4 * q), w = load_float4(weight + 4 * q);
     const float4 out{__fmul_rn(w.x, __fmul_rn(v.x, inv)), __fmul_rn(w.y, __fmul_rn(v.y, inv)),
@@ -345,39 +380,58 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 namespace {
-template <bool kResidual>
-void launch_rms_norm_of(float* x, const float* residual, const float* weight, int64_t rows, int64_t d,
-                        float eps, float* y, DeviceStream stream, RoundedOutput rounded) {
+// The kernels' path (and so the order of a row's sums) is chosen by x, weight and the outputs alone, as for
+// rms_norm; `source` must then allow it (source_aligned), else the caller fuses nothing.
+bool norm_vector_path(const float* x, const float* weight, int64_t d, const float* y,
+                      const RoundedOutput& rounded) {
+  return d % 4 == 0 && aligned16(x, weight, y) && aligned_to(rounded.data, 8);
+}
+template <NormInput kInput>
+void launch_rms_norm_of(float* x, const void* source, const float* weight, int64_t rows, int64_t d, float eps,
+                        float* y, DeviceStream stream, RoundedOutput rounded) {
   if (rows <= 0 || d <= 0) return;
   auto* rounded_data = static_cast<uint16_t*>(rounded.data);
-  // The path (and so the order of the row's sums) is rms_norm's for the same x, weight and outputs.
-  if (d % 4 == 0 && aligned16(x, weight, y) && aligned_to(rounded_data, 8))
-    SYMPRUNE_LAUNCH(rms_norm4_kernel<kResidual>, static_cast<unsigned>(rows), kThreads, 0, native(stream), x,
-                    residual, weight, d, eps, y, rounded_data, rounded.dtype == DType::kBF16);
+  if (norm_vector_path(x, weight, d, y, rounded))
+    SYMPRUNE_LAUNCH(rms_norm4_kernel<kInput>, static_cast<unsigned>(rows), kThreads, 0, native(stream), x,
+                    source, weight, d, eps, y, rounded_data, rounded.dtype == DType::kBF16);
   else
-    SYMPRUNE_LAUNCH(rms_norm_kernel<kResidual>, static_cast<unsigned>(rows), kThreads, 0, native(stream), x,
-                    residual, weight, d, eps, y, rounded_data, rounded.dtype == DType::kBF16);
+    SYMPRUNE_LAUNCH(rms_norm_kernel<kInput>, static_cast<unsigned>(rows), kThreads, 0, native(stream), x,
+                    source, weight, d, eps, y, rounded_data, rounded.dtype == DType::kBF16);
   SYMPRUNE_CHECK_LAUNCH();
 }
 }  // namespace
 
 void launch_rms_norm(const float* x, const float* weight, int64_t rows, int64_t d, float eps, float* y,
                      DeviceStream stream, RoundedOutput rounded) {
-  // Without a residual the kernel only reads x.
-  launch_rms_norm_of<false>(const_cast<float*>(x), nullptr, weight, rows, d, eps, y, stream, rounded);
+  // With NormInput::kX the kernel only reads x.
+  launch_rms_norm_of<NormInput::kX>(const_cast<float*>(x), nullptr, weight, rows, d, eps, y, stream, rounded);
 }
 
 void launch_add_rms_norm(float* x, const float* residual, const float* weight, int64_t rows, int64_t d,
                          float eps, float* y, DeviceStream stream, RoundedOutput rounded) {
   // The vector path reads the residual four at a time: one that would not allow it is added apart (the
   // same sums in the same order as rms_norm's path).
-  const bool vector = d % 4 == 0 && aligned16(x, weight, y) && aligned_to(rounded.data, 8);
-  if (vector && !aligned16(residual)) {
+  if (norm_vector_path(x, weight, d, y, rounded) && !aligned16(residual)) {
     launch_add(x, residual, rows * d, stream);
     launch_rms_norm(x, weight, rows, d, eps, y, stream, rounded);
     return;
   }
-  launch_rms_norm_of<true>(x, residual, weight, rows, d, eps, y, stream, rounded);
+  launch_rms_norm_of<NormInput::kResidual>(x, residual, weight, rows, d, eps, y, stream, rounded);
+}
+
+void launch_widen_rms_norm(const void* source, DType source_dtype, float* x, const float* weight,
+                           int64_t rows, int64_t d, float eps, float* y, DeviceStream stream,
+                           RoundedOutput rounded) {
+  // An fp32 source, or one that the vector path could not read four at a time, is copied apart.
+  if (source_dtype == DType::kF32 || (norm_vector_path(x, weight, d, y, rounded) && !aligned_to(source, 8))) {
+    launch_convert(source, source_dtype, x, DType::kF32, rows * d, stream);
+    launch_rms_norm(x, weight, rows, d, eps, y, stream, rounded);
+    return;
+  }
+  if (source_dtype == DType::kBF16)
+    launch_rms_norm_of<NormInput::kWidenedBf16>(x, source, weight, rows, d, eps, y, stream, rounded);
+  else
+    launch_rms_norm_of<NormInput::kWidenedFp16>(x, source, weight, rows, d, eps, y, stream, rounded);
 }
 
 void launch_layer_norm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t d,

@@ -26,6 +26,11 @@ void launch_rms_norm(const float* x, const float* weight, int64_t rows, int64_t 
 // launch_rms_norm in turn. y shares no memory with x or residual.
 void launch_add_rms_norm(float* x, const float* residual, const float* weight, int64_t rows, int64_t d,
                          float eps, float* y, DeviceStream stream, RoundedOutput rounded = {});
+// x = source (rows × d elements of source_dtype) widened to fp32, then y = rms_norm(x), in one pass: x and y
+// bit for bit those of launch_convert and launch_rms_norm in turn. y shares no memory with x or source.
+void launch_widen_rms_norm(const void* source, DType source_dtype, float* x, const float* weight,
+                           int64_t rows, int64_t d, float eps, float* y, DeviceStream stream,
+                           RoundedOutput rounded = {});
 // y = (x − mean) / sqrt(var + eps) (· weight) (+ bias) per row; weight / bias may be null.
 void launch_layer_norm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t d,
                        float eps, float* y, DeviceStream stream);
