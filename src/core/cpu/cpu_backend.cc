@@ -282,9 +282,7 @@ class CpuBackend final : public Backend {
   void add_into_rows(const Tensor& x, const Tensor& y, Tensor& dst, int64_t dst_row) override {
     SYMPRUNE_ASSERT(x.numel() == y.numel() && !dst.on_device(), "add_into_rows {} vs {} into {}",
                     x.shape_string(), y.shape_string(), dst.shape_string());
-    const int64_t width = x.rank() == 0 ? 1 : x.dim(-1);
-    const int64_t n = x.numel();
-    copy_rows_width(x, 0, dst, dst_row, width == 0 ? 0 : n / width);
+    const int64_t width = copy_rows_width(x, 0, dst, dst_row, rows_of(x)), n = x.numel();
     const float* a = x.data();
     const float* b = y.data();
     float* out = dst.data() + dst_row * width;

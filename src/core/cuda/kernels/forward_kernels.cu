@@ -377,11 +377,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-}  // namespace
-
-namespace {
 // The kernels' path (and so the order of a row's sums) is chosen by x, weight and the outputs alone, as for
-// rms_norm; `source` must then allow it (source_aligned), else the caller fuses nothing.
+// rms_norm; a `source` that this path could not read is the caller's to handle (it runs the ops unfused).
 bool norm_vector_path(const float* x, const float* weight, int64_t d, const float* y,
                       const RoundedOutput& rounded) {
   return d % 4 == 0 && aligned16(x, weight, y) && aligned_to(rounded.data, 8);
