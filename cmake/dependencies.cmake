@@ -26,7 +26,7 @@ if(SYMPRUNE_SANITIZE)
   add_link_options(-fsanitize=address,undefined)
 endif()
 
-# ThreadSanitizer: the emulation runs every CUDA thread of a block as an OS thread between real barriers,
+# ThreadSanitizer: the emulation then runs every CUDA thread of a block as an OS thread between real barriers,
 # so a data race between CUDA threads (a missing __syncthreads/__syncwarp) is a data race TSan reports.
 if(SYMPRUNE_TSAN)
   if(SYMPRUNE_SANITIZE)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The races of the CUDA kernels, looked for without a GPU: builds the kernels' CPU emulation and their
 # parity tests with ThreadSanitizer (build-tsan, -DSYMPRUNE_TSAN=ON) and runs them (ctest label
-# racecheck). The emulation runs every CUDA thread of a block as an OS thread between real barriers, so
-# two CUDA threads touching the same shared or global memory without a __syncthreads/__syncwarp between
-# them is a data race TSan reports, as compute-sanitizer's racecheck would on a GPU (which stays the
-# judge of what the emulation cannot show: memory ordering without barriers, warp-synchronous timing).
+# racecheck). Under TSan the emulation runs every CUDA thread of a block as an OS thread (not a fiber)
+# between real barriers, so two CUDA threads touching the same shared or global memory without a
+# __syncthreads/__syncwarp between them is a data race TSan reports, as compute-sanitizer's racecheck would
+# on a GPU (which stays the judge of what the emulation cannot show: memory ordering without barriers,
+# warp-synchronous timing).
 # First a probe shows that TSan does report a missing barrier in the emulation and stays silent with it.
 # Any report fails its test. Extra arguments go to ctest (e.g. -R Dsnot). Environment:
 # SYMPRUNE_TSAN_BUILD_DIR (default <repo>/build-tsan), SYMPRUNE_RACECHECK_JOBS (default nproc).

@@ -5,13 +5,17 @@
 //  * ldmatrix .x4, plain and transposed, gives each lane the elements the ISA's table gives, from rows at
 //    any shared-memory addresses the lanes pass;
 //  * a launch with more than 48 KiB of dynamic shared memory aborts unless that kernel opted in, as
-//    cudaFuncSetAttribute works per kernel on a GPU.
+//    cudaFuncSetAttribute works per kernel on a GPU;
+//  * the block executor: every thread of every block runs with its own indices and locals, __syncthreads
+//    and the warp operations exchange what each thread wrote before them, dynamic shared memory reads 0xFF
+//    bytes at the start of every block; a barrier that some threads of the block skip aborts the launch.
 // The places are written out here again from the ISA's tables, independently of emulated_mma.h's code.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <vector>
 
+#include "core/cuda/emulation/block_executor.h"
 #include "core/cuda/kernel_platform.cuh"
 
 namespace symprune::cuda {
@@ -136,6 +140,79 @@ TEST(EmulatedInstructionsDeathTest, DynamicSharedMemoryAbove48KiBNeedsTheKernels
                "more dynamic shared memory than the kernel opted in for");
   SYMPRUNE_LAUNCH(shared_kernel_b, 1, 32, 48 * 1024, nullptr, &out);
   EXPECT_EQ(out, 2);
+}
+
+// Block (32, 2, 2): 128 threads, four warps. Each thread: reads its dynamic shared slot (0xFF bytes
+// at the block's start), writes its own value, then over `rounds` reads its neighbour's value written before
+// the barrier, and sums its warp's values by shuffles; `out` gets one result per thread of the grid.
+__global__ void exchange_kernel(int rounds, int* out, unsigned* fresh) {
+  SYMPRUNE_DYNAMIC_SHARED(int, slots);
+  const int threads = static_cast<int>(blockDim.x * blockDim.y * blockDim.z);
+  const int linear = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+  const int block = static_cast<int>(blockIdx.x + gridDim.x * blockIdx.y);
+  fresh[block * threads + linear] = static_cast<unsigned>(slots[linear]);
+  int value = block * 1000 + linear;
+  for (int round = 0; round < rounds; ++round) {
+    slots[linear] = value;
+    __syncthreads();
+    const int neighbour = slots[(linear + 1) % threads];
+    __syncthreads();
+    int warp_sum = value;
+    for (int offset = 16; offset > 0; offset /= 2) warp_sum += __shfl_xor_sync(0xffffffffu, warp_sum, offset);
+    value = (neighbour + warp_sum) % 100003;
+  }
+  out[block * threads + linear] = value;
+}
+
+TEST(EmulatedExecution, BarriersAndShufflesExchangeWhatEveryThreadWroteBeforeThem) {
+  const dim3 grid(3, 2), block(32, 2, 2);
+  constexpr int kThreads = 128, kBlocks = 6, kRounds = 5;
+  std::vector<int> out(kBlocks * kThreads, -1);
+  std::vector<unsigned> fresh(kBlocks * kThreads, 0);
+  SYMPRUNE_LAUNCH(exchange_kernel, grid, block, kThreads * sizeof(int), nullptr, kRounds, out.data(),
+                  fresh.data());
+  for (int b = 0; b < kBlocks; ++b) {
+    std::vector<int> values(kThreads);
+    for (int t = 0; t < kThreads; ++t) values[static_cast<size_t>(t)] = b * 1000 + t;
+    for (int round = 0; round < kRounds; ++round) {
+      std::vector<int> next(kThreads);
+      for (int t = 0; t < kThreads; ++t) {
+        int warp_sum = 0;
+        for (int lane = 0; lane < 32; ++lane) warp_sum += values[static_cast<size_t>(t / 32 * 32 + lane)];
+        next[static_cast<size_t>(t)] = (values[static_cast<size_t>((t + 1) % kThreads)] + warp_sum) % 100003;
+      }
+      values = next;
+    }
+    for (int t = 0; t < kThreads; ++t) {
+      EXPECT_EQ(out[static_cast<size_t>(b * kThreads + t)], values[static_cast<size_t>(t)])
+          << "block " << b << " thread " << t;
+      EXPECT_EQ(fresh[static_cast<size_t>(b * kThreads + t)], 0xFFFFFFFFu)
+          << "block " << b << " thread " << t;
+    }
+  }
+}
+
+__global__ void skipped_block_barrier_kernel(int* out) {
+  if (threadIdx.x == 5) return;
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+__global__ void skipped_shuffle_kernel(int* out) {
+  int value = static_cast<int>(threadIdx.x);
+  if (threadIdx.x != 40) value += __shfl_down_sync(0xffffffffu, value, 1);
+  out[threadIdx.x] = value;
+}
+
+TEST(EmulatedExecutionDeathTest, ABarrierThatSomeThreadsSkipAbortsTheLaunch) {
+  if (SYMPRUNE_EMULATION_OS_THREADS)
+    GTEST_SKIP() << "OS-thread executor: such a launch aborts only after 120 s";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  std::vector<int> out(64, 0);
+  EXPECT_DEATH(SYMPRUNE_LAUNCH(skipped_block_barrier_kernel, 2, 64, 0, nullptr, out.data()),
+               "a barrier that not every thread of a block reaches");
+  // Lane 8 of the second warp skips the shuffle: its warp waits, the first warp finishes.
+  EXPECT_DEATH(SYMPRUNE_LAUNCH(skipped_shuffle_kernel, 1, 64, 0, nullptr, out.data()),
+               "a barrier that not every thread of a block reaches");
 }
 
 }  // namespace

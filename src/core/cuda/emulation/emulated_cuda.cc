@@ -2,16 +2,15 @@
 #include "core/cuda/emulation/emulated_cuda.h"
 
 #include <algorithm>
-#include <barrier>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
+
+#include "core/cuda/emulation/block_executor.h"
 
 dim3 blockDim;
 dim3 gridDim;
@@ -19,23 +18,12 @@ dim3 gridDim;
 namespace symprune::cuda::emulation {
 namespace {
 
-// A launch that takes this long has a barrier that not every thread reaches (a hang on a GPU).
-constexpr auto kLaunchTimeout = std::chrono::seconds(120);
 constexpr unsigned kFullMask = 0xffffffffu;
-
-[[noreturn]] void abort_kernel(const char* what) {
-  std::fprintf(stderr, "emulated CUDA kernel error: %s\n", what);
-  std::fflush(stderr);
-  std::abort();
-}
-
-using Barrier = std::barrier<>;
 
 struct Launch {
   int threads = 0;
-  std::unique_ptr<Barrier> block_barrier;  // __syncthreads
-  std::unique_ptr<Barrier> block_edge;     // between blocks
-  std::vector<std::unique_ptr<Barrier>> warp_barriers;
+  std::unique_ptr<BlockBarrier> block_barrier;  // __syncthreads
+  std::vector<std::unique_ptr<BlockBarrier>> warp_barriers;
   std::vector<uint64_t> warp_slots;   // [warps][32]
   std::vector<std::byte> warp_blobs;  // [warps][32][kMaxGatherBytes]
   std::vector<std::byte> shared_backing;
@@ -53,69 +41,14 @@ size_t dynamic_shared_limit(const void* kernel) {
   const auto it = opted_in.find(kernel);
   return it == opted_in.end() ? size_t{48 * 1024} : it->second;
 }
-thread_local int thread_linear = 0;
-thread_local uint3 thread_index_of_this_thread{0, 0, 0};
-thread_local uint3 block_index_of_this_thread{0, 0, 0};
 
-// Threads are kept between launches (creating 256 per launch dominated the tests' time).
-class WorkerPool {
- public:
-  ~WorkerPool() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    start_.notify_all();
-    for (auto& thread : threads_) thread.join();
-  }
-
-  // Runs job(i) for i in [0, count) on `count` threads and waits for all of them.
-  void run(int count, std::function<void(int)> job) {
-    std::unique_lock lock(mutex_);
-    while (static_cast<int>(threads_.size()) < count) {
-      const int index = static_cast<int>(threads_.size());
-      threads_.emplace_back([this, index] { work(index); });
-    }
-    job_ = std::move(job);
-    active_ = count;
-    finished_ = 0;
-    ++generation_;
-    start_.notify_all();
-    if (!done_.wait_for(lock, kLaunchTimeout, [&] { return finished_ == active_; }))
-      abort_kernel("a launch did not finish in 120 s: a barrier that not every thread of a block reaches?");
-  }
-
- private:
-  void work(int index) {
-    uint64_t seen = 0;
-    for (;;) {
-      std::unique_lock lock(mutex_);
-      start_.wait(lock, [&] { return stopping_ || (generation_ != seen && index < active_); });
-      if (stopping_) return;
-      seen = generation_;
-      lock.unlock();
-      job_(index);
-      lock.lock();
-      if (++finished_ == active_) done_.notify_one();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable start_, done_;
-  std::vector<std::thread> threads_;
-  std::function<void(int)> job_;
-  uint64_t generation_ = 0;
-  int active_ = 0, finished_ = 0;
-  bool stopping_ = false;
-};
-
-Barrier& warp_barrier() {
-  return *current->warp_barriers[static_cast<size_t>(thread_linear / 32)];
+BlockBarrier& warp_barrier() {
+  return *current->warp_barriers[static_cast<size_t>(current_thread_linear() / 32)];
 }
 
 void check_warp_call(unsigned mask) {
   if (mask != kFullMask) abort_kernel("warp operation with a partial mask (the kernels use full warps only)");
-  if ((thread_linear / 32 + 1) * 32 > current->threads)
+  if ((current_thread_linear() / 32 + 1) * 32 > current->threads)
     abort_kernel("warp operation in a partial warp (block size not a multiple of 32)");
 }
 
@@ -130,16 +63,14 @@ void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const void* kern
   if (dynamic_shared_bytes > dynamic_shared_limit(kernel))
     abort_kernel("more dynamic shared memory than the kernel opted in for (48 KiB without opt-in)");
 
-  static std::mutex launch_mutex;  // one launch at a time
-  static WorkerPool pool;
+  static std::mutex launch_mutex;  // one launch at a time (__shared__ variables are statics)
   std::lock_guard guard(launch_mutex);
   Launch state;
   state.threads = static_cast<int>(threads);
-  state.block_barrier = std::make_unique<Barrier>(state.threads);
-  state.block_edge = std::make_unique<Barrier>(state.threads);
+  state.block_barrier = std::make_unique<BlockBarrier>(state.threads);
   const int warps = (state.threads + 31) / 32;
   for (int w = 0; w < warps; ++w)
-    state.warp_barriers.push_back(std::make_unique<Barrier>(std::min(32, state.threads - w * 32)));
+    state.warp_barriers.push_back(std::make_unique<BlockBarrier>(std::min(32, state.threads - w * 32)));
   state.warp_slots.assign(static_cast<size_t>(warps) * 32, 0);
   state.warp_blobs.resize(static_cast<size_t>(warps) * 32 * kMaxGatherBytes);
   state.shared_backing.resize(dynamic_shared_bytes + 16);
@@ -149,35 +80,18 @@ void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const void* kern
   blockDim = block;
   gridDim = grid;
 
-  // Uninitialized shared memory reads as 0xFF bytes (NaN floats, all-ones integers).
-  if (dynamic_shared_bytes > 0) std::memset(state.shared, 0xFF, dynamic_shared_bytes);
-  pool.run(state.threads, [&](int linear) {
-    thread_linear = linear;
-    thread_index_of_this_thread =
-        uint3{static_cast<unsigned>(linear) % block.x, static_cast<unsigned>(linear) / block.x % block.y,
-              static_cast<unsigned>(linear) / (block.x * block.y)};
-    for (unsigned z = 0; z < grid.z; ++z)
-      for (unsigned y = 0; y < grid.y; ++y)
-        for (unsigned x = 0; x < grid.x; ++x) {
-          block_index_of_this_thread = uint3{x, y, z};
-          body();
-          // Every thread leaves the block before any starts the next (__shared__ statics are reused); the
-          // dynamic shared memory is refilled in between (a barrier per block, two with shared memory).
-          state.block_edge->arrive_and_wait();
-          if (dynamic_shared_bytes > 0) {
-            if (linear == 0) std::memset(state.shared, 0xFF, dynamic_shared_bytes);
-            state.block_edge->arrive_and_wait();
-          }
-        }
+  // Uninitialized shared memory reads as 0xFF bytes (NaN floats, all-ones integers), at every block.
+  run_blocks(grid, block, body, [&] {
+    if (dynamic_shared_bytes > 0) std::memset(state.shared, 0xFF, dynamic_shared_bytes);
   });
   current = nullptr;
 }
 
 uint3 thread_index() {
-  return thread_index_of_this_thread;
+  return current_thread_index();
 }
 uint3 block_index() {
-  return block_index_of_this_thread;
+  return current_block_index();
 }
 
 void* dynamic_shared() {
@@ -195,8 +109,8 @@ void sync_warp(unsigned mask) {
 
 uint64_t warp_exchange(unsigned mask, uint64_t value, int source_lane) {
   check_warp_call(mask);
-  const size_t base = static_cast<size_t>(thread_linear / 32) * 32;
-  current->warp_slots[base + static_cast<size_t>(thread_linear % 32)] = value;
+  const size_t base = static_cast<size_t>(current_thread_linear() / 32) * 32;
+  current->warp_slots[base + static_cast<size_t>(current_thread_linear() % 32)] = value;
   warp_barrier().arrive_and_wait();
   const uint64_t result = current->warp_slots[base + static_cast<size_t>(source_lane)];
   // No lane may publish its next value before every lane has read this one.
@@ -208,8 +122,8 @@ void warp_all_gather(unsigned mask, const void* mine, size_t bytes, void* all) {
   check_warp_call(mask);
   if (bytes > kMaxGatherBytes) abort_kernel("warp_all_gather of more than kMaxGatherBytes per lane");
   std::byte* warp_base =
-      current->warp_blobs.data() + static_cast<size_t>(thread_linear / 32) * 32 * kMaxGatherBytes;
-  std::memcpy(warp_base + static_cast<size_t>(thread_linear % 32) * kMaxGatherBytes, mine, bytes);
+      current->warp_blobs.data() + static_cast<size_t>(current_thread_linear() / 32) * 32 * kMaxGatherBytes;
+  std::memcpy(warp_base + static_cast<size_t>(current_thread_linear() % 32) * kMaxGatherBytes, mine, bytes);
   warp_barrier().arrive_and_wait();
   for (size_t lane = 0; lane < 32; ++lane)
     std::memcpy(static_cast<std::byte*>(all) + lane * bytes, warp_base + lane * kMaxGatherBytes, bytes);
@@ -224,8 +138,8 @@ void opt_in_dynamic_shared(const void* kernel, size_t bytes) {
 
 unsigned warp_ballot(unsigned mask, bool predicate) {
   check_warp_call(mask);
-  const size_t base = static_cast<size_t>(thread_linear / 32) * 32;
-  current->warp_slots[base + static_cast<size_t>(thread_linear % 32)] = predicate ? 1 : 0;
+  const size_t base = static_cast<size_t>(current_thread_linear() / 32) * 32;
+  current->warp_slots[base + static_cast<size_t>(current_thread_linear() % 32)] = predicate ? 1 : 0;
   warp_barrier().arrive_and_wait();
   unsigned bits = 0;
   for (unsigned lane = 0; lane < 32; ++lane)

@@ -2,18 +2,17 @@
 // A CPU emulation of the CUDA execution model for the kernels of src/core/cuda/kernels (included
 // through core/cuda/kernel_platform.cuh only, when SYMPRUNE_CUDA_EMULATION is defined).
 //
-// A launch runs every block of the grid in turn; each thread of a block is an OS thread (kept in a pool
-// between launches), so code between barriers runs concurrently as on a GPU. __syncthreads() is a real
-// barrier of the block, warp shuffles and votes exchange values through a per-warp barrier, atomics are
-// std::atomic_ref,
+// A launch runs every block of the grid in turn; each thread of a block is a fiber of its own stack on the
+// launching thread (an OS thread in ThreadSanitizer builds, so TSan sees CUDA threads race: see
+// block_executor.h). __syncthreads() is a real barrier of the block, warp shuffles and votes exchange values
+// through a per-warp barrier, atomics are std::atomic_ref,
 // `__shared__` variables are function statics (one block runs at a time) and dynamic shared memory
 // is a buffer filled with 0xFF bytes (NaN floats) at every block, so reading it before writing shows.
 // Fresh device allocations are filled with 0xFF too (emulation/device_memory_emulated.cc). What it checks
 // beyond the results: a warp operation with a partial mask or in a partial warp, a block of more than
-// 1024 threads, more than 48 KiB of dynamic shared memory without the kernel's opt-in, and a launch that does
-// not finish in 120 s (a barrier that not every thread of a block reaches) abort with a message. What it does
-// not model: memory ordering without barriers, occupancy, timing (compute-sanitizer and the GPU benchmark
-// do).
+// 1024 threads, more than 48 KiB of dynamic shared memory without the kernel's opt-in, and a barrier that
+// not every thread of a block reaches abort with a message. What it does not model: memory ordering without
+// barriers, occupancy, timing (compute-sanitizer and the GPU benchmark do).
 #include <atomic>
 #include <bit>
 #include <cmath>

@@ -1,0 +1,63 @@
+#pragma once
+// How the CUDA emulation runs the threads of a block (emulated_cuda.cc keeps the CUDA side: launches,
+// shared memory, warp operations). Two executors, chosen at compile time:
+//  * fibers (the default): every CUDA thread of a block is a user-level context on the launching OS
+//    thread, with a stack of its own; a barrier switches to the next thread that can go on. No OS thread
+//    sleeps or wakes: on a 2-core machine a 256-thread barrier costs 256 switches of nanoseconds instead
+//    of about 300 µs of futex wake-ups (far more when other processes load the cores). Every thread
+//    waiting at a barrier that can no longer fill (some thread of the block or warp never arrives, a hang
+//    on a GPU) aborts the launch at once.
+//  * OS threads (ThreadSanitizer builds, scripts/racecheck.sh): every CUDA thread of a block is an OS
+//    thread between std::barrier's, so two CUDA threads touching the same memory without a barrier between
+//    them run concurrently and TSan reports the race. Such a launch aborts after 120 s without finishing.
+#include <barrier>
+#include <cstdint>
+#include <functional>
+
+#include "core/cuda/emulation/emulated_cuda.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define SYMPRUNE_EMULATION_OS_THREADS 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SYMPRUNE_EMULATION_OS_THREADS 1
+#endif
+#endif
+#ifndef SYMPRUNE_EMULATION_OS_THREADS
+#define SYMPRUNE_EMULATION_OS_THREADS 0
+#endif
+
+namespace symprune::cuda::emulation {
+
+[[noreturn]] void abort_kernel(const char* what);
+
+// What __syncthreads and the warp operations wait at: `count` threads of the running block arrive,
+// then all of them go on (the barrier is reusable, like std::barrier).
+class BlockBarrier {
+ public:
+  explicit BlockBarrier(int count);
+  void arrive_and_wait();
+
+ private:
+#if SYMPRUNE_EMULATION_OS_THREADS
+  std::barrier<> barrier_;
+#else
+  friend class FiberExecutor;
+  int expected_ = 0;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+#endif
+};
+
+// Runs the blocks of `grid` one after another. Each block: `before_each_block()`, then every thread of
+// `block` calls `body()`; a block starts only when every thread has left the one before (`__shared__`
+// variables are statics, shared by all blocks).
+void run_blocks(dim3 grid, dim3 block, const std::function<void()>& body,
+                const std::function<void()>& before_each_block);
+
+// The calling CUDA thread's place: linear index in its block, thread and block indices.
+int current_thread_linear();
+uint3 current_thread_index();
+uint3 current_block_index();
+
+}  // namespace symprune::cuda::emulation
