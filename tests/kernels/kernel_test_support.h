@@ -18,8 +18,8 @@ namespace symprune::kernel_test {
 
 // Skips the test when the kernels need a device and none is visible.
 void skip_without_device();
-// Whether the kernels run in the CPU emulation (every CUDA thread an OS thread: whole-model tests there
-// use small sizes).
+// Whether the kernels run in the CPU emulation (every CUDA thread of a grid in turn on one core: whole-model
+// tests there use small sizes).
 bool emulated_device();
 
 class KernelTest : public ::testing::Test {

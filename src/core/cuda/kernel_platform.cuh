@@ -1,7 +1,8 @@
 #pragma once
 // What a kernel file of src/core/cuda/kernels includes instead of <cuda_runtime.h>. Under nvcc it is
 // the CUDA runtime. Compiled as plain C++ with SYMPRUNE_CUDA_EMULATION defined it is the CPU emulation
-// of core/cuda/emulation (one OS thread per CUDA thread, real barriers and warp exchanges), so the
+// of core/cuda/emulation (a fiber per CUDA thread, OS threads under TSan; real barriers and warp
+// exchanges), so the
 // kernels' logic is tested against the CPU backend on machines without a GPU, under ASan too. This is
 // the one place that tells the two builds apart.
 //

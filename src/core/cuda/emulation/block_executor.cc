@@ -14,7 +14,8 @@
 #if !SYMPRUNE_EMULATION_OS_THREADS
 #include <sys/mman.h>
 #include <unistd.h>
-#if !defined(__x86_64__) || defined(SYMPRUNE_EMULATION_UCONTEXT)
+// The assembly switch does not keep a shadow stack: where the compiler was told of one (CET), swapcontext.
+#if !defined(__x86_64__) || defined(SYMPRUNE_EMULATION_UCONTEXT) || (defined(__CET__) && (__CET__ & 2))
 #define SYMPRUNE_EMULATION_USE_UCONTEXT 1
 #include <ucontext.h>
 #else
@@ -180,7 +181,7 @@ struct Context {
 extern "C" void symprune_emulation_switch(void** save, void* load);
 extern "C" void symprune_emulation_fiber_entry();
 asm(R"(
-  .text
+  .pushsection .text
   .p2align 4
   .globl symprune_emulation_switch
   .hidden symprune_emulation_switch
@@ -214,10 +215,14 @@ symprune_emulation_switch:
   .hidden symprune_emulation_fiber_entry
   .type symprune_emulation_fiber_entry, @function
 symprune_emulation_fiber_entry:
+  .cfi_startproc
+  .cfi_undefined rip
   movq %r12, %rdi
   callq *%r13
   ud2
+  .cfi_endproc
   .size symprune_emulation_fiber_entry, .-symprune_emulation_fiber_entry
+  .popsection
 )");
 #endif
 
@@ -227,7 +232,9 @@ namespace {
 #if SYMPRUNE_EMULATION_USE_UCONTEXT
 // makecontext passes int arguments only: the pointer goes in two halves.
 void ucontext_entry(unsigned entry_high, unsigned entry_low, unsigned arg_high, unsigned arg_low) {
-  const auto join = [](unsigned high, unsigned low) { return (uintptr_t{high} << 32) | uintptr_t{low}; };
+  const auto join = [](unsigned high, unsigned low) {
+    return static_cast<uintptr_t>((uint64_t{high} << 32) | uint64_t{low});
+  };
   reinterpret_cast<void (*)(void*)>(join(entry_high, entry_low))(
       reinterpret_cast<void*>(join(arg_high, arg_low)));
   abort_kernel("a fiber's entry returned");
@@ -238,7 +245,7 @@ void start_context(Context& context, std::byte* stack, size_t bytes, void (*entr
   context.state.uc_stack.ss_sp = stack;
   context.state.uc_stack.ss_size = bytes;
   context.state.uc_link = nullptr;
-  const auto entry_bits = reinterpret_cast<uintptr_t>(entry), arg_bits = reinterpret_cast<uintptr_t>(arg);
+  const uint64_t entry_bits = reinterpret_cast<uintptr_t>(entry), arg_bits = reinterpret_cast<uintptr_t>(arg);
   makecontext(&context.state, reinterpret_cast<void (*)()>(ucontext_entry), 4,
               static_cast<unsigned>(entry_bits >> 32), static_cast<unsigned>(entry_bits),
               static_cast<unsigned>(arg_bits >> 32), static_cast<unsigned>(arg_bits));
@@ -328,6 +335,17 @@ class FiberExecutor {
     return executor;
   }
 
+  FiberExecutor() = default;
+  FiberExecutor(const FiberExecutor&) = delete;
+  FiberExecutor& operator=(const FiberExecutor&) = delete;
+  // Every started fiber waits in yield(): each leaves its stack for good, so that ASan frees its fake
+  // stack (threads that launch and exit, like a prefetch thread, would otherwise leave theirs behind).
+  ~FiberExecutor() {
+    retiring_ = true;
+    for (Fiber& fiber : fibers_)
+      if (fiber.started) resume(fiber);
+  }
+
   void run_blocks(dim3 grid, dim3 block, const std::function<void()>& body,
                   const std::function<void()>& before_each_block) {
     const int threads = static_cast<int>(block.x * block.y * block.z);
@@ -349,6 +367,7 @@ class FiberExecutor {
       ++barrier.generation_;
       return;
     }
+    if (running_ == nullptr) abort_kernel("__syncthreads or a warp operation outside a kernel");
     Fiber& self = *running_;
     self.waiting_at = &barrier;
     self.waiting_generation = barrier.generation_;
@@ -413,12 +432,18 @@ class FiberExecutor {
       (*executor.body_)();
       executor.running_->finished = true;
       executor.yield();
+      if (executor.retiring_) break;
     }
+    // No fake stack saved: ASan frees this fiber's.
+    start_switch(nullptr, executor.launcher_stack_bottom_, executor.launcher_stack_size_);
+    switch_context(executor.running_->context, executor.launcher_);
+    abort_kernel("a retired emulated thread was resumed");
   }
 
   std::deque<Fiber> fibers_;  // a deque: growing it leaves the fibers where they are
   const std::function<void()>* body_ = nullptr;
   Fiber* running_ = nullptr;
+  bool retiring_ = false;
   Context launcher_;
   const void* launcher_stack_bottom_ = nullptr;
   size_t launcher_stack_size_ = 0;

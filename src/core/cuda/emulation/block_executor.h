@@ -3,10 +3,10 @@
 // shared memory, warp operations). Two executors, chosen at compile time:
 //  * fibers (the default): every CUDA thread of a block is a user-level context on the launching OS
 //    thread, with a stack of its own; a barrier switches to the next thread that can go on. No OS thread
-//    sleeps or wakes: on a 2-core machine a 256-thread barrier costs 256 switches of nanoseconds instead
-//    of about 300 µs of futex wake-ups (far more when other processes load the cores). Every thread
-//    waiting at a barrier that can no longer fill (some thread of the block or warp never arrives, a hang
-//    on a GPU) aborts the launch at once.
+//    sleeps or wakes: on a 2-core machine a 256-thread barrier costs two switches of nanoseconds per
+//    thread instead of about 300 µs of futex wake-ups (far more when other processes load the cores).
+//    A barrier that can no longer fill (some thread of the block or warp never arrives, a hang on a GPU)
+//    aborts the launch as soon as no thread of the block can go on.
 //  * OS threads (ThreadSanitizer builds, scripts/racecheck.sh): every CUDA thread of a block is an OS
 //    thread between std::barrier's, so two CUDA threads touching the same memory without a barrier between
 //    them run concurrently and TSan reports the race. Such a launch aborts after 120 s without finishing.

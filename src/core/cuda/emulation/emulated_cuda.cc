@@ -2,7 +2,6 @@
 #include "core/cuda/emulation/emulated_cuda.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
