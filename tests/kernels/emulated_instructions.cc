@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "core/cuda/emulation/block_executor.h"
@@ -190,6 +191,27 @@ TEST(EmulatedExecution, BarriersAndShufflesExchangeWhatEveryThreadWroteBeforeThe
           << "block " << b << " thread " << t;
     }
   }
+}
+
+// Each thread that launches has fibers of its own; a thread that exits retires them (their stacks, and
+// under ASan their fake stacks, go with it). Launches before, from and after such threads agree.
+TEST(EmulatedExecution, ThreadsThatLaunchAndExitAgreeWithTheLaunchingThread) {
+  constexpr int kThreads = 128, kBlocks = 6;
+  const auto run = [] {
+    std::vector<int> out(kBlocks * kThreads, -1);
+    std::vector<unsigned> fresh(kBlocks * kThreads, 0);
+    SYMPRUNE_LAUNCH(exchange_kernel, dim3(3, 2), dim3(32, 2, 2), kThreads * sizeof(int), nullptr, 3,
+                    out.data(), fresh.data());
+    return out;
+  };
+  const std::vector<int> here = run();
+  for (int round = 0; round < 3; ++round) {
+    std::vector<int> there;
+    std::thread thread([&] { there = run(); });
+    thread.join();
+    EXPECT_EQ(there, here) << "round " << round;
+  }
+  EXPECT_EQ(run(), here);
 }
 
 __global__ void skipped_block_barrier_kernel(int* out) {
