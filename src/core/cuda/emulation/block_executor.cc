@@ -57,10 +57,10 @@ uint3 thread_index_of(int linear, dim3 block) {
 int current_thread_linear() {
   return thread_linear;
 }
-uint3 current_thread_index() {
+uint3 thread_index() {
   return thread_index_of_this_thread;
 }
-uint3 current_block_index() {
+uint3 block_index() {
   return block_index_of_this_thread;
 }
 

@@ -55,9 +55,8 @@ class BlockBarrier {
 void run_blocks(dim3 grid, dim3 block, const std::function<void()>& body,
                 const std::function<void()>& before_each_block);
 
-// The calling CUDA thread's place: linear index in its block, thread and block indices.
+// The calling CUDA thread's linear index in its block (its thread and block indices: thread_index() and
+// block_index() of emulated_cuda.h, defined with it in block_executor.cc).
 int current_thread_linear();
-uint3 current_thread_index();
-uint3 current_block_index();
 
 }  // namespace symprune::cuda::emulation

@@ -86,13 +86,6 @@ void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const void* kern
   current = nullptr;
 }
 
-uint3 thread_index() {
-  return current_thread_index();
-}
-uint3 block_index() {
-  return current_block_index();
-}
-
 void* dynamic_shared() {
   return current->shared;
 }
