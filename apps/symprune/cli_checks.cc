@@ -1,6 +1,7 @@
 #include "cli_checks.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <set>
@@ -52,11 +53,18 @@ CLI::Validator finite_check(bool allow_infinity) {
       [allow_infinity](std::string& text) -> std::string {
         // CLI11 converts an empty value to 0 (--sparsity "" would prune nothing, silently).
         if (text.find_first_not_of(" \t") == std::string::npos) return "an empty value is not a number";
+        // strtod also reads hexadecimal floats ("0x0.8" is 0.5): numbers here are decimal only.
+        if (text.find_first_of("xXpP") != std::string::npos) return "'" + text + "' is not a decimal number";
         char* end = nullptr;
+        errno = 0;
         const double value = std::strtod(text.c_str(), &end);
         if (end == text.c_str()) return {};  // not a number at all: CLI11's own conversion reports it
         if (std::isnan(value)) return "'" + text + "' is not a number";
         if (std::isinf(value) && !allow_infinity) return "'" + text + "' is not a finite number";
+        // A nonzero value too small for a double would silently become 0 (or lose its digits).
+        if (errno == ERANGE && !std::isinf(value))
+          return "'" + text +
+                 "' is too close to 0 for a double (a nonzero magnitude must be at least 2.2e-308)";
         return {};
       },
       "");

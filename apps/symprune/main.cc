@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/log.h"
+#include "io/text_file.h"
 #include "process_setup.h"
 
 namespace symprune::app {
@@ -48,10 +49,10 @@ int main(int argc, char** argv) {
     // --help/--version exit 0; every command-line error exits 1 like any other bad input.
     return app.exit(e) == 0 ? 0 : 1;
   } catch (const interrupt::Interrupted& e) {
-    std::fprintf(stderr, "symprune: %s\n", e.what());
+    std::fprintf(stderr, "symprune: %s\n", io::printable_message(e.what()).c_str());
     return e.exit_code();
   } catch (const Error& e) {
-    std::fprintf(stderr, "symprune: error: %s\n", e.what());
+    std::fprintf(stderr, "symprune: error: %s\n", io::printable_message(e.what()).c_str());
     return 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
@@ -59,7 +60,7 @@ int main(int argc, char** argv) {
                  "(lower --nsamples, --seqlen or --threads, or run on a larger machine)\n");
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "symprune: error: %s\n", e.what());
+    std::fprintf(stderr, "symprune: error: %s\n", io::printable_message(e.what()).c_str());
     return 1;
   }
   return 0;

@@ -8,6 +8,7 @@
 
 #include "cli_checks.h"
 #include "core/accel.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "engine/checkpoint.h"
 #include "recipe_config.h"
@@ -122,6 +123,9 @@ engine::PruneConfig parsed_prune_config(PruneCliOptions& o, int local_rank, int 
   engine::PruneConfig c = o.config;
   if (o.alpha_option->count() > 0) c.alpha = o.alpha;
   if (o.sparsity_option->count() > 0) c.sparsity = o.sparsity;
+  // 0 stands for "not given" in the configuration (the default, 2048 or the model's length): not a value.
+  SYMPRUNE_CHECK(o.command->get_option("--seqlen")->count() == 0 || c.seqlen >= 1,
+                 "--seqlen must be at least 1, got {}", c.seqlen);
   c.out = o.out;
   c.report = o.report;  // checked before pruning, written by the pipeline at the end
   c.checkpoint = o.checkpoint;
@@ -250,7 +254,7 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
   sub->add_option("--eval", c.eval,
                   "text file: report perplexity of the dense and the pruned model (one BOS at its start, "
                   "chunks of --eval-seqlen tokens)");
-  sub->add_option("--eval-seqlen", c.eval_seqlen, "perplexity chunk length (default: --seqlen)");
+  sub->add_option("--eval-seqlen", c.eval_seqlen, "perplexity chunk length (default, or 0: --seqlen)");
   sub->add_option("--eval-max-chunks", c.eval_max_chunks, "evaluate only the first K chunks (0 = all)");
   sub->add_option("--report", o->report, "write the JSON report here (atomically)");
   add_switch(

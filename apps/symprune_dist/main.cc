@@ -26,6 +26,7 @@
 #include "dist/nccl_communicator.h"
 #include "engine/collective_errors.h"
 #include "engine/prune_pipeline.h"
+#include "io/text_file.h"
 #include "symprune/cli_checks.h"
 #include "symprune/process_setup.h"
 #include "symprune/prune_cli.h"
@@ -85,7 +86,7 @@ int main(int argc, char** argv) {
   try {
     world = dist::make_mpi_communicator(&argc, &argv);
   } catch (const Error& e) {
-    std::fprintf(stderr, "symprune_dist: error: %s\n", e.what());
+    std::fprintf(stderr, "symprune_dist: error: %s\n", io::printable_message(e.what()).c_str());
     return 1;
   }
   const int rank = world->rank(), size = world->size();
@@ -124,7 +125,7 @@ int main(int argc, char** argv) {
     say_why = [&app, e] { app.exit(e); };
   } catch (const Error& e) {
     parse_end = 2;
-    say_why = [message = std::string(e.what())] {
+    say_why = [message = io::printable_message(e.what())] {
       std::fprintf(stderr, "symprune_dist: error: %s\n", message.c_str());
     };
   }
@@ -165,10 +166,10 @@ int main(int argc, char** argv) {
     if (root) app::print_prune_result(config, result);
     return 0;
   } catch (const interrupt::Interrupted& e) {
-    if (root) std::fprintf(stderr, "symprune_dist: %s\n", e.what());
+    if (root) std::fprintf(stderr, "symprune_dist: %s\n", io::printable_message(e.what()).c_str());
     return e.exit_code();
   } catch (const engine::CollectiveError& e) {
-    if (root) std::fprintf(stderr, "symprune_dist: error: %s\n", e.what());
+    if (root) std::fprintf(stderr, "symprune_dist: error: %s\n", io::printable_message(e.what()).c_str());
     return 1;
   } catch (const std::bad_alloc&) {
     if (size == 1) {
@@ -180,11 +181,12 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     // A single rank ends like symprune: nobody waits for it.
     if (size == 1) {
-      std::fprintf(stderr, "symprune_dist: error: %s\n", e.what());
+      std::fprintf(stderr, "symprune_dist: error: %s\n", io::printable_message(e.what()).c_str());
       return 1;
     }
     // Only this rank knows: say it, then end every rank (they may be waiting for this one).
-    std::fprintf(stderr, "symprune_dist: [rank %d/%d] error: %s\n", rank, size, e.what());
+    std::fprintf(stderr, "symprune_dist: [rank %d/%d] error: %s\n", rank, size,
+                 io::printable_message(e.what()).c_str());
     world->abort(1);
   }
 }

@@ -806,12 +806,20 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     log::info("wrote {}", c.out.string());
   }
 
-  // --- Evaluation: final norm, head and NLL of every rank's chunks, gathered in chunk order.
+  // A run that fails after writing its model (its evaluation or its report) leaves no new model behind.
+  const auto discard_new_output = [&] {
+    std::error_code ignored;
+    if (plan.out && !plan.out->existed()) fs::remove_all(plan.out->path(), ignored);
+  };
+
+  // --- Evaluation: final norm, head and NLL of every rank's chunks, gathered in chunk order. A chunk's
+  // non-finite loss is an error that every rank agrees on (its rank may be any), not one rank's abort.
   std::optional<interrupt::Interrupted> interrupted;
   if (plan.evaluate) {
     try {
       const auto t = Clock::now();
-      const auto dense_local = dense_eval->local_chunk_nll(eval_progress("dense", t));
+      std::vector<double> dense_local, pruned_local;
+      agree_on_errors(comm, [&] { dense_local = dense_eval->local_chunk_nll(eval_progress("dense", t)); });
       result.timings.eval_dense += seconds_since(t);
       stopping_point(comm);
       const auto dense = gather_perplexity(comm, *dense_eval, dense_local, &result.communication.eval);
@@ -819,7 +827,8 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       log::info("scoring the pruned model's evaluation chunks");
       fault::at("pruned_eval", comm.rank());
       const auto tp = Clock::now();
-      const auto pruned_local = pruned_eval->local_chunk_nll(eval_progress("pruned", tp));
+      agree_on_errors(comm,
+                      [&] { pruned_local = pruned_eval->local_chunk_nll(eval_progress("pruned", tp)); });
       result.timings.eval_pruned += seconds_since(tp);
       stopping_point(comm);
       result.perplexity->pruned =
@@ -831,6 +840,13 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       interrupted = e;
       result.incomplete = std::string(result.perplexity ? "pruned" : "dense and pruned") +
                           " evaluation interrupted by " + interrupt::signal_name(e.signal());
+    } catch (const Error& e) {
+      if (!plan.out || plan.out->existed()) throw;
+      discard_new_output();
+      const std::string message =
+          fmt::format("{}; the run failed, so its pruned model {} was removed", e.what(), c.out.string());
+      if (dynamic_cast<const CollectiveError*>(&e) != nullptr) throw CollectiveError(message);
+      throw Error(message);
     }
   }
   result.timings.total = earlier_total + seconds_since(start);  // all attempts, like the other timings
@@ -842,9 +858,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     try {
       io::write_file_atomically(c.report, result.report().dump(2) + "\n");
     } catch (const Error&) {
-      // A run that asked for a report and did not get one has failed: leave no new model behind.
-      std::error_code ignored;
-      if (plan.out && !plan.out->existed()) fs::remove_all(plan.out->path(), ignored);
+      discard_new_output();  // a run that asked for a report and did not get one has failed
       throw;
     }
     log::info("wrote {}{}", c.report.string(), result.incomplete ? " (marked incomplete)" : "");

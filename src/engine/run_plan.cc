@@ -188,6 +188,14 @@ std::optional<DeviceMemory> check_device_memory(Backend& backend, const DeviceMe
       fmt::join(lower, ", or "));
 }
 
+// The files a checkpoint FILE keeps beside it: each is written, renamed or removed during the run.
+std::vector<io::CompanionFile> checkpoint_companions(const fs::path& file) {
+  return {{checkpoint_staging(file), "staging file"},
+          {previous_checkpoint(file), "previous checkpoint"},
+          {checkpoint_marker(file), "completion marker"},
+          {io::lock_file_of(file), "lock file"}};
+}
+
 // --report must not be one of the checkpoint's files, which the run renames and removes (the report
 // would be lost after the work, or replaced by the completion marker).
 void check_report_beside_checkpoints(const PruneConfig& c) {
@@ -199,9 +207,8 @@ void check_report_beside_checkpoints(const PruneConfig& c) {
     return ec ? fs::absolute(p).lexically_normal() : abs;
   };
   const fs::path report = resolved(c.report);
-  const fs::path lock = newest.parent_path() / io::hidden_name(newest.filename().string(), ".lock");
-  for (const auto& f :
-       {newest, previous_checkpoint(newest), checkpoint_marker(newest), checkpoint_staging(newest), lock})
+  for (const auto& f : {newest, previous_checkpoint(newest), checkpoint_marker(newest),
+                        checkpoint_staging(newest), io::lock_file_of(newest)})
     SYMPRUNE_CHECK(resolved(f) != report,
                    "--report {} is the checkpoint's file {}, which the run replaces or removes; write the "
                    "report elsewhere",
@@ -215,12 +222,16 @@ void check_checkpoint_options(const PruneConfig& c) {
   SYMPRUNE_CHECK(c.resume != "auto" || !c.checkpoint.empty(),
                  "--resume auto continues the checkpoint named by --checkpoint FILE: give --checkpoint too");
   check_report_beside_checkpoints(c);
+}
+
+// A fresh start must not overwrite an input or another run's checkpoints. A directory there is no checkpoint
+// (not "an earlier run"), and an input is named as one first: "remove it to start over" would be bad advice.
+void check_fresh_checkpoint(const PruneConfig& c, const io::InputFootprint& inputs) {
   if (c.checkpoint.empty() || !c.resume.empty()) return;
-  // A fresh start must not overwrite another run's checkpoints. A directory there is no checkpoint (the
-  // output checks say so; not "an earlier run").
   std::error_code ec;
   SYMPRUNE_CHECK(!fs::is_directory(c.checkpoint, ec), "--checkpoint {} is a directory; give a file name",
                  c.checkpoint.string());
+  io::check_not_input(c.checkpoint, inputs, "--checkpoint", checkpoint_companions(c.checkpoint));
   for (const auto& f : {c.checkpoint, previous_checkpoint(c.checkpoint), checkpoint_marker(c.checkpoint)})
     SYMPRUNE_CHECK(
         !fs::exists(fs::symlink_status(f, ec)),
@@ -402,6 +413,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   if (!synthetic) inputs.add_model_directory(r.resolved.dir);
   for (const auto& file : {fs::path(c.calib), fs::path(c.eval)}) inputs.add_file(file);
   for (const auto& file : c.input_files) inputs.add_file(file);
+  check_fresh_checkpoint(c, inputs);
   const std::string eval_text =
       c.eval.empty() ? std::string() : io::read_text_file(c.eval, "evaluation text (--eval)");
   if (!r.needs_stats && !c.calib.empty())
@@ -596,7 +608,8 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
     if (r.writes_model) r.out.emplace(c.out, inputs, c.force || written_by_this_run(c));
     if (!c.report.empty()) io::check_output_file(c.report, inputs, "--report", r.out ? &*r.out : nullptr);
     if (!c.checkpoint.empty()) {
-      io::check_output_file(c.checkpoint, inputs, "--checkpoint", r.out ? &*r.out : nullptr);
+      io::check_output_file(c.checkpoint, inputs, "--checkpoint", r.out ? &*r.out : nullptr,
+                            checkpoint_companions(c.checkpoint));
       int64_t mask_bytes = 0;
       for (const auto& shape : model.linear_shapes()) mask_bytes += (shape.out * shape.in + 7) / 8;
       const int64_t hidden = model.hidden_size() * 4;

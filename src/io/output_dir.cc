@@ -95,15 +95,23 @@ bool is_temporary_sibling(const std::string& entry, const std::string& name, std
   return true;
 }
 
-// Under the lock no other run writes beside `target`, so what is there was left by an interrupted one.
-void recover_interrupted_runs(const fs::path& target, std::string_view option) {
+// Under the lock no other run writes beside `target`, so what is there was left by an interrupted one,
+// unless it is an input that happens to carry such a name: that is refused, never renamed or removed.
+void recover_interrupted_runs(const fs::path& target, std::string_view option, const fs::path& as_given,
+                              const InputFootprint& inputs) {
   std::error_code ec;
   const std::string name = target.filename().string();
   std::vector<fs::path> staged, replaced;
   for (const auto& entry : fs::directory_iterator(target.parent_path(), ec)) {
     const std::string entry_name = entry.path().filename().string();
-    if (is_temporary_sibling(entry_name, name, ".tmp-")) staged.push_back(entry.path());
-    if (is_temporary_sibling(entry_name, name, ".old-")) replaced.push_back(entry.path());
+    const bool is_staged = is_temporary_sibling(entry_name, name, ".tmp-");
+    const bool is_replaced = is_temporary_sibling(entry_name, name, ".old-");
+    if (!is_staged && !is_replaced) continue;
+    inputs.check_written(resolved_path(entry.path()),
+                         fmt::format("{} {}: {}, named like the temporary directories that symprune removes "
+                                     "beside it,",
+                                     option, as_given.string(), entry.path().string()));
+    (is_staged ? staged : replaced).push_back(entry.path());
   }
   if (!fs::exists(fs::symlink_status(target, ec)) && !replaced.empty()) {
     // A replace was cut off between moving the old output aside and moving the new one in.
@@ -211,23 +219,30 @@ void InputFootprint::add_file(const fs::path& file) {
 
 void InputFootprint::check_output(const fs::path& resolved, std::string_view option,
                                   const fs::path& as_given) const {
+  check_written(resolved, fmt::format("{} {}", option, as_given.string()));
+}
+
+void InputFootprint::check_written(const fs::path& resolved, std::string_view subject) const {
   for (const auto& dir : directories_) {
-    SYMPRUNE_CHECK(!is_within(resolved, dir.path), "{} {} is {} the {} {}; choose a directory outside it",
-                   option, as_given.string(), resolved == dir.path ? "the same as" : "inside", dir.what,
-                   dir.path.string());
-    SYMPRUNE_CHECK(!is_within(dir.path, resolved), "{} {} contains the {} {}; choose another directory",
-                   option, as_given.string(), dir.what, dir.path.string());
+    SYMPRUNE_CHECK(!is_within(resolved, dir.path), "{} is {} the {} {}; choose a directory outside it",
+                   subject, resolved == dir.path ? "the same as" : "inside", dir.what, dir.path.string());
+    SYMPRUNE_CHECK(!is_within(dir.path, resolved), "{} contains the {} {}; choose another directory", subject,
+                   dir.what, dir.path.string());
   }
   for (const auto& file : files_) {
-    SYMPRUNE_CHECK(resolved != file.path, "{} {} is the {} {}; choose another path", option,
-                   as_given.string(), file.what, file.path.string());
-    SYMPRUNE_CHECK(!is_within(file.path, resolved), "{} {} contains the {} {}; choose another directory",
-                   option, as_given.string(), file.what, file.path.string());
+    SYMPRUNE_CHECK(resolved != file.path, "{} is the {} {}; choose another path", subject, file.what,
+                   file.path.string());
+    SYMPRUNE_CHECK(!is_within(file.path, resolved), "{} contains the {} {}; choose another directory",
+                   subject, file.what, file.path.string());
   }
 }
 
+fs::path lock_file_of(const fs::path& target) {
+  return target.parent_path() / hidden_name(target.filename().string(), ".lock");
+}
+
 PathLock::PathLock(const fs::path& target, std::string_view option) {
-  lock_path_ = target.parent_path() / hidden_name(target.filename().string(), ".lock");
+  lock_path_ = lock_file_of(target);
   // Lock, then make sure the file locked is still the one at the path: a releasing holder unlinks it,
   // and a lock on an unlinked file would not exclude anyone.
   for (int attempt = 0; attempt < 100; ++attempt) {
@@ -287,9 +302,12 @@ OutputDirectory::OutputDirectory(const fs::path& out, const InputFootprint& inpu
                  "{} {}: not usable as an output directory", option, out.string());
   check_name_length(path_, option, out);
   inputs.check_output(path_, option, out);
+  inputs.check_written(
+      resolved_path(lock_file_of(path_)),
+      fmt::format("{} {}: its lock file {}", option, out.string(), lock_file_of(out).string()));
   check_parent(path_, option, out);
   lock_ = std::make_unique<PathLock>(path_, option);
-  recover_interrupted_runs(path_, option);
+  recover_interrupted_runs(path_, option, out, inputs);
   std::error_code ec;
   if (!fs::exists(path_, ec)) return;
   existed_ = true;
@@ -308,8 +326,17 @@ std::unique_ptr<StagedDirectory> OutputDirectory::stage() const {
   return std::make_unique<StagedDirectory>(path_, existed_);
 }
 
+void check_not_input(const fs::path& file, const InputFootprint& inputs, std::string_view option,
+                     const std::vector<CompanionFile>& companions) {
+  inputs.check_output(resolved_path(file), option, file);
+  // Resolved one by one: a companion that is a link to an input would be written through.
+  for (const auto& companion : companions)
+    inputs.check_written(resolved_path(companion.path), fmt::format("{} {}: its {} {}", option, file.string(),
+                                                                    companion.role, companion.path.string()));
+}
+
 void check_output_file(const fs::path& file, const InputFootprint& inputs, std::string_view option,
-                       const OutputDirectory* out_dir) {
+                       const OutputDirectory* out_dir, const std::vector<CompanionFile>& companions) {
   SYMPRUNE_CHECK(!file.empty(), "{}: no file given", option);
   check_not_dangling(file, option);
   const fs::path resolved = resolved_path(file);
@@ -317,10 +344,9 @@ void check_output_file(const fs::path& file, const InputFootprint& inputs, std::
   std::error_code ec;
   SYMPRUNE_CHECK(!fs::is_directory(resolved, ec), "{} {} is a directory; give a file name", option,
                  file.string());
-  inputs.check_output(resolved, option, file);
+  check_not_input(file, inputs, option, companions);
   // E.g. another run's checkpoint: that run holds the lock beside it.
-  if (const auto holder =
-          lock_holder(resolved.parent_path() / hidden_name(resolved.filename().string(), ".lock")))
+  if (const auto holder = lock_holder(lock_file_of(resolved)))
     fail("{} {} is being written by another symprune run ({}); wait for it to finish or choose another path",
          option, file.string(), *holder);
   if (out_dir != nullptr)

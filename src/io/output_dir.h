@@ -14,6 +14,9 @@
 //    ".NAME.old-XXXXXX" replaced ones) and restores an output whose replacement was cut off midway.
 //  * check_output_file (--report and similar single files): parent exists, name fits, and the file is not
 //    an input, not inside a protected directory and not inside the output directory.
+//  * What a writer keeps beside its output (the lock, a checkpoint's staging, previous and completion files,
+//    the temporary directories of an output) is checked like the output: an input under one of those names
+//    would be overwritten, renamed or removed.
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -41,6 +44,9 @@ class InputFootprint {
   // path) equals, contains or lies inside an input.
   void check_output(const std::filesystem::path& resolved, std::string_view option,
                     const std::filesystem::path& as_given) const;
+  // The same, with `subject` naming in messages what would be written ("--checkpoint c: its staging file
+  // c.tmp").
+  void check_written(const std::filesystem::path& resolved, std::string_view subject) const;
 
   // Throws when a file of the model directory changed since add_model_directory (size, modification time
   // or the file itself): weights are read until the output is written, and a copy made over the input
@@ -118,9 +124,24 @@ class OutputDirectory {
 // node mounts read-only would otherwise fail the run after its last block).
 void check_output_parent_writable(const std::filesystem::path& out, std::string_view option);
 
-// Checks a single output file before any work; `out_dir` (optional) is the run's output directory.
+// A file that a writer keeps beside its output: its path and its role in messages ("staging file").
+struct CompanionFile {
+  std::filesystem::path path;
+  std::string role;
+};
+
+// Checks a single output file before any work; `out_dir` (optional) is the run's output directory;
+// `companions`, the files its writer keeps beside it (the checkpoint's), must not be inputs either.
 void check_output_file(const std::filesystem::path& file, const InputFootprint& inputs,
-                       std::string_view option, const OutputDirectory* out_dir = nullptr);
+                       std::string_view option, const OutputDirectory* out_dir = nullptr,
+                       const std::vector<CompanionFile>& companions = {});
+
+// The part of check_output_file about inputs alone: `file` and its companions are no input and hold none.
+void check_not_input(const std::filesystem::path& file, const InputFootprint& inputs, std::string_view option,
+                     const std::vector<CompanionFile>& companions = {});
+
+// The lock file that PathLock(target) holds beside `target`.
+std::filesystem::path lock_file_of(const std::filesystem::path& target);
 
 // Writes kProvenanceFile into `dir` (atomically).
 void write_provenance(const std::filesystem::path& dir, const nlohmann::json& provenance);

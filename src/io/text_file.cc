@@ -182,6 +182,23 @@ void check_text(std::string_view text, const fs::path& path, std::string_view wh
   }
 }
 
+std::string printable_message(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const size_t length = utf8_length(text, i);
+    if (length > 1 || (length == 1 && ((c >= 0x20 && c != 0x7F) || c == '\n' || c == '\t'))) {
+      out.append(text.substr(i, length));
+      i += length;
+    } else {
+      out += fmt::format("\\x{:02X}", c);
+      ++i;
+    }
+  }
+  return out;
+}
+
 bool is_valid_utf8(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
     const size_t length = utf8_length(text, i);

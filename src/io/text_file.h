@@ -29,6 +29,10 @@ void check_text(std::string_view text, const std::filesystem::path& path, std::s
 // Whether `text` is well-formed UTF-8 (NUL bytes allowed).
 bool is_valid_utf8(std::string_view text);
 
+// `text` safe to print on a terminal: valid UTF-8, newlines and tabs as they are; other control characters
+// and bytes that are not UTF-8 (a binary file's bytes quoted in a parse error) as \xNN.
+std::string printable_message(std::string_view text);
+
 // Whether `bytes` read as text: valid UTF-8 without NUL and almost entirely printable characters or
 // whitespace. Token-id files fail it (their ids' high bytes are small, so NUL and control bytes abound).
 bool looks_like_text(std::string_view bytes);

@@ -32,6 +32,25 @@ const std::vector<std::string> kOptLinears = {
 constexpr int64_t kOptPositionOffset = 2;  // OPTLearnedPositionalEmbedding: position p uses row p + 2
 constexpr float kOptLayerNormEps = 1e-5f;  // nn.LayerNorm default; OPT configs carry no eps
 
+// NaN/Inf in the embeddings, the final norm or the head would show only as a non-finite loss at the end of a
+// run (and not at all in a prune without evaluation, which would copy them): named when the model opens.
+void check_finite(const Tensor& t, std::string_view name) {
+  const float* v = t.data();
+  const int64_t count = t.numel();
+  bool finite = true;
+#pragma omp parallel for schedule(static) reduction(&& : finite) if (count >= (int64_t{1} << 20))
+  for (int64_t i = 0; i < count; ++i) finite = finite && std::isfinite(v[i]);
+  if (finite) return;
+  const int64_t width = t.dim(-1);
+  for (int64_t i = 0; i < count; ++i)
+    SYMPRUNE_CHECK(
+        std::isfinite(v[i]),
+        "{}: entry {} is {}: the model's weights hold NaN or Inf (a damaged checkpoint, or one "
+        "saved after a diverged training step); use a good checkpoint",
+        name, t.shape().size() == 1 ? fmt::format("[{}]", i) : fmt::format("[{}, {}]", i / width, i % width),
+        v[i]);
+}
+
 }  // namespace
 
 DecoderModel::DecoderModel(DecoderModel&&) noexcept = default;
@@ -124,7 +143,9 @@ void DecoderModel::load_globals() {
   const auto& c = config_;
   const auto& st = *weights_;
   auto load = [&](const std::string& name, std::vector<int64_t> shape) {
-    return io::load_model_tensor(st, c, name, shape);
+    Tensor t = io::load_model_tensor(st, c, name, shape);
+    check_finite(t, name);
+    return t;
   };
   const int64_t d = c.hidden_size;
   const int64_t head_in = c.family == io::ModelFamily::kOpt ? c.word_embed_proj_dim : d;

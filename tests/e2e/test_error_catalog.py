@@ -127,6 +127,16 @@ def edit_tensors(env, tmp, edit):
     return model
 
 
+def head_overflowing_model(env, tmp):
+    """stories260K with an untied head of 3e38 everywhere: pruning never reads the head, so the run gets as
+    far as the evaluation, whose logits overflow."""
+    def untie(tensors):
+        tensors["lm_head.weight"] = np.full_like(tensors["model.embed_tokens.weight"], 3e38)
+    model = edit_tensors(env, tmp, untie)
+    edit_config(model, tie_word_embeddings=False)
+    return model
+
+
 def prune(env, tmp, *args, model=None, method=("--method", "magnitude", "--sparsity", "0.5")):
     out = tmp / "out"
     out.mkdir(exist_ok=True)
@@ -424,6 +434,15 @@ def _(env, tmp):
                  method=("--method", "wanda", "--sparsity", "0.5"))
 
 
+@trigger("E-TENSOR-NONFINITE")
+def _(env, tmp):
+    def poison(tensors):
+        w = tensors["model.norm.weight"].copy()
+        w[0] = np.inf
+        tensors["model.norm.weight"] = w
+    return prune(env, tmp, model=edit_tensors(env, tmp, poison))
+
+
 # --- config.json -----------------------------------------------------------------------------------
 
 @trigger("E-JSON-INVALID")
@@ -705,6 +724,12 @@ def _(env, tmp):
     return calib_prune(env, tmp, env.first, "--nsamples", "4")  # stories260K: max_position_embeddings 512
 
 
+@trigger("E-CAL-SEQLEN-ZERO")
+def _(env, tmp):
+    # 0 stands for "not given" inside the configuration; on the command line it is refused, not the default.
+    return calib_prune(env, tmp, env.first, "--nsamples", "4", "--seqlen", "0")
+
+
 @trigger("E-CAL-MEMORY")
 def _(env, tmp):
     return calib_prune(env, tmp, env.first, "--nsamples", "100000000", "--seqlen", "64")
@@ -813,6 +838,16 @@ def _(env, tmp):
 @trigger("E-OPT-INFINITE")
 def _(env, tmp):
     return prune(env, tmp, "--beta", "inf", method=("--method", "stochria", "--sparsity", "0.5"))
+
+
+@trigger("E-OPT-NOT-DECIMAL")
+def _(env, tmp):
+    return prune(env, tmp, "--sparsity", "0x0.8", method=("--method", "magnitude"))
+
+
+@trigger("E-OPT-UNDERFLOW")
+def _(env, tmp):
+    return prune(env, tmp, "--alpha", "1e-400", method=("--method", "wanda", "--sparsity", "0.5"))
 
 
 @trigger("E-CAL-SYNTHETIC-NO-TOKENIZER")
@@ -999,6 +1034,20 @@ def _(env, tmp):
                 "--calib", tmp / "calib.txt", "--out", tmp / "calib.txt")
 
 
+@trigger("E-OUT-LOCK-IS-INPUT")
+def _(env, tmp):
+    (tmp / ".pruned.lock").write_text(env.first.read_text()[:20000])  # a calibration text under the lock's name
+    return Case("prune", "--model", env.model, "--method", "wanda", "--sparsity", "0.5", *CALIB,
+                "--calib", tmp / ".pruned.lock", "--out", tmp / "pruned")
+
+
+@trigger("E-OUT-TEMPORARY-IS-INPUT")
+def _(env, tmp):
+    (tmp / ".pruned.tmp-abc123").write_text(env.first.read_text()[:20000])
+    return Case("prune", "--model", env.model, "--method", "wanda", "--sparsity", "0.5", *CALIB,
+                "--calib", tmp / ".pruned.tmp-abc123", "--out", tmp / "pruned")
+
+
 @trigger("E-OUT-NOT-SYMPRUNE")
 def _(env, tmp):
     (tmp / "work" / "src").mkdir(parents=True)
@@ -1136,6 +1185,13 @@ def _(env, tmp):
 def _(env, tmp):
     (tmp / "run.h5").mkdir()
     return prune(env, tmp, "--checkpoint", tmp / "run.h5")
+
+
+@trigger("E-CKPT-COMPANION-IS-INPUT")
+def _(env, tmp):
+    (tmp / "run.h5.tmp").write_text(env.first.read_text()[:20000])  # the checkpoint's staging name
+    return Case("prune", "--model", env.model, "--method", "wanda", "--sparsity", "0.5", *CALIB,
+                "--calib", tmp / "run.h5.tmp", "--out", tmp / "pruned", "--checkpoint", tmp / "run.h5")
 
 
 @trigger("E-CKPT-UNWRITABLE")
@@ -1279,6 +1335,13 @@ def _(env, tmp):
             tensors["model.layers.0.self_attn.v_proj.weight"], 3e38)
     model = edit_tensors(env, tmp, overflow)
     return Case("eval", "--model", model, "--text", env.second, "--seqlen", "64", "--max-chunks", "1")
+
+
+@trigger("E-PRUNE-EVAL-NONFINITE")
+def _(env, tmp):
+    return Case("prune", "--model", head_overflowing_model(env, tmp), "--method", "wanda", "--sparsity", "0.5",
+                "--calib", env.first, *CALIB, "--eval", env.second, "--eval-max-chunks", "1", "--out",
+                tmp / "pruned")
 
 
 # --- refinement ------------------------------------------------------------------------------------

@@ -97,6 +97,32 @@ def test_report_may_not_overwrite_the_input_or_the_output(stories, tmp_path):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "llama"
 
 
+def test_a_checkpoint_on_an_input_is_named_as_one_not_as_an_earlier_runs(stories, tmp_path):
+    # Before the input check, "--checkpoint calib.txt" said calib.txt was an earlier run's checkpoint and told
+    # the user to remove it.
+    calib = tmp_path / "calib.txt"
+    shutil.copy(stories.first, calib)
+    for checkpoint in (calib, stories.model / "model.safetensors"):
+        proc = symprune("prune", "--model", stories.model, *SMALL, "--calib", calib, "--out", tmp_path / "out",
+                        "--checkpoint", checkpoint, check=False)
+        assert proc.returncode == 1, proc.stderr
+        assert "from an earlier run" not in proc.stderr and "remove" not in proc.stderr, proc.stderr
+        assert f"--checkpoint {checkpoint} is " in proc.stderr, proc.stderr
+    assert calib.read_bytes() == stories.first.read_bytes() and tree_digest(stories.model) == stories.digest
+    assert listing(tmp_path) == ["calib.txt"]
+
+
+def test_error_messages_escape_bytes_that_are_not_utf8(stories, tmp_path):
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_bytes(b'method = "wanda\\\xda\x1b[2J"\n')
+    proc = subprocess.run([BIN, *map(str, prune_args(stories, tmp_path / "out", "--recipe", recipe))],
+                          capture_output=True)
+    assert proc.returncode == 1
+    assert b"\xda" not in proc.stderr and b"\x1b" not in proc.stderr, proc.stderr
+    assert b"\\xDA" in proc.stderr, proc.stderr
+    assert listing(tmp_path) == ["recipe.toml"]
+
+
 def test_force_never_wipes_a_working_directory(stories, tmp_path):
     work = tmp_path / "work"
     (work / "src").mkdir(parents=True)

@@ -70,6 +70,30 @@ def test_nan_weights_name_the_tensor_and_stop_all_ranks(stories, tmp_path, have_
     assert time.time() - start < 30 and not (tmp_path / "o").exists()
 
 
+def test_a_non_finite_evaluation_is_one_agreed_error_and_removes_the_written_model(stories, tmp_path,
+                                                                                     have_mpirun):
+    # An untied head of 3e38: pruning never reads it, the evaluation's logits overflow on every rank's chunks.
+    model = tmp_path / "model"
+    shutil.copytree(stories.model, model)
+    tensors = load_file(str(model / "model.safetensors"))
+    tensors["lm_head.weight"] = np.full_like(tensors["model.embed_tokens.weight"], 3e38)
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((model / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (model / "config.json").write_text(json.dumps(config))
+    args = ["--model", model, "--calib", stories.first, *RUN, "--eval", stories.second, "--eval-seqlen", "64",
+            "--eval-max-chunks", "4", "--out", tmp_path / "o", "--report", tmp_path / "r.json"]
+    single = symprune("prune", *args, check=False)
+    assert single.returncode == 1 and not (tmp_path / "o").exists(), single.stderr
+    message = single.stderr.strip().splitlines()[-1].removeprefix("symprune: ")
+    assert "has a non-finite loss" in message and "its pruned model" in message and "was removed" in message
+    proc = mpirun(2, *args, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("symprune_dist: error: ") == 1 and message in proc.stderr, proc.stderr
+    assert "MPI_ABORT" not in proc.stderr and "/2] error" not in proc.stderr, proc.stderr
+    assert listing(tmp_path) == ["model"]
+
+
 def test_memory_exhausted_up_front_is_refused_by_all_ranks(stories, tmp_path, have_mpirun):
     proc = mpirun(2, "--model", stories.model, "--calib", stories.first, *RUN, "--out", tmp_path / "o",
                   env={"SYMPRUNE_MEMORY_AVAILABLE": "1000"}, timeout=60)

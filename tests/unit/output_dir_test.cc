@@ -168,6 +168,48 @@ TEST_F(OutputDir, InterruptedRunsAreCleanedUpUnderTheLock) {
                                                       ".outer.tmp-Ab12Cd", "hub", "out"}));
 }
 
+TEST_F(OutputDir, InputsNamedLikeWhatAWriterKeepsBesideItsOutputAreRefusedAndKept) {
+  InputFootprint inputs = inputs_;
+  for (const char* name : {".out.lock", ".out.tmp-Ab12Cd", ".out.old-Zz99Yy", "run.h5.tmp", "run.h5.done"}) {
+    write_text(root_ / name, "calibration text");
+    inputs.add_file(root_ / name);
+  }
+  // The output's lock file would be overwritten (the pid) and then removed.
+  EXPECT_THAT(
+      error_of([&] { OutputDirectory(root_ / "out", inputs, false); }),
+      HasSubstr("--out " + (root_ / "out").string() + ": its lock file " + (root_ / ".out.lock").string() +
+                " is the input file " + (root_ / ".out.lock").string()));
+  // An interrupted run's leftovers are removed or restored under the lock: never an input so named.
+  fs::remove(root_ / ".out.lock");
+  InputFootprint temporaries = inputs_;
+  temporaries.add_file(root_ / ".out.old-Zz99Yy");
+  EXPECT_THAT(
+      error_of([&] { OutputDirectory(root_ / "out", temporaries, false); }),
+      HasSubstr(", named like the temporary directories that symprune removes beside it, is the input "
+                "file " +
+                (root_ / ".out.old-Zz99Yy").string()));
+  // A checkpoint's companions, named or reached through a link.
+  const std::vector<CompanionFile> companions = {{root_ / "run.h5.tmp", "staging file"},
+                                                 {root_ / "run.h5.prev", "previous checkpoint"},
+                                                 {root_ / "run.h5.done", "completion marker"}};
+  EXPECT_THAT(
+      error_of([&] { check_output_file(root_ / "run.h5", inputs, "--checkpoint", nullptr, companions); }),
+      HasSubstr("--checkpoint " + (root_ / "run.h5").string() + ": its staging file " +
+                (root_ / "run.h5.tmp").string() + " is the input file"));
+  fs::remove(root_ / "run.h5.tmp");
+  fs::create_symlink(root_ / "run.h5.done", root_ / "run.h5.tmp");
+  InputFootprint linked = inputs_;
+  linked.add_file(root_ / "run.h5.done");
+  EXPECT_THAT(error_of([&] { check_not_input(root_ / "run.h5", linked, "--checkpoint", companions); }),
+              HasSubstr("its staging file " + (root_ / "run.h5.tmp").string() + " is the input file " +
+                        (root_ / "run.h5.done").string()));
+  for (const char* name : {".out.tmp-Ab12Cd", ".out.old-Zz99Yy", "run.h5.done"})
+    EXPECT_EQ(read_text(root_ / name), "calibration text") << name;
+  // Companions that are no input are fine.
+  check_output_file(root_ / "other.h5", inputs_, "--checkpoint", nullptr,
+                    {{root_ / "other.h5.tmp", "staging file"}});
+}
+
 TEST_F(OutputDir, AReplaceCutOffMidwayIsRestoredAtTheNextStart) {
   // Killed after moving the old output aside and before moving the new one in (the two-rename fallback).
   make_symprune_output(root_ / ".out.old-Q1w2E3");

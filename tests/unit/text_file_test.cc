@@ -184,5 +184,20 @@ TEST_F(TextFileTest, LooksLikeText) {
   EXPECT_FALSE(looks_like_text(large));
 }
 
+// Error messages quote what a file holds (a parse error names the bad character): printed as \xNN unless
+// it is valid UTF-8, so a binary file's bytes never reach the terminal raw.
+TEST(PrintableMessage, KeepsUtf8AndEscapesEverythingElse) {
+  EXPECT_EQ(printable_message("plain\ttext\nnext line"), "plain\ttext\nnext line");
+  EXPECT_EQ(printable_message("caf\xC3\xA9 \xE2\x96\x81 \xF0\x9F\x99\x82"),
+            "caf\xC3\xA9 \xE2\x96\x81 \xF0\x9F\x99\x82");
+  EXPECT_EQ(printable_message("unknown escape character: \xDA"), "unknown escape character: \\xDA");
+  EXPECT_EQ(printable_message(std::string("a\0b\x1B[2Jc\x7F", 9)), "a\\x00b\\x1B[2Jc\\x7F");
+  // Overlong forms, surrogates, code points past U+10FFFF and cut-off sequences are not UTF-8.
+  EXPECT_EQ(printable_message("\xC0\xAF"), "\\xC0\\xAF");
+  EXPECT_EQ(printable_message("\xED\xA0\x80"), "\\xED\\xA0\\x80");
+  EXPECT_EQ(printable_message("\xF4\x90\x80\x80"), "\\xF4\\x90\\x80\\x80");
+  EXPECT_EQ(printable_message("end \xE2\x96"), "end \\xE2\\x96");
+}
+
 }  // namespace
 }  // namespace symprune::io
