@@ -127,6 +127,15 @@ def edit_tensors(env, tmp, edit):
     return model
 
 
+def poisoned_model(env, tmp, name, index, value):
+    """A copy of the model whose tensor `name` holds `value` at `index`."""
+    def poison(tensors):
+        w = tensors[name].copy()
+        w[index] = value
+        tensors[name] = w
+    return edit_tensors(env, tmp, poison)
+
+
 def head_overflowing_model(env, tmp):
     """stories260K with an untied head of 3e38 everywhere: pruning never reads the head, so the run gets as
     far as the evaluation, whose logits overflow."""
@@ -416,31 +425,19 @@ def _(env, tmp):
 
 @trigger("E-WEIGHT-NONFINITE")
 def _(env, tmp):
-    def poison(tensors):
-        w = tensors["model.layers.1.self_attn.v_proj.weight"].copy()
-        w[3, 5] = np.nan
-        tensors["model.layers.1.self_attn.v_proj.weight"] = w
-    return prune(env, tmp, model=edit_tensors(env, tmp, poison))
+    return prune(env, tmp, model=poisoned_model(env, tmp, "model.layers.1.self_attn.v_proj.weight", (3, 5), np.nan))
 
 
 @trigger("E-ACTIVATION-NONFINITE")
 def _(env, tmp):
-    def poison(tensors):
-        w = tensors["model.layers.0.input_layernorm.weight"].copy()
-        w[0] = np.inf
-        tensors["model.layers.0.input_layernorm.weight"] = w
-    model = edit_tensors(env, tmp, poison)
+    model = poisoned_model(env, tmp, "model.layers.0.input_layernorm.weight", 0, np.inf)
     return prune(env, tmp, "--calib", env.first, *CALIB, model=model,
                  method=("--method", "wanda", "--sparsity", "0.5"))
 
 
 @trigger("E-TENSOR-NONFINITE")
 def _(env, tmp):
-    def poison(tensors):
-        w = tensors["model.norm.weight"].copy()
-        w[0] = np.inf
-        tensors["model.norm.weight"] = w
-    return prune(env, tmp, model=edit_tensors(env, tmp, poison))
+    return prune(env, tmp, model=poisoned_model(env, tmp, "model.norm.weight", 0, np.inf))
 
 
 # --- config.json -----------------------------------------------------------------------------------
