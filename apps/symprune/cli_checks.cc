@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cfloat>
 #include <charconv>
 #include <cmath>
 #include <set>
@@ -61,10 +62,10 @@ CLI::Validator finite_check(bool allow_infinity) {
         if (end == text.c_str()) return {};  // not a number at all: CLI11's own conversion reports it
         if (std::isnan(value)) return "'" + text + "' is not a number";
         if (std::isinf(value) && !allow_infinity) return "'" + text + "' is not a finite number";
-        // A nonzero value too small for a double would silently become 0 (or lose its digits).
-        if (errno == ERANGE && !std::isinf(value))
+        // A nonzero value too small for a double would silently become 0 (or lose its digits as a subnormal).
+        if ((errno == ERANGE && !std::isinf(value)) || (value != 0.0 && std::fabs(value) < DBL_MIN))
           return "'" + text +
-                 "' is too close to 0 for a double (a nonzero magnitude must be at least 2.2e-308)";
+                 "' is too close to 0 for a double (a nonzero magnitude must be at least 2.3e-308)";
         return {};
       },
       "");

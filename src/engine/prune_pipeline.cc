@@ -806,10 +806,22 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     log::info("wrote {}", c.out.string());
   }
 
-  // A run that fails after writing its model (its evaluation or its report) leaves no new model behind.
-  const auto discard_new_output = [&] {
+  // A run that fails after writing its model (its evaluation or its report) leaves no new model behind: the
+  // output is removed, or emptied when it was an empty directory before the run. One that replaced an earlier
+  // output (--force, or this run's own from an earlier attempt) is kept, since the earlier one is gone.
+  // Returns what became of it, for the error message.
+  const auto discard_new_output = [&]() -> std::string {
+    if (!plan.out) return {};
+    if (plan.out->had_content())
+      return fmt::format("; the pruned model {} was kept (it replaced an earlier output)", c.out.string());
     std::error_code ignored;
-    if (plan.out && !plan.out->existed()) fs::remove_all(plan.out->path(), ignored);
+    if (!plan.out->existed()) {
+      fs::remove_all(plan.out->path(), ignored);
+    } else {
+      for (const auto& entry : fs::directory_iterator(plan.out->path(), ignored))
+        fs::remove_all(entry.path(), ignored);
+    }
+    return fmt::format("; the run failed, so its pruned model {} was removed", c.out.string());
   };
 
   // --- Evaluation: final norm, head and NLL of every rank's chunks, gathered in chunk order. A chunk's
@@ -841,10 +853,9 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       result.incomplete = std::string(result.perplexity ? "pruned" : "dense and pruned") +
                           " evaluation interrupted by " + interrupt::signal_name(e.signal());
     } catch (const Error& e) {
-      if (!plan.out || plan.out->existed()) throw;
-      discard_new_output();
-      const std::string message =
-          fmt::format("{}; the run failed, so its pruned model {} was removed", e.what(), c.out.string());
+      const std::string outcome = discard_new_output();
+      if (outcome.empty()) throw;
+      const std::string message = e.what() + outcome;
       if (dynamic_cast<const CollectiveError*>(&e) != nullptr) throw CollectiveError(message);
       throw Error(message);
     }

@@ -257,7 +257,7 @@ std::string output_run_id(const fs::path& out) {
 // Whether --resume finds the completion marker of this very run (then there is nothing to do); a marker of
 // another run is an error.
 // `weight_files`: the files the pruned model's weights are written to (the input's shards, by name).
-bool completed_before(const PruneConfig& c, RunPlan& r, bool root,
+bool completed_before(const PruneConfig& c, RunPlan& r, bool root, const io::InputFootprint& inputs,
                       const std::vector<std::string>& weight_files) {
   if (c.resume.empty()) return false;
   const fs::path marker = checkpoint_marker(c.resume == "auto" ? c.checkpoint : fs::path(c.resume));
@@ -296,7 +296,10 @@ bool completed_before(const PruneConfig& c, RunPlan& r, bool root,
   // A run killed between writing the marker and removing its checkpoints left them behind: remove them now
   // (only this run's: their header names the marker's run id).
   if (root && c.resume == "auto") {
-    // Under the checkpoint's lock (no other run is using these files); a killed run's lock files go too.
+    // Under the checkpoint's lock (no other run is using these files); a killed run's lock files go too,
+    // unless an input carries one of their names.
+    io::check_not_input(c.checkpoint, inputs, "--checkpoint", checkpoint_companions(c.checkpoint));
+    if (!c.out.empty()) io::check_not_input(c.out, inputs, "--out", {{io::lock_file_of(c.out), "lock file"}});
     const io::PathLock checkpoint_lock(c.checkpoint, "--checkpoint");
     if (!c.out.empty()) io::release_stale_output_lock(c.out, "--out");
     const std::string finished = saved.value("run_id", std::string());
@@ -597,7 +600,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   const std::vector<io::TensorSource::Shard> shards = model.tensors().shards();
   std::vector<std::string> weight_files;
   for (const auto& shard : shards) weight_files.push_back(shard.file);
-  if (completed_before(c, r, comm.rank() == 0, weight_files)) return;
+  if (completed_before(c, r, comm.rank() == 0, inputs, weight_files)) return;
   const int64_t eval_chunks_total =
       r.evaluate ? (c.eval_max_chunks > 0
                         ? std::min<int64_t>(static_cast<int64_t>(r.eval_tokens.size()) / eval_seqlen,

@@ -238,7 +238,8 @@ void InputFootprint::check_written(const fs::path& resolved, std::string_view su
 }
 
 fs::path lock_file_of(const fs::path& target) {
-  return target.parent_path() / hidden_name(target.filename().string(), ".lock");
+  const fs::path named = target.has_filename() ? target : target.parent_path();  // "out/" is "out"
+  return named.parent_path() / hidden_name(named.filename().string(), ".lock");
 }
 
 PathLock::PathLock(const fs::path& target, std::string_view option) {
@@ -246,7 +247,8 @@ PathLock::PathLock(const fs::path& target, std::string_view option) {
   // Lock, then make sure the file locked is still the one at the path: a releasing holder unlinks it,
   // and a lock on an unlinked file would not exclude anyone.
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const int fd = ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // O_NOFOLLOW: a link there (to nowhere, or to an input) is not followed to create or truncate its target.
+    const int fd = ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     SYMPRUNE_CHECK(fd >= 0, "{} {}: cannot create the lock file {}: {}", option, target.string(),
                    lock_path_.string(), std::strerror(errno));
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -313,6 +315,7 @@ OutputDirectory::OutputDirectory(const fs::path& out, const InputFootprint& inpu
   existed_ = true;
   SYMPRUNE_CHECK(fs::is_directory(path_, ec), "{} {} exists and is not a directory", option, out.string());
   if (fs::is_empty(path_, ec)) return;
+  had_content_ = true;
   SYMPRUNE_CHECK(force, "{} {} exists and is not empty (use --force to replace it)", option, out.string());
   SYMPRUNE_CHECK(is_symprune_output(path_),
                  "{} {} exists and was not written by symprune (it has no {} that symprune wrote): --force "

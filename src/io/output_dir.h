@@ -100,8 +100,10 @@ class OutputDirectory {
                   std::string option = "--out");
   const std::filesystem::path& path() const { return path_; }  // absolute, symlinks resolved
   const std::filesystem::path& as_given() const { return as_given_; }
-  // Whether a directory existed at path() when the run started (a failed report then leaves it).
+  // Whether a directory existed at path() when the run started, and whether it held anything (an output
+  // that --force replaces): what a run that fails after installing its model restores.
   bool existed() const { return existed_; }
+  bool had_content() const { return had_content_; }
   // A staging directory beside the output; install it with StagedDirectory::install().
   std::unique_ptr<StagedDirectory> stage() const;
   // Throws when the directory to be replaced holds the lock of a running run (e.g. its checkpoint was
@@ -114,7 +116,7 @@ class OutputDirectory {
   std::string option_;
   std::filesystem::path as_given_;
   std::filesystem::path path_;
-  bool existed_ = false;
+  bool existed_ = false, had_content_ = false;
   InputFootprint inputs_;
   std::unique_ptr<PathLock> lock_;
 };

@@ -182,13 +182,25 @@ void check_text(std::string_view text, const fs::path& path, std::string_view wh
   }
 }
 
+// Characters that act on a terminal or on how it orders text: C0 controls but newline and tab, DEL, C1
+// controls (U+0080..U+009F; U+009B starts an escape sequence on some terminals), bidirectional overrides and
+// isolates (U+202A..U+202E, U+2066..U+2069).
+static bool is_control_character(std::string_view character) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(character[k]); };
+  if (character.size() == 1) return (byte(0) < 0x20 && byte(0) != '\n' && byte(0) != '\t') || byte(0) == 0x7F;
+  if (character.size() == 2) return byte(0) == 0xC2 && byte(1) <= 0x9F;
+  if (character.size() != 3 || byte(0) != 0xE2) return false;
+  return (byte(1) == 0x80 && byte(2) >= 0xAA && byte(2) <= 0xAE) ||
+         (byte(1) == 0x81 && byte(2) >= 0xA6 && byte(2) <= 0xA9);
+}
+
 std::string printable_message(std::string_view text) {
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
     const size_t length = utf8_length(text, i);
-    if (length > 1 || (length == 1 && ((c >= 0x20 && c != 0x7F) || c == '\n' || c == '\t'))) {
+    if (length > 0 && !is_control_character(text.substr(i, length))) {
       out.append(text.substr(i, length));
       i += length;
     } else {

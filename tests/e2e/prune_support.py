@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 BIN = os.environ["SYMPRUNE_BIN"]
 DATA = Path(os.environ["SYMPRUNE_DATA"])
@@ -136,3 +136,16 @@ def two_shard_layout(stories, tmp_path):
     names = sorted(tensors)
     shards = {"model-00001-of-00002.safetensors": names[:24], "model-00002-of-00002.safetensors": names[24:]}
     return model, tensors, shards
+
+
+def head_overflowing_model(source, model):
+    """A copy of the model directory `source` at `model` with an untied head of 3e38 everywhere: pruning
+    never reads the head, so a run gets as far as its final evaluation, whose logits overflow."""
+    shutil.copytree(source, model)
+    tensors = load_file(str(model / "model.safetensors"))
+    tensors["lm_head.weight"] = np.full_like(tensors["model.embed_tokens.weight"], 3e38)
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((model / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (model / "config.json").write_text(json.dumps(config, indent=2))
+    return model

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from prune_support import BIN, SOURCE, Stories, tree_digest
+from prune_support import BIN, SOURCE, Stories, head_overflowing_model, tree_digest
 
 DOC = SOURCE / "docs" / "errors.md"
 DIST_EMULATED = os.environ.get("SYMPRUNE_DIST_EMULATED_BIN")
@@ -134,16 +134,6 @@ def poisoned_model(env, tmp, name, index, value):
         w[index] = value
         tensors[name] = w
     return edit_tensors(env, tmp, poison)
-
-
-def head_overflowing_model(env, tmp):
-    """stories260K with an untied head of 3e38 everywhere: pruning never reads the head, so the run gets as
-    far as the evaluation, whose logits overflow."""
-    def untie(tensors):
-        tensors["lm_head.weight"] = np.full_like(tensors["model.embed_tokens.weight"], 3e38)
-    model = edit_tensors(env, tmp, untie)
-    edit_config(model, tie_word_embeddings=False)
-    return model
 
 
 def prune(env, tmp, *args, model=None, method=("--method", "magnitude", "--sparsity", "0.5")):
@@ -1336,7 +1326,7 @@ def _(env, tmp):
 
 @trigger("E-PRUNE-EVAL-NONFINITE")
 def _(env, tmp):
-    return Case("prune", "--model", head_overflowing_model(env, tmp), "--method", "wanda", "--sparsity", "0.5",
+    return Case("prune", "--model", head_overflowing_model(env.model, tmp / "model"), "--method", "wanda", "--sparsity", "0.5",
                 "--calib", env.first, *CALIB, "--eval", env.second, "--eval-max-chunks", "1", "--out",
                 tmp / "pruned")
 

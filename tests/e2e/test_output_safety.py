@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from prune_support import BIN, PROVENANCE, Stories, output_digest, read_json, symprune, tree_digest
+from prune_support import (BIN, PROVENANCE, Stories, head_overflowing_model, output_digest, read_json, symprune,
+                           tree_digest)
 
 SMALL = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "8", "--seqlen", "64"]
 
@@ -110,6 +111,25 @@ def test_a_checkpoint_on_an_input_is_named_as_one_not_as_an_earlier_runs(stories
         assert f"--checkpoint {checkpoint} is " in proc.stderr, proc.stderr
     assert calib.read_bytes() == stories.first.read_bytes() and tree_digest(stories.model) == stories.digest
     assert listing(tmp_path) == ["calib.txt"]
+
+
+def test_a_failed_evaluation_leaves_no_new_model_and_keeps_only_one_that_replaced_an_earlier(stories, tmp_path):
+    model = head_overflowing_model(stories.model, tmp_path / "model")
+    out = tmp_path / "out"
+    out.mkdir()  # made by a job script beforehand: emptied again, not left holding the failed run's model
+    args = ["prune", "--model", model, *SMALL, "--calib", stories.first, "--eval", stories.second,
+            "--eval-seqlen", "64", "--eval-max-chunks", "1", "--out", out]
+    proc = symprune(*args, check=False)
+    assert proc.returncode == 1 and "has a non-finite loss" in proc.stderr, proc.stderr
+    assert f"the run failed, so its pruned model {out} was removed" in proc.stderr, proc.stderr
+    assert out.is_dir() and listing(out) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "out"]
+    # Over an earlier output (--force) the earlier one is gone: the new model stays, and the message says so.
+    symprune(*prune_args(stories, out))
+    proc = symprune(*args, "--force", check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert f"the pruned model {out} was kept (it replaced an earlier output)" in proc.stderr, proc.stderr
+    assert (out / "model.safetensors").exists()
 
 
 def test_error_messages_escape_bytes_that_are_not_utf8(stories, tmp_path):

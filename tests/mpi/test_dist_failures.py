@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import DIST, MPIEXEC, mpirun
-from prune_support import symprune, two_shard_layout
+from prune_support import head_overflowing_model, symprune, two_shard_layout
 
 RUN = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "16", "--seqlen", "64", "--micro-batch", "3",
        "--threads", "1"]
@@ -72,15 +72,7 @@ def test_nan_weights_name_the_tensor_and_stop_all_ranks(stories, tmp_path, have_
 
 def test_a_non_finite_evaluation_is_one_agreed_error_and_removes_the_written_model(stories, tmp_path,
                                                                                      have_mpirun):
-    # An untied head of 3e38: pruning never reads it, the evaluation's logits overflow on every rank's chunks.
-    model = tmp_path / "model"
-    shutil.copytree(stories.model, model)
-    tensors = load_file(str(model / "model.safetensors"))
-    tensors["lm_head.weight"] = np.full_like(tensors["model.embed_tokens.weight"], 3e38)
-    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((model / "config.json").read_text())
-    config["tie_word_embeddings"] = False
-    (model / "config.json").write_text(json.dumps(config))
+    model = head_overflowing_model(stories.model, tmp_path / "model")  # every rank's chunks overflow
     args = ["--model", model, "--calib", stories.first, *RUN, "--eval", stories.second, "--eval-seqlen", "64",
             "--eval-max-chunks", "4", "--out", tmp_path / "o", "--report", tmp_path / "r.json"]
     single = symprune("prune", *args, check=False)

@@ -208,6 +208,12 @@ TEST_F(OutputDir, InputsNamedLikeWhatAWriterKeepsBesideItsOutputAreRefusedAndKep
   // Companions that are no input are fine.
   check_output_file(root_ / "other.h5", inputs_, "--checkpoint", nullptr,
                     {{root_ / "other.h5.tmp", "staging file"}});
+  EXPECT_EQ(lock_file_of(root_ / "out/"), root_ / ".out.lock");
+  // A link where the lock goes is not followed: its target (here inside the model directory) is not created.
+  fs::create_symlink(snapshot_ / "new-file", root_ / ".linked.lock");
+  EXPECT_THAT(error_of([&] { OutputDirectory(root_ / "linked", inputs_, false); }),
+              HasSubstr("cannot create the lock file " + (root_ / ".linked.lock").string()));
+  EXPECT_FALSE(fs::exists(snapshot_ / "new-file"));
 }
 
 TEST_F(OutputDir, AReplaceCutOffMidwayIsRestoredAtTheNextStart) {

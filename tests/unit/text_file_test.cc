@@ -197,6 +197,13 @@ TEST(PrintableMessage, KeepsUtf8AndEscapesEverythingElse) {
   EXPECT_EQ(printable_message("\xED\xA0\x80"), "\\xED\\xA0\\x80");
   EXPECT_EQ(printable_message("\xF4\x90\x80\x80"), "\\xF4\\x90\\x80\\x80");
   EXPECT_EQ(printable_message("end \xE2\x96"), "end \\xE2\\x96");
+  // C1 controls (U+009B starts an escape sequence on some terminals) and bidirectional overrides, though
+  // valid UTF-8, act on the terminal: escaped too. Their neighbours are plain characters.
+  EXPECT_EQ(printable_message("a\xC2\x9B"
+                              "2Jb"),
+            "a\\xC2\\x9B2Jb");
+  EXPECT_EQ(printable_message("x\xE2\x80\xAEy\xE2\x81\xA6z"), "x\\xE2\\x80\\xAEy\\xE2\\x81\\xA6z");
+  EXPECT_EQ(printable_message("\xC2\xA0\xE2\x80\xA9\xE2\x81\xAA"), "\xC2\xA0\xE2\x80\xA9\xE2\x81\xAA");
 }
 
 }  // namespace
