@@ -181,6 +181,22 @@ def test_a_finished_run_is_not_redone(job, reference, tmp_path):
     assert gone.returncode == 1 and "(model.safetensors is missing): remove the marker to run again" in gone.stderr
 
 
+def test_a_finished_run_found_again_refuses_an_input_named_like_its_locks(job, tmp_path):
+    # The "already complete" path takes the checkpoint's and the output's locks (writing a pid into them, then
+    # removing them): an input under either name is refused first. A copy of the calibration text has the
+    # same fingerprint, so the run is the finished one.
+    resume(job, tmp_path)
+    calib = Path(job[job.index("--calib") + 1])
+    for lock in (".run.h5.lock", ".out.lock"):
+        shutil.copy(calib, tmp_path / lock)
+        proc = resume(replaced(job, "--calib", tmp_path / lock), tmp_path, check=False)
+        assert proc.returncode == 1, proc.stderr
+        assert f"its lock file {tmp_path / lock} is the input file" in proc.stderr, proc.stderr
+        assert (tmp_path / lock).read_bytes() == calib.read_bytes()
+        (tmp_path / lock).unlink()
+    assert "already complete" in resume(job, tmp_path).stdout
+
+
 def test_checkpoints_left_by_a_kill_after_the_marker_are_removed_by_the_next_start(job, reference, tmp_path):
     proc = symprune("prune", *job, "--out", tmp_path / "out", "--checkpoint", tmp_path / "run.h5", "--resume",
                     "auto", "--report", tmp_path / "report.json", check=False,
