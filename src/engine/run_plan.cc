@@ -416,7 +416,8 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   if (!synthetic) inputs.add_model_directory(r.resolved.dir);
   for (const auto& file : {fs::path(c.calib), fs::path(c.eval)}) inputs.add_file(file);
   for (const auto& file : c.input_files) inputs.add_file(file);
-  check_fresh_checkpoint(c, inputs);
+  if (comm.rank() == 0)
+    check_fresh_checkpoint(c, inputs);  // where rank 0 writes it (other nodes may not see it)
   const std::string eval_text =
       c.eval.empty() ? std::string() : io::read_text_file(c.eval, "evaluation text (--eval)");
   if (!r.needs_stats && !c.calib.empty())

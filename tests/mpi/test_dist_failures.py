@@ -73,8 +73,9 @@ def test_nan_weights_name_the_tensor_and_stop_all_ranks(stories, tmp_path, have_
 def test_a_non_finite_evaluation_is_one_agreed_error_and_removes_the_written_model(stories, tmp_path,
                                                                                      have_mpirun):
     model = head_overflowing_model(stories.model, tmp_path / "model")  # every rank's chunks overflow
+    # 200 chunks of 64 tokens: more than one evaluation batch (128), so both ranks score chunks and fail.
     args = ["--model", model, "--calib", stories.first, *RUN, "--eval", stories.second, "--eval-seqlen", "64",
-            "--eval-max-chunks", "4", "--out", tmp_path / "o", "--report", tmp_path / "r.json"]
+            "--eval-max-chunks", "200", "--out", tmp_path / "o", "--report", tmp_path / "r.json"]
     single = symprune("prune", *args, check=False)
     assert single.returncode == 1 and not (tmp_path / "o").exists(), single.stderr
     message = single.stderr.strip().splitlines()[-1].removeprefix("symprune: ")
