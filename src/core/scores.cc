@@ -213,16 +213,11 @@ void check_weight(const Tensor& weight, const ScoreOptions& options) {
                  weight.shape_string());
   SYMPRUNE_CHECK(weight.dim(0) > 0 && weight.dim(1) > 0, "{}: scores need a non-empty weight, got shape {}",
                  label(options), weight.shape_string());
-  const float* w = weight.data();
-  const int64_t count = weight.numel();
-  bool finite = true;
-#pragma omp parallel for schedule(static) reduction(&& : finite) if (count >= kParallelMin)
-  for (int64_t i = 0; i < count; ++i) finite = finite && std::isfinite(w[i]);
-  if (finite) return;
+  const int64_t i = first_non_finite(weight);
+  if (i < 0) return;
   const int64_t n = weight.dim(1);
-  for (int64_t i = 0; i < count; ++i)
-    SYMPRUNE_CHECK(std::isfinite(w[i]), "{}: weight [{}, {}] is {} (NaN/Inf weights cannot be scored)",
-                   label(options), i / n, i % n, w[i]);
+  fail("{}: weight [{}, {}] is {} (NaN/Inf weights cannot be scored)", label(options), i / n, i % n,
+       weight.data()[i]);
 }
 
 // RIA repository arithmetic (reference-implementations.md §3.3), see scores.h.

@@ -1,6 +1,7 @@
 #include "core/tensor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "core/error.h"
@@ -102,6 +103,18 @@ const float* Tensor::device_data() const {
 
 std::string Tensor::shape_string() const {
   return shape_to_string(shape_);
+}
+
+int64_t first_non_finite(const Tensor& t) {
+  const float* v = t.data();
+  const int64_t count = t.numel();
+  bool finite = true;
+#pragma omp parallel for schedule(static) reduction(&& : finite) if (count >= (int64_t{1} << 15))
+  for (int64_t i = 0; i < count; ++i) finite = finite && std::isfinite(v[i]);
+  if (finite) return -1;
+  for (int64_t i = 0; i < count; ++i)
+    if (!std::isfinite(v[i])) return i;
+  return -1;
 }
 
 void transpose_matrix(const float* in, int64_t rows, int64_t cols, float* out) {

@@ -82,4 +82,8 @@ std::string shape_to_string(const std::vector<int64_t>& shape);
 // out [cols, rows] = inᵀ for row-major in [rows, cols] (host memory).
 void transpose_matrix(const float* in, int64_t rows, int64_t cols, float* out);
 
+// The flat index of the first NaN or Inf of a host tensor, or -1 when every value is finite (scanned in
+// parallel, then the first one found again in order).
+int64_t first_non_finite(const Tensor& t);
+
 }  // namespace symprune

@@ -207,12 +207,13 @@ void check_report_beside_checkpoints(const PruneConfig& c) {
     return ec ? fs::absolute(p).lexically_normal() : abs;
   };
   const fs::path report = resolved(c.report);
-  for (const auto& f : {newest, previous_checkpoint(newest), checkpoint_marker(newest),
-                        checkpoint_staging(newest), io::lock_file_of(newest)})
-    SYMPRUNE_CHECK(resolved(f) != report,
+  std::vector<io::CompanionFile> files = checkpoint_companions(newest);
+  files.push_back({newest, "checkpoint"});
+  for (const auto& f : files)
+    SYMPRUNE_CHECK(resolved(f.path) != report,
                    "--report {} is the checkpoint's file {}, which the run replaces or removes; write the "
                    "report elsewhere",
-                   c.report.string(), f.string());
+                   c.report.string(), f.path.string());
 }
 
 // The checkpoint's options, before anything is read.
@@ -299,7 +300,7 @@ bool completed_before(const PruneConfig& c, RunPlan& r, bool root, const io::Inp
     // Under the checkpoint's lock (no other run is using these files); a killed run's lock files go too,
     // unless an input carries one of their names.
     io::check_not_input(c.checkpoint, inputs, "--checkpoint", checkpoint_companions(c.checkpoint));
-    if (!c.out.empty()) io::check_not_input(c.out, inputs, "--out", {{io::lock_file_of(c.out), "lock file"}});
+    if (!c.out.empty()) io::check_output_directory_not_input(c.out, inputs, "--out");
     const io::PathLock checkpoint_lock(c.checkpoint, "--checkpoint");
     if (!c.out.empty()) io::release_stale_output_lock(c.out, "--out");
     const std::string finished = saved.value("run_id", std::string());

@@ -303,10 +303,7 @@ OutputDirectory::OutputDirectory(const fs::path& out, const InputFootprint& inpu
   SYMPRUNE_CHECK(path_.has_filename() && path_ != path_.root_path(),
                  "{} {}: not usable as an output directory", option, out.string());
   check_name_length(path_, option, out);
-  inputs.check_output(path_, option, out);
-  inputs.check_written(
-      resolved_path(lock_file_of(path_)),
-      fmt::format("{} {}: its lock file {}", option, out.string(), lock_file_of(out).string()));
+  check_output_directory_not_input(out, inputs, option);
   check_parent(path_, option, out);
   lock_ = std::make_unique<PathLock>(path_, option);
   recover_interrupted_runs(path_, option, out, inputs);
@@ -336,6 +333,11 @@ void check_not_input(const fs::path& file, const InputFootprint& inputs, std::st
   for (const auto& companion : companions)
     inputs.check_written(resolved_path(companion.path), fmt::format("{} {}: its {} {}", option, file.string(),
                                                                     companion.role, companion.path.string()));
+}
+
+void check_output_directory_not_input(const fs::path& out, const InputFootprint& inputs,
+                                      std::string_view option) {
+  check_not_input(out, inputs, option, {{lock_file_of(resolved_path(out)), "lock file"}});
 }
 
 void check_output_file(const fs::path& file, const InputFootprint& inputs, std::string_view option,

@@ -142,6 +142,11 @@ void check_output_file(const std::filesystem::path& file, const InputFootprint& 
 void check_not_input(const std::filesystem::path& file, const InputFootprint& inputs, std::string_view option,
                      const std::vector<CompanionFile>& companions = {});
 
+// --out and the lock file its run holds beside it (where the link resolves) are no input: checked before the
+// lock is taken, which writes into that file and removes it.
+void check_output_directory_not_input(const std::filesystem::path& out, const InputFootprint& inputs,
+                                      std::string_view option);
+
 // The lock file that PathLock(target) holds beside `target`.
 std::filesystem::path lock_file_of(const std::filesystem::path& target);
 

@@ -35,20 +35,14 @@ constexpr float kOptLayerNormEps = 1e-5f;  // nn.LayerNorm default; OPT configs 
 // NaN/Inf in the embeddings, the final norm or the head would show only as a non-finite loss at the end of a
 // run (and not at all in a prune without evaluation, which would copy them): named when the model opens.
 void check_finite(const Tensor& t, std::string_view name) {
-  const float* v = t.data();
-  const int64_t count = t.numel();
-  bool finite = true;
-#pragma omp parallel for schedule(static) reduction(&& : finite) if (count >= (int64_t{1} << 20))
-  for (int64_t i = 0; i < count; ++i) finite = finite && std::isfinite(v[i]);
-  if (finite) return;
+  const int64_t i = first_non_finite(t);
+  if (i < 0) return;
   const int64_t width = t.dim(-1);
-  for (int64_t i = 0; i < count; ++i)
-    SYMPRUNE_CHECK(
-        std::isfinite(v[i]),
-        "{}: entry {} is {}: the model's weights hold NaN or Inf (a damaged checkpoint, or one "
-        "saved after a diverged training step); use a good checkpoint",
-        name, t.shape().size() == 1 ? fmt::format("[{}]", i) : fmt::format("[{}, {}]", i / width, i % width),
-        v[i]);
+  fail(
+      "{}: entry {} is {}: the model's weights hold NaN or Inf (a damaged checkpoint, or one saved after a "
+      "diverged training step); use a good checkpoint",
+      name, t.shape().size() == 1 ? fmt::format("[{}]", i) : fmt::format("[{}, {}]", i / width, i % width),
+      t.data()[i]);
 }
 
 }  // namespace
