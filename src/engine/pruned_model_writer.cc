@@ -96,20 +96,37 @@ void write_shard(const io::TensorSource& source, const io::TensorSource::Shard& 
   });
 }
 
-// Every other top-level file of the input directory, byte-identical (the index too: same shards, same
-// weight_map); symprune's own provenance file of an input that is a symprune output is replaced.
+// Every other top-level file of the input directory, byte-identical (the index too, when it was read: same
+// shards, same weight_map); symprune's own provenance file of an input that is a symprune output is replaced.
 std::vector<std::string> copy_other_files(const fs::path& input_dir, const fs::path& tmp,
+                                          const io::TensorSource& source,
                                           const std::vector<io::TensorSource::Shard>& shards) {
   std::set<std::string> weight_files;
-  for (const auto& shard : shards) weight_files.insert(shard.file);
+  std::set<std::string> weight_subdirectories;  // shards may sit in subdirectories the index names
+  for (const auto& shard : shards) {
+    weight_files.insert(shard.file);
+    const fs::path relative(shard.file);
+    if (relative.has_parent_path()) weight_subdirectories.insert(relative.begin()->string());
+  }
   std::vector<std::string> written;
   for (const auto& entry : fs::directory_iterator(input_dir)) {
     const std::string name = entry.path().filename().string();
     if (entry.is_directory()) {
-      log::warn("{}: subdirectory not copied to the pruned model", entry.path().string());
+      if (weight_subdirectories.count(name) > 0) {
+        log::warn("{}: only the model's weight files in this subdirectory are in the pruned model",
+                  entry.path().string());
+      } else {
+        log::warn("{}: subdirectory not copied to the pruned model", entry.path().string());
+      }
       continue;
     }
     if (name == io::kProvenanceFile || weight_files.count(name) > 0) continue;
+    if (name == io::kSafetensorsIndexFile && !source.indexed()) {
+      // model.safetensors was read (as transformers does when both exist): this index names other files.
+      log::warn("{}: not read (the weights come from model.safetensors), not copied to the pruned model",
+                entry.path().string());
+      continue;
+    }
     if (name.ends_with(".safetensors")) {
       // Not the model's weights (e.g. consolidated.safetensors beside the shards): copied, it could be
       // taken for an unpruned model.
@@ -223,10 +240,11 @@ WrittenModel write_pruned_model(dist::Communicator& comm, const io::TensorSource
     if (!root) return;
     try {
       if (!input_dir.empty()) {
-        for (auto& name : copy_other_files(input_dir, tmp, shards)) written.files.push_back(std::move(name));
+        for (auto& name : copy_other_files(input_dir, tmp, source, shards))
+          written.files.push_back(std::move(name));
       } else if (source.indexed()) {
-        io::write_file_atomically(tmp / "model.safetensors.index.json", index_json(source, shards));
-        written.files.push_back("model.safetensors.index.json");
+        io::write_file_atomically(tmp / io::kSafetensorsIndexFile, index_json(source, shards));
+        written.files.push_back(io::kSafetensorsIndexFile);
       }
       for (const auto& [name, contents] : extra_files) {
         io::write_file_atomically(tmp / name, contents);

@@ -203,6 +203,31 @@ void check_float_leftover(const ModelConfig& config, const TensorSource& model, 
               model.location(name), name);
 }
 
+// A stored head that tie_word_embeddings makes unused: a copy of the embedding (the usual case) stays quiet;
+// a different one is named, since the model computed here is then not the one other loaders (which may take
+// either tensor) compute.
+void check_unused_tied_head(const ModelConfig& config, const TensorSource& model, const std::string& head) {
+  if (!log::is_root()) return;
+  const auto embedding =
+      stored_tensor_name(model, config.family == ModelFamily::kOpt ? "model.decoder.embed_tokens.weight"
+                                                                   : "model.embed_tokens.weight");
+  if (!embedding) return;
+  const TensorInfo& stored = model.info(head);
+  const TensorInfo& embedded = model.info(*embedding);
+  bool same = stored.dtype == embedded.dtype && stored.shape == embedded.shape;
+  if (same) {
+    std::vector<std::byte> head_bytes, embedding_bytes;
+    model.read_bytes(head, head_bytes);
+    model.read_bytes(*embedding, embedding_bytes);
+    same = head_bytes == embedding_bytes;
+  }
+  if (!same)
+    log::warn(
+        "{}: tensor '{}' differs from the embedding '{}', but {} sets tie_word_embeddings: the head is the "
+        "embedding here and '{}' is not used (set tie_word_embeddings to false if it is the model's head)",
+        model.location(head), head, *embedding, config_name(config), head);
+}
+
 }  // namespace
 
 void validate_model_tensors(const ModelConfig& config, const TensorSource& model) {
@@ -227,6 +252,8 @@ void validate_model_tensors(const ModelConfig& config, const TensorSource& model
                    "{}: tensor '{}': unsupported dtype {} (supported: F32, F16, BF16)",
                    model.location(*stored), info.name, dtype_name(info.dtype));
     used.insert(*stored);
+    if (config.tie_word_embeddings && expected.name == "lm_head.weight")
+      check_unused_tied_head(config, model, *stored);
   }
   const std::vector<std::string> names = model.names();
   check_no_extra_layers(config, model, names);
@@ -242,8 +269,7 @@ void validate_model_tensors(const ModelConfig& config, const TensorSource& model
             model.location(name), name, dtype_name(info.dtype));
       continue;
     }
-    // A tied model's stored head is the embedding (transformers ties it the same way).
-    if (name.ends_with("inv_freq") || (config.tie_word_embeddings && name == "lm_head.weight")) continue;
+    if (name.ends_with("inv_freq")) continue;
     check_float_leftover(config, model, name, used);
   }
 }

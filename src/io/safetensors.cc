@@ -28,7 +28,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kSingleFileName = "model.safetensors";
-constexpr const char* kIndexFileName = "model.safetensors.index.json";
 
 uint64_t checked_mul(uint64_t a, uint64_t b, const std::string& what) {
   uint64_t result;
@@ -351,7 +350,7 @@ SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
   SYMPRUNE_CHECK(fs::is_directory(dir, ec), "{}: model directory not found", dir.string());
 
   const fs::path single = dir / kSingleFileName;
-  const fs::path index = dir / kIndexFileName;
+  const fs::path index = dir / kSafetensorsIndexFile;
   // Same precedence as transformers: model.safetensors first, then the sharded index.
   if (fs::exists(single, ec)) {
     model.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(single)));
@@ -416,13 +415,13 @@ SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
       list += p;
     }
     fail("{}: no safetensors weights (model.safetensors or {}); found PyTorch pickle weights ({}). {}",
-         dir.string(), kIndexFileName, list, conversion_hint(dir));
+         dir.string(), kSafetensorsIndexFile, list, conversion_hint(dir));
   }
   if (!other_safetensors.empty()) {
     fail("{}: no {} or {}; found other .safetensors files ({}...) but without an index they are not a model",
-         dir.string(), kSingleFileName, kIndexFileName, other_safetensors.front());
+         dir.string(), kSingleFileName, kSafetensorsIndexFile, other_safetensors.front());
   }
-  fail("{}: no model weights found: expected {} or {}", dir.string(), kSingleFileName, kIndexFileName);
+  fail("{}: no model weights found: expected {} or {}", dir.string(), kSingleFileName, kSafetensorsIndexFile);
 }
 
 bool SafetensorsModel::contains(std::string_view name) const {
@@ -488,7 +487,7 @@ std::string SafetensorsModel::location(std::string_view name) const {
 }
 
 std::string SafetensorsModel::description() const {
-  return (dir_ / (sharded_ ? kIndexFileName : kSingleFileName)).string();
+  return (dir_ / (sharded_ ? kSafetensorsIndexFile : kSingleFileName)).string();
 }
 
 void SafetensorsModel::read_bytes(std::string_view name, std::vector<std::byte>& out) const {
@@ -650,7 +649,7 @@ std::vector<std::string> write_safetensors_sharded(const fs::path& dir,
   if (groups.size() == 1) {
     write_safetensors(dir / kSingleFileName, tensors, metadata);
     written.push_back(kSingleFileName);
-    fs::remove(dir / kIndexFileName, ec);  // a stale index would describe other shards
+    fs::remove(dir / kSafetensorsIndexFile, ec);  // a stale index would describe other shards
     remove_stale_shards(dir, written);
     return written;
   }
@@ -672,14 +671,14 @@ std::vector<std::string> write_safetensors_sharded(const fs::path& dir,
   nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
                                   {"weight_map", std::move(weight_map)}};
   const std::string index_text = index.dump(2) + "\n";
-  write_file_atomically(dir / kIndexFileName, [&](int fd, const fs::path& target) {
+  write_file_atomically(dir / kSafetensorsIndexFile, [&](int fd, const fs::path& target) {
     write_all(fd, index_text.data(), index_text.size(), target);
   });
   // transformers loads model.safetensors before the index, so a stale single file must go, as must
   // shards of an earlier save with a different count.
   fs::remove(dir / kSingleFileName, ec);
   remove_stale_shards(dir, written);
-  written.push_back(kIndexFileName);
+  written.push_back(kSafetensorsIndexFile);
   return written;
 }
 

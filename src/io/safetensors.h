@@ -71,6 +71,9 @@ void release_pages(std::span<const std::byte> mapped);
 // Throws unless `info` is in a weight dtype (F32, F16, BF16), naming the tensor, the file and the dtype.
 void check_weight_dtype(const SafetensorsFile& file, const TensorInfo& info);
 
+// The index of a sharded model directory (its "weight_map" names each tensor's shard).
+inline constexpr const char* kSafetensorsIndexFile = "model.safetensors.index.json";
+
 // All weights of a model directory: model.safetensors, or the shards listed by
 // model.safetensors.index.json. Pickle files (pytorch_model.bin, *.pt) are refused with a hint.
 class SafetensorsModel : public TensorSource {

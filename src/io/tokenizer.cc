@@ -23,7 +23,14 @@ std::unique_ptr<Tokenizer> load_llama2c_in_dir(const fs::path& bin, const fs::pa
       vocab_size = v.get<int64_t>();
     }
   }
-  return load_llama2c_tokenizer(bin, vocab_size);
+  if (vocab_size == 0) return load_llama2c_tokenizer(bin, vocab_size);
+  try {
+    return load_llama2c_tokenizer(bin, vocab_size);
+  } catch (const Error& e) {
+    // The file has no token count of its own: a wrong vocab_size in config.json looks like a bad file.
+    throw Error(fmt::format("{} (read as the {} tokens of vocab_size in {}: check that value too)", e.what(),
+                            vocab_size, config_path.string()));
+  }
 }
 
 bool has_extension(const fs::path& p, const char* ext) {

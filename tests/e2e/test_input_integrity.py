@@ -255,6 +255,71 @@ def test_other_unused_float_tensors_are_named_and_copied(stories, tmp_path):
     assert pruned["model.extra_scale"].tobytes() == extra["model.extra_scale"].tobytes()
 
 
+def test_a_stored_head_that_a_tied_config_ignores_is_named(stories, tmp_path):
+    """tie_word_embeddings makes the embedding the head; a stored lm_head.weight that differs from it is not
+    used, and the run says so (a copy of the embedding is the usual case and stays quiet)."""
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    assert json.loads((model / "config.json").read_text())["tie_word_embeddings"] is True
+    tensors = load_file(str(model / "model.safetensors"))
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    warning = "tensor 'lm_head.weight' differs from the embedding 'model.embed_tokens.weight', but"
+    proc = prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model)
+    assert proc.returncode == 0 and warning not in proc.stderr, proc.stderr
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] * 0.5
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    shutil.rmtree(tmp_path / "pruned")
+    proc = prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model)
+    assert proc.returncode == 0 and warning in proc.stderr, proc.stderr
+    assert warning in symprune("inspect", "--model", model, "--no-table").stderr
+
+
+def test_an_index_beside_model_safetensors_is_not_copied(stories, tmp_path):
+    """model.safetensors is read when an index and its shards sit beside it (transformers' order too): the
+    output holds model.safetensors only, without the index, which would name shards it does not have."""
+    model, tensors, shards = two_shard_layout(stories, tmp_path)
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    weight_map = {}
+    for shard, members in shards.items():
+        save_file({n: tensors[n] for n in members}, str(model / shard), metadata={"format": "pt"})
+        weight_map.update({n: shard for n in members})
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+    proc = prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model)
+    assert proc.returncode == 0, proc.stderr
+    index = model / "model.safetensors.index.json"
+    assert f"{index}: not read (the weights come from model.safetensors), not copied" in proc.stderr
+    pruned = tmp_path / "pruned"
+    assert (pruned / "model.safetensors").exists()
+    assert not (pruned / "model.safetensors.index.json").exists()
+    assert not any(pruned.glob("model-0000*.safetensors"))
+
+
+def test_shards_in_a_subdirectory_are_written_there(stories, tmp_path):
+    """An index may name shards in a subdirectory: they are pruned into the same place, and the warning
+    says that only the weight files of that subdirectory are in the output."""
+    model, tensors, shards = two_shard_layout(stories, tmp_path)
+    (model / "weights").mkdir()
+    (model / "weights" / "notes.txt").write_text("not copied")
+    weight_map = {}
+    for shard, members in shards.items():
+        save_file({n: tensors[n] for n in members}, str(model / "weights" / shard), metadata={"format": "pt"})
+        weight_map.update({n: f"weights/{shard}" for n in members})
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+    proc = prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model)
+    assert proc.returncode == 0, proc.stderr
+    assert "subdirectory not copied" not in proc.stderr
+    assert f"{model / 'weights'}: only the model's weight files in this subdirectory are in the pruned model" \
+        in proc.stderr
+    pruned = tmp_path / "pruned"
+    for shard, members in shards.items():
+        with safe_open(str(pruned / "weights" / shard), "np") as f:
+            assert sorted(f.keys()) == sorted(members)
+    assert not (pruned / "weights" / "notes.txt").exists()
+    assert json.loads((pruned / "model.safetensors.index.json").read_text())["weight_map"] == weight_map
+
+
 def test_a_shard_keeps_tensors_its_index_does_not_list(stories, tmp_path):
     """The pruned shard used to lose a tensor the index left out; weight files that are not the model's are
     named and not copied."""
