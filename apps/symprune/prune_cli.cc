@@ -163,7 +163,7 @@ void print_prune_result(const engine::PruneConfig& c, const engine::PruneResult&
     }
     std::printf("\n");
   }
-  std::printf("sparsity.total: %.6f (%lld of %lld weights, target %.4f, %s)\n", result.sparsity_total(),
+  std::printf("sparsity.total: %.6f (%lld of %lld weights, target %.10g, %s)\n", result.sparsity_total(),
               static_cast<long long>(result.pruned_total), static_cast<long long>(result.params_total),
               result.sparsity_target, result.mask_description.c_str());
   // Weights that were zero before (a pruned model pruned again) make the written model sparser.
@@ -235,6 +235,9 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
                   "required by activation-aware methods");
   sub->add_option("--calib-format", c.calib_format,
                   "auto (by file name), jsonl, text, tokens-u16 or tokens-u32 (default auto)");
+  sub->add_option("--tokenizer", c.tokenizer,
+                  "tokenizer file or directory for a text --calib and for --eval (default: the model "
+                  "directory's; a synthetic model has none)");
   sub->add_option("--nsamples", c.nsamples, "calibration windows (default 128)");
   sub->add_option("--micro-batch", c.micro_batch,
                   "calibration windows per forward pass (default, or 0: 16384 / seqlen); part of the "

@@ -46,9 +46,9 @@ std::vector<std::byte> pack_masks(const std::map<std::string, PackedMask>& masks
 }
 
 // Keys of the resolved configuration that may change between attempts of one run.
-const char* const kVolatileKeys[] = {
-    "model", "model_dir",  "model_source",     "out",   "force", "threads", "ranks", "communicator", "calib",
-    "eval",  "checkpoint", "checkpoint_every", "resume"};
+const char* const kVolatileKeys[] = {"model",     "model_dir",  "model_source",     "out",   "force",
+                                     "threads",   "ranks",      "communicator",     "calib", "eval",
+                                     "tokenizer", "checkpoint", "checkpoint_every", "resume"};
 
 struct Sides {
   std::string_view a, b;  // what holds each value: "the checkpoint", "this run"

@@ -228,7 +228,7 @@ void check_every_rank_runs_the_same(dist::Communicator& comm, const nlohmann::js
 // compare their contents).
 nlohmann::json rank_identity(const RunPlan& plan, const nlohmann::json& fingerprints) {
   nlohmann::json config = plan.config;
-  for (const char* key : {"threads", "model", "model_dir", "model_source", "calib", "eval"})
+  for (const char* key : {"threads", "model", "model_dir", "model_source", "calib", "eval", "tokenizer"})
     config.erase(key);
   return {{"config", config}, {"fingerprints", fingerprints}};
 }

@@ -71,6 +71,8 @@ struct PruneConfig {
 
   std::string calib;  // calibration file ("" = none; "synthetic" = uniformly random token ids from --seed)
   std::string calib_format = "auto";
+  // Tokenizer file or directory for text calibration and --eval ("" = the model directory's).
+  std::string tokenizer;
   int64_t nsamples = 128;
   int64_t seqlen = 0;  // 0 = 2048, or with compat "wanda" max_position_embeddings (the Wanda repo's T)
   uint64_t seed = 0;

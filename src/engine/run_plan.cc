@@ -415,7 +415,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   r.writes_model = !c.out.empty();
   io::InputFootprint inputs;
   if (!synthetic) inputs.add_model_directory(r.resolved.dir);
-  for (const auto& file : {fs::path(c.calib), fs::path(c.eval)}) inputs.add_file(file);
+  for (const auto& file : {fs::path(c.calib), fs::path(c.eval), fs::path(c.tokenizer)}) inputs.add_file(file);
   for (const auto& file : c.input_files) inputs.add_file(file);
   if (comm.rank() == 0)
     check_fresh_checkpoint(c, inputs);  // where rank 0 writes it (other nodes may not see it)
@@ -434,7 +434,9 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   if (r.needs_stats && c.recon_error)
     r.recon_sample_positions = recon_sample_positions(c.recon_tokens, c.nsamples, r.seqlen);
   const int64_t eval_seqlen = c.eval_seqlen > 0 ? c.eval_seqlen : r.seqlen;
-  SYMPRUNE_CHECK(c.eval.empty() || eval_seqlen >= 2, "--eval-seqlen must be at least 2, got {}", eval_seqlen);
+  SYMPRUNE_CHECK(c.eval.empty() || eval_seqlen >= 2, "--eval-seqlen must be at least 2, got {}{}",
+                 eval_seqlen,
+                 c.eval_seqlen > 0 ? "" : " (its default is --seqlen): give --eval-seqlen 2 or more");
   r.model_fingerprint = model::model_fingerprint(r.resolved);
   if (r.needs_stats && c.seqlen == 0)
     SYMPRUNE_CHECK(
@@ -475,11 +477,13 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   const bool token_input =
       r.calib_format == "tokens-u16" || r.calib_format == "tokens-u32" || r.calib_format == "synthetic";
   if ((r.needs_stats && !token_input) || !c.eval.empty()) {
-    SYMPRUNE_CHECK(!synthetic,
-                   "{} has no tokenizer: calibrate it with --calib synthetic or a token file (.bin), "
-                   "and evaluate real models only",
+    SYMPRUNE_CHECK(!synthetic || !c.tokenizer.empty(),
+                   "{} has no tokenizer: give one with --tokenizer (its vocabulary must fit the model's), or "
+                   "calibrate it with --calib synthetic or a token file (.bin)",
                    r.resolved.display());
-    r.tokenizer = io::load_tokenizer(r.resolved.dir);
+    r.tokenizer = io::load_tokenizer(c.tokenizer.empty() ? r.resolved.dir : fs::path(c.tokenizer));
+  } else if (!c.tokenizer.empty() && log::is_root()) {
+    log::warn("--tokenizer {} is not used: only a text --calib and --eval read it", c.tokenizer);
   }
   if (!c.eval.empty()) {
     r.evaluate = true;
@@ -571,6 +575,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       {"calib", c.calib.empty() ? nlohmann::json() : nlohmann::json(c.calib)},
       {"calib_used", r.needs_stats},
       {"calib_format", c.calib_format},
+      {"tokenizer", c.tokenizer.empty() ? nlohmann::json() : nlohmann::json(c.tokenizer)},
       {"nsamples", c.nsamples},
       {"seqlen", r.seqlen},
       {"seed", c.seed},
