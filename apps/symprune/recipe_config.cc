@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <system_error>
+#include <vector>
 
 #include "core/error.h"
 
@@ -243,7 +244,15 @@ class TomlReader {
 std::vector<RecipeEntry> read_yaml(const std::filesystem::path& path, const std::string& text) {
   YAML::Node root;
   try {
-    root = YAML::Load(text);
+    // LoadAll, not Load: Load stops at a `---` or `...` and would drop the rest of the file unread.
+    std::vector<YAML::Node> documents = YAML::LoadAll(text);
+    for (size_t d = 1; d < documents.size(); ++d) {
+      SYMPRUNE_CHECK(!documents[d] || documents[d].IsNull(),
+                     "recipe {}: YAML line {}: a second document (after `---` or `...`); a recipe is one "
+                     "document of `option: value` lines",
+                     path.string(), documents[d].Mark().line + 1);
+    }
+    if (!documents.empty()) root = documents.front();
   } catch (const YAML::DeepRecursion& e) {
     // yaml-cpp's own message for its nesting limit is only "bad file", at a mark that need not be the place.
     fail(
@@ -366,9 +375,20 @@ void apply_recipe(CLI::App& subcommand, const std::filesystem::path& path) {
                    file, entry.line, entry.key, name, it->second->key, it->second->line);
     if (from_cli.count(opt) != 0) continue;
     const auto excludes = opt->get_excludes();
-    if (std::any_of(excludes.begin(), excludes.end(),
-                    [&](CLI::Option* ex) { return from_cli.count(ex) != 0; }))
+    const auto excluder = std::find_if(excludes.begin(), excludes.end(),
+                                       [&](CLI::Option* ex) { return from_cli.count(ex) != 0; });
+    if (excluder != excludes.end()) {
+      // --group qualifies a --sparsity mask and cannot stand in for the recipe's N:M one, where --sparsity
+      // or --nm on the command line replace the recipe's mask (and a switch its opposite).
+      const std::string cli_name = (*excluder)->get_name();
+      SYMPRUNE_CHECK(
+          cli_name != "--group",
+          "recipe {}, line {}: '{}' and --group on the command line exclude each other (--group is "
+          "for --sparsity masks): give --sparsity too, to replace the recipe's mask, or leave out "
+          "--group",
+          file, entry.line, entry.key);
       continue;
+    }
     planned.push_back({&entry, opt});
   }
 

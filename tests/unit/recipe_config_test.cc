@@ -27,6 +27,7 @@ struct PruneOptions {
   std::string method;
   std::optional<double> sparsity;
   std::string nm;
+  std::string group;
   int nsamples = 128;
   int seqlen = 2048;
   int eval_seqlen = 0;
@@ -46,6 +47,7 @@ class RecipeTest : public ::testing::Test {
     CLI::Option* sparsity = sub->add_option("--sparsity", o_.sparsity);
     CLI::Option* nm = sub->add_option("--nm", o_.nm);
     sparsity->excludes(nm);
+    nm->excludes(sub->add_option("--group", o_.group));
     sub->add_option("--nsamples", o_.nsamples);
     sub->add_option("--seqlen", o_.seqlen);
     sub->add_option("--eval-seqlen", o_.eval_seqlen);
@@ -196,8 +198,8 @@ TEST_F(RecipeTest, UnknownKeyNamesKeyFileAndLine) {
   std::string recipe = write("r.toml", "model = \"m\"\nmethod = \"wanda\"\nsparsty = 0.5\n");
   EXPECT_EQ(parse_error({"--recipe", recipe}),
             "recipe " + recipe +
-                ", line 3: unknown option 'sparsty' for 'prune' (recipe keys: eval-seqlen, force, layers, "
-                "method, model, nm, nsamples, seqlen, sparsity)");
+                ", line 3: unknown option 'sparsty' for 'prune' (recipe keys: eval-seqlen, force, group, "
+                "layers, method, model, nm, nsamples, seqlen, sparsity)");
 }
 
 TEST_F(RecipeTest, RecipeCannotNameRecipeOrHelp) {
@@ -313,6 +315,38 @@ TEST_F(RecipeTest, ExclusiveKeysInOneRecipe) {
   parse({"--recipe", recipe, "--nm", "4:8"});
   EXPECT_EQ(o_.nm, "4:8");
   EXPECT_FALSE(o_.sparsity.has_value());
+}
+
+TEST_F(RecipeTest, GroupOnTheCommandLineDoesNotReplaceTheRecipesNmMask) {
+  // --group qualifies a --sparsity mask: against the recipe's nm it is a conflict, not a replacement (the
+  // run would otherwise find no mask at all and say so without naming the recipe).
+  std::string nm_recipe = write("nm.toml", "model = \"m\"\nmethod = \"wanda\"\nnm = \"2:4\"\n");
+  EXPECT_EQ(
+      parse_error({"--recipe", nm_recipe, "--group", "layer"}),
+      "recipe " + nm_recipe +
+          ", line 3: 'nm' and --group on the command line exclude each other (--group is for --sparsity "
+          "masks): give --sparsity too, to replace the recipe's mask, or leave out --group");
+  // --nm on the command line still replaces a recipe's sparsity mask, group and all.
+  std::string row_recipe =
+      write("row.toml", "model = \"m\"\nmethod = \"wanda\"\nsparsity = 0.5\ngroup = \"layer\"\n");
+  parse({"--recipe", row_recipe, "--nm", "2:4"});
+  EXPECT_EQ(o_.nm, "2:4");
+  EXPECT_FALSE(o_.sparsity.has_value());
+}
+
+TEST_F(RecipeTest, YamlRecipeIsOneDocument) {
+  // yaml-cpp's Load stops at `---` or `...`: what follows was dropped unread, unknown keys and all.
+  std::string two = write("two.yaml", "model: m\nmethod: wanda\nsparsity: 0.5\n---\nsparsity: 0.7\n");
+  EXPECT_EQ(parse_error({"--recipe", two}),
+            "recipe " + two +
+                ": YAML line 5: a second document (after `---` or `...`); a recipe is one document of "
+                "`option: value` lines");
+  std::string ended = write("ended.yaml", "model: m\nmethod: wanda\n...\nbogus: 1\n");
+  EXPECT_THAT(parse_error({"--recipe", ended}), HasSubstr(": a second document (after `---` or `...`)"));
+  // Document markers around the one document, and an empty document after it, are fine.
+  std::string marked = write("marked.yaml", "---\nmodel: m\nmethod: wanda\nsparsity: 0.5\n...\n---\n# end\n");
+  parse({"--recipe", marked});
+  EXPECT_DOUBLE_EQ(*o_.sparsity, 0.5);
 }
 
 TEST_F(RecipeTest, EmptyRecipeSetsNothing) {
