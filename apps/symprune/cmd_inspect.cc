@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "io/model_layout.h"
 #include "io/model_resolver.h"
 #include "io/safetensors.h"
+#include "io/text_file.h"
 
 namespace symprune::app {
 namespace {
@@ -28,7 +30,31 @@ struct InspectOptions {
   bool no_table = false;
 };
 
+// FILE.done, the marker a finished run leaves in place of its checkpoint, is JSON, not HDF5: say what it
+// records instead of calling it a corrupt checkpoint.
+bool print_completion_marker(const std::string& file) {
+  std::error_code ec;
+  if (!file.ends_with(".done") || !std::filesystem::is_regular_file(file, ec) ||
+      std::filesystem::file_size(file, ec) > (size_t{1} << 20))
+    return false;
+  const nlohmann::json marker = nlohmann::json::parse(io::read_text_file(file, "completion marker"), nullptr,
+                                                      /*allow_exceptions=*/false);
+  if (!marker.is_object() || !marker.contains("run_id") || !marker.contains("finished")) return false;
+  const auto text = [&](const char* key) {
+    const auto it = marker.find(key);
+    return it != marker.end() && it->is_string() ? it->get<std::string>() : std::string("-");
+  };
+  fmt::print("completion marker: {}\n", file);
+  fmt::print("run: {} finished {}\n", text("run_id"), text("finished"));
+  fmt::print("output: {}\nreport: {}\n", text("out"), text("report"));
+  fmt::print(
+      "the run's checkpoints were removed when it finished; the same command with --resume auto "
+      "does nothing\n");
+  return true;
+}
+
 void run_inspect_checkpoint(const std::string& file) {
+  if (print_completion_marker(file)) return;
   const io::CheckpointReader reader(file);
   const io::CheckpointHeader& h = reader.header();
   fmt::print("checkpoint: {}\n", file);

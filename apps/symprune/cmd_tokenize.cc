@@ -38,7 +38,8 @@ void add_tokenize(CLI::App& app) {
   file->excludes(text)->excludes(batch);
   batch->excludes(text)->excludes(file);
   sub->add_flag("--no-bos", options->no_bos, "do not prepend the tokenizer's BOS token");
-  sub->add_flag("--count", options->count, "print only the number of tokens");
+  sub->add_flag("--count", options->count,
+                "print only the number of tokens (with --texts-json: a JSON array of counts)");
   sub->add_flag("--json", options->json, "print the ids as a JSON array");
   sub->callback([options, text, file, batch] {
     SYMPRUNE_CHECK(text->count() + file->count() + batch->count() == 1,
@@ -56,7 +57,12 @@ void add_tokenize(CLI::App& app) {
       for (const auto& t : texts) {
         SYMPRUNE_CHECK(t.is_string(), "{} must hold a JSON array of strings; found {}", options->texts_json,
                        t.dump().substr(0, 40));
-        out.push_back(tokenizer->encode(t.get<std::string>(), !options->no_bos));
+        const auto ids = tokenizer->encode(t.get<std::string>(), !options->no_bos);
+        if (options->count) {
+          out.push_back(ids.size());
+        } else {
+          out.push_back(ids);
+        }
       }
       std::printf("%s\n", out.dump().c_str());
       return;

@@ -289,9 +289,9 @@ NmPattern parse_nm(std::string_view text) {
 std::string describe(const MaskSpec& spec) {
   switch (spec.kind) {
     case MaskSpec::kUnstructuredRow:
-      return fmt::format("row {:g}%", spec.sparsity * 100.0);
+      return fmt::format("row {:.10g}%", spec.sparsity * 100.0);
     case MaskSpec::kUnstructuredLayer:
-      return fmt::format("layer {:g}%{}", spec.sparsity * 100.0,
+      return fmt::format("layer {:.10g}%{}", spec.sparsity * 100.0,
                          spec.compat_threshold_le ? " (compat <= threshold)" : "");
     case MaskSpec::kNM:
       return fmt::format("{}:{}", spec.n, spec.m);

@@ -70,6 +70,9 @@ def finish_and_compare(job, tmp_path, reference, *extra):
     # The run finished: the marker replaces the checkpoints.
     assert (tmp_path / "run.h5.done").exists() and not (tmp_path / "run.h5").exists()
     assert not (tmp_path / "run.h5.prev").exists() and not (tmp_path / "run.h5.tmp").exists()
+    # inspect reads the marker as one (it used to call it a corrupt HDF5 checkpoint).
+    marker = symprune("inspect", tmp_path / "run.h5.done").stdout
+    assert f"completion marker: {tmp_path / 'run.h5.done'}" in marker and f"output: {tmp_path / 'out'}" in marker
     return proc, report
 
 

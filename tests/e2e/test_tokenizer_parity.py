@@ -314,7 +314,7 @@ def test_llama2_tokenizer_bin_agrees_with_sentencepiece_on_plain_text(tmp_path):
     assert_same(ours, [[1] + sp.encode(t) for t in texts], texts)
 
 
-def test_cli_count_and_text_output():
+def test_cli_count_and_text_output(tmp_path):
     model = DATA / "llama2c_tokenizer" / "tokenizer.model"
     out = subprocess.run([BIN, "tokenize", "--tokenizer", str(model), "--text", "Hello world"],
                          check=True, capture_output=True, text=True).stdout
@@ -328,6 +328,14 @@ def test_cli_count_and_text_output():
     out = subprocess.run([BIN, "tokenize", "--tokenizer", str(DATA / "gpt2_tokenizer"), "--text-file", str(WIKITEXT),
                           "--count", "--no-bos"], check=True, capture_output=True, text=True).stdout
     assert out == "287644\n"
+    # --count with --texts-json: one count per text (it used to print the ids).
+    batch = tmp_path / "texts.json"
+    batch.write_text(json.dumps(["Once upon a time", ""]))
+    out = subprocess.run([BIN, "tokenize", "--tokenizer", str(DATA / "stories260K" / "tok512.bin"), "--texts-json",
+                          str(batch), "--count"], check=True, capture_output=True, text=True).stdout
+    single = subprocess.run([BIN, "tokenize", "--tokenizer", str(DATA / "stories260K" / "tok512.bin"), "--text",
+                             "Once upon a time", "--count"], check=True, capture_output=True, text=True).stdout
+    assert json.loads(out) == [int(single), 1]
 
 
 def test_cli_errors(tmp_path):

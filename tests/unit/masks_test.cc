@@ -696,6 +696,9 @@ TEST(Describe, Specs) {
   EXPECT_EQ(describe(MaskSpec::row(0.5)), "row 50%");
   EXPECT_EQ(describe(MaskSpec::layer(0.7)), "layer 70%");
   EXPECT_EQ(describe(MaskSpec::layer(0.6, true)), "layer 60% (compat <= threshold)");
+  // Ten significant digits: a target just below 1 is not shown as 100 %, and 0.6 * 100 stays "60".
+  EXPECT_EQ(describe(MaskSpec::layer(0.9999999)), "layer 99.99999%");
+  EXPECT_EQ(describe(MaskSpec::row(0.6)), "row 60%");
 }
 
 }  // namespace
