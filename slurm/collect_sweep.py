@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Collects a sweep (slurm/submit_sweep.sh) into one table: SWEEP_DIR/results.json and results.md, one row per
-cell of SWEEP_DIR/grid.tsv in grid order, from each cell's report.json: method, mask, achieved sparsity,
+cell of SWEEP_DIR/grid.tsv in grid order, from each cell's report.json: method, mask, refinement, achieved sparsity,
 dense and pruned perplexity, time (all starts of a requeued cell together), how many times it resumed,
 status. A cell without a report (failed, cancelled, still running) is a row with status "missing".
 
@@ -32,9 +32,16 @@ def mask_of(config):
     return f"{config.get('sparsity')} per {group}"
 
 
+def refine_of(config):
+    refine = config.get("refine")
+    if not isinstance(refine, dict):
+        return "none"
+    return refine.get("method", "?") + (" guarded" if refine.get("guard") else "")
+
+
 def row_for(cell, sweep):
     report_path = sweep / cell["cell"] / "report.json"
-    row = {**cell, "status": "missing", "method": None, "mask": None, "sparsity": None,
+    row = {**cell, "status": "missing", "method": None, "mask": None, "refine": None, "sparsity": None,
            "perplexity_dense": None, "perplexity_pruned": None, "seconds": None, "resumed_at_block": None,
            "report": str(report_path)}
     if not report_path.exists():
@@ -51,6 +58,7 @@ def row_for(cell, sweep):
         "status": "incomplete" if report.get("incomplete") else "done",
         "method": config.get("method"),
         "mask": mask_of(config),
+        "refine": refine_of(config),
         "sparsity": report.get("sparsity", {}).get("total"),
         "perplexity_dense": perplexity.get("dense"),
         "perplexity_pruned": perplexity.get("pruned"),
@@ -70,10 +78,12 @@ def fmt(value, digits):
 
 def markdown(rows, sweep):
     lines = [f"# Sweep {sweep}", "",
-             "| cell | method | mask | sparsity | dense ppl | pruned ppl | time (s) | resumed at block | status |",
-             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+             "| cell | method | mask | refine | sparsity | dense ppl | pruned ppl | time (s) | resumed at block "
+             "| status |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        lines.append(f"| {r['cell']} | {fmt(r['method'], 0)} | {fmt(r['mask'], 0)} | {fmt(r['sparsity'], 4)} | "
+        lines.append(f"| {r['cell']} | {fmt(r['method'], 0)} | {fmt(r['mask'], 0)} | {fmt(r['refine'], 0)} | "
+                     f"{fmt(r['sparsity'], 4)} | "
                      f"{fmt(r['perplexity_dense'], 3)} | {fmt(r['perplexity_pruned'], 3)} | "
                      f"{fmt(r['seconds'], 1)} | {fmt(r['resumed_at_block'], 0)} | {r['status']} |")
     done = sum(r["status"] == "done" for r in rows)

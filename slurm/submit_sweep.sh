@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Submits a sweep: one array task per cell of GRID (slurm/sweep.sbatch), then a collector job that runs
 # when the array has ended (afterany) and writes SWEEP_DIR/results.md and results.json, one row per cell
-# (method, mask, sparsity, dense and pruned perplexity, time, status).
+# (method, mask, refinement, sparsity, dense and pruned perplexity, time, status).
 #
 #   slurm/submit_sweep.sh GRID SWEEP_DIR [common symprune options...]
 #   slurm/submit_sweep.sh slurm/grids/paper_sparsity.tsv /scratch/$USER/sweep1 \

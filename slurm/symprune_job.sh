@@ -3,7 +3,8 @@
 #
 #   symprune_job_run LAUNCHER [symprune options...]     LAUNCHER: srun | mpirun
 #
-# Options come from the arguments, and from the environment for those not given there:
+# Options come from the arguments (and the recipe they name), and from the environment for those not given
+# there:
 #   SYMPRUNE_MODEL SYMPRUNE_METHOD SYMPRUNE_SPARSITY SYMPRUNE_NM SYMPRUNE_RECIPE SYMPRUNE_CALIB
 #   SYMPRUNE_EVAL SYMPRUNE_OUT SYMPRUNE_REPORT SYMPRUNE_CHECKPOINT (each the value of the option of that
 #   name), SYMPRUNE_EXTRA_ARGS (more options, split on spaces).
@@ -98,13 +99,20 @@ symprune_job_run() {
   shift
   [[ $launcher == srun || $launcher == mpirun ]] || symprune_job_die "launcher must be srun or mpirun, not '$launcher'"
   local -a args=("$@")
+  # The recipe first: an option it sets counts as given. --sparsity and --nm exclude each other, so either
+  # one given (by the arguments or the recipe) keeps the other's variable out.
+  if [[ -n ${SYMPRUNE_RECIPE:-} ]] && ! symprune_job_option --recipe args >/dev/null; then
+    args+=(--recipe "$SYMPRUNE_RECIPE")
+  fi
   local pair var option
-  for pair in MODEL:--model METHOD:--method SPARSITY:--sparsity NM:--nm RECIPE:--recipe CALIB:--calib \
-    EVAL:--eval OUT:--out REPORT:--report CHECKPOINT:--checkpoint; do
+  for pair in MODEL:--model METHOD:--method SPARSITY:--sparsity NM:--nm CALIB:--calib EVAL:--eval OUT:--out \
+    REPORT:--report CHECKPOINT:--checkpoint; do
     var=SYMPRUNE_${pair%%:*} option=${pair#*:}
-    if [[ -n ${!var:-} ]] && ! symprune_job_option "$option" args >/dev/null; then
-      args+=("$option" "${!var}")
-    fi
+    [[ -n ${!var:-} ]] || continue
+    symprune_job_setting "$option" args >/dev/null && continue
+    if [[ $option == --sparsity ]] && symprune_job_setting --nm args >/dev/null; then continue; fi
+    if [[ $option == --nm ]] && symprune_job_setting --sparsity args >/dev/null; then continue; fi
+    args+=("$option" "${!var}")
   done
   if [[ -n ${SYMPRUNE_EXTRA_ARGS:-} ]]; then
     local -a extra

@@ -72,7 +72,8 @@ def test_collector_marks_missing_cells_and_exits_1(tmp_path):
     sweep = tmp_path / "sweep"
     (sweep / "done-cell").mkdir(parents=True)
     (sweep / "grid.tsv").write_text("# two cells\ndone-cell --method wanda --nm 2:4\nlost-cell --method ria --sparsity 0.5\n")
-    report = {"config": {"method": "wanda", "nm": "2:4"}, "sparsity": {"total": 0.5},
+    report = {"config": {"method": "wanda", "nm": "2:4", "refine": {"method": "dsnot", "guard": True}},
+              "sparsity": {"total": 0.5},
               "perplexity": {"dense": 6.25, "pruned": 9.125}, "timings": {"total": 12.5},
               "resumed": {"checkpoint": "x.h5", "block": 3}}
     (sweep / "done-cell" / "report.json").write_text(json.dumps(report))
@@ -83,8 +84,8 @@ def test_collector_marks_missing_cells_and_exits_1(tmp_path):
     assert rows[0]["mask"] == "2:4" and rows[0]["perplexity_pruned"] == 9.125 and rows[0]["resumed_at_block"] == 3
     assert rows[1]["options"] == "--method ria --sparsity 0.5"
     markdown = (sweep / "results.md").read_text()
-    assert "| done-cell | wanda | 2:4 | 0.5000 | 6.250 | 9.125 | 12.5 | 3 | done |" in markdown
-    assert "| lost-cell | – | – | – | – | – | – | – | missing |" in markdown
+    assert "| done-cell | wanda | 2:4 | dsnot guarded | 0.5000 | 6.250 | 9.125 | 12.5 | 3 | done |" in markdown
+    assert "| lost-cell | – | – | – | – | – | – | – | – | missing |" in markdown
     assert "1 of 2 cells done" in markdown
     proc = subprocess.run(["python3", SLURM / "collect_sweep.py", tmp_path], capture_output=True, text=True)
     assert proc.returncode == 2 and "is " in proc.stderr and "a sweep directory" in proc.stderr
@@ -104,6 +105,30 @@ def test_defaults_yield_to_the_recipe(tmp_path):
     echoed = next(line for line in proc.stdout.splitlines() if line.startswith("--recipe"))
     assert echoed == f"--recipe {recipe} --checkpoint {tmp_path}/pruned.checkpoint.h5 --resume auto"
     assert f"{tmp_path}/pruned.checkpoint.h5.done is missing" in proc.stdout
+
+
+def test_environment_options_yield_to_the_recipe_and_to_the_exclusive_option(tmp_path):
+    """SYMPRUNE_* variables fill only options that neither the arguments nor the recipe give: a recipe's
+    2:4 mask keeps SYMPRUNE_SPARSITY out (it would replace the mask), and so does --nm on the command line
+    (the run would refuse --sparsity with --nm); SYMPRUNE_RECIPE counts like --recipe."""
+    recipe = tmp_path / "run.yaml"
+    recipe.write_text(f'method: ria\nnm: "2:4"\nout: {tmp_path}/pruned\n')
+    env = {"SYMPRUNE_DIST": "/bin/echo", "SLURM_NTASKS": "1", "SLURM_CPUS_PER_TASK": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "SYMPRUNE_SPARSITY": "0.7", "SYMPRUNE_METHOD": "wanda",
+           "SYMPRUNE_CALIB": "c4.jsonl"}
+
+    def echoed(command, extra_env):
+        proc = bash(f"source {SLURM}/symprune_job.sh; {command}", env={**env, **extra_env})
+        return next(line for line in proc.stdout.splitlines() if line.startswith("--")).split()
+
+    args = echoed(f"symprune_job_run mpirun --recipe {recipe}", {})
+    assert "--sparsity" not in args and "--method" not in args, args
+    assert args[args.index("--calib") + 1] == "c4.jsonl"
+    assert echoed("symprune_job_run mpirun", {"SYMPRUNE_RECIPE": str(recipe)}) == args
+    args = echoed(f"symprune_job_run mpirun --model m --nm 2:4 --out {tmp_path}/o", {})
+    assert "--sparsity" not in args and args[args.index("--method") + 1] == "wanda", args
+    args = echoed(f"symprune_job_run mpirun --model m --out {tmp_path}/o", {"SYMPRUNE_NM": "2:4"})
+    assert args[args.index("--sparsity") + 1] == "0.7" and "--nm" not in args, args
 
 
 def test_out_with_a_trailing_slash_gets_its_defaults_beside_it(tmp_path):
