@@ -416,7 +416,8 @@ bool score_method_needs_stats(ScoreMethod method, const ScoreOptions& options) {
 void validate_score_options(ScoreMethod method, const ScoreOptions& options) {
   const std::string_view name = score_method_name(method);
   if (!std::isnan(options.alpha)) {
-    SYMPRUNE_CHECK(score_method_uses_alpha(method), "{}: method {} takes no activation exponent alpha",
+    SYMPRUNE_CHECK(score_method_uses_alpha(method),
+                   "{}: takes no activation exponent alpha (--alpha): {} scores read no activations",
                    label(options), name);
     SYMPRUNE_CHECK(std::isfinite(options.alpha) && options.alpha >= 0.0,
                    "{}: alpha must be a finite number >= 0, got {}", label(options), options.alpha);

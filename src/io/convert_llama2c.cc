@@ -88,8 +88,10 @@ std::string llama2c_tokenizer_problem(const std::string& bytes, int64_t vocab_si
     at += static_cast<size_t>(length);
   }
   if (at != bytes.size()) {
-    return fmt::format("{} bytes remain after the checkpoint's vocab_size {} tokens (vocabulary mismatch?)",
-                       bytes.size() - at, vocab_size);
+    return fmt::format(
+        "{} bytes remain after the checkpoint's vocab_size {} tokens: a tokenizer of a larger "
+        "vocabulary?",
+        bytes.size() - at, vocab_size);
   }
   return "";
 }

@@ -28,8 +28,8 @@ std::unique_ptr<Tokenizer> load_llama2c_in_dir(const fs::path& bin, const fs::pa
     return load_llama2c_tokenizer(bin, vocab_size);
   } catch (const Error& e) {
     // The file has no token count of its own: a wrong vocab_size in config.json looks like a bad file.
-    throw Error(fmt::format("{} (read as the {} tokens of vocab_size in {}: check that value too)", e.what(),
-                            vocab_size, config_path.string()));
+    throw Error(fmt::format("{}; it was read as the {} tokens of vocab_size in {}: check that value too",
+                            e.what(), vocab_size, config_path.string()));
   }
 }
 

@@ -393,6 +393,22 @@ def _(env, tmp):
     return prune(env, tmp, model=model)
 
 
+@trigger("E-ST-INDEX-NO-WEIGHT-MAP")
+def _(env, tmp):
+    model = shard_model(env, tmp)
+    index = model / "model.safetensors.index.json"
+    content = json.loads(index.read_text())
+    content["weightmap"] = content.pop("weight_map")  # misspelled
+    index.write_text(json.dumps(content))
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-INDEX-SHARD-NOT-STRING")
+def _(env, tmp):
+    model = shard_model(env, tmp, lambda m: m.update({"model.norm.weight": ["model-00001-of-00001.safetensors"]}))
+    return prune(env, tmp, model=model)
+
+
 @trigger("E-ST-SHARDS-WITHOUT-INDEX")
 def _(env, tmp):
     model = copy_model(env, tmp)
@@ -473,6 +489,11 @@ def _(env, tmp):
     return config_prune(env, tmp, hidden_size=0)
 
 
+@trigger("E-CFG-NOT-BOOLEAN")
+def _(env, tmp):
+    return config_prune(env, tmp, tie_word_embeddings="true")
+
+
 @trigger("E-CFG-EXTRA-LAYERS")
 def _(env, tmp):
     return config_prune(env, tmp, num_hidden_layers=4)
@@ -548,6 +569,13 @@ def _(env, tmp):
     return tokenize(tmp / "tokenizer.bin")
 
 
+@trigger("E-TOK-LLAMA2C-TRAILING")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    edit_config(model, vocab_size=500)  # the tokenizer.bin holds 512 tokens
+    return tokenize(model)
+
+
 @trigger("E-TOK-JSON-MALFORMED")
 def _(env, tmp):
     (tmp / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": ')
@@ -557,6 +585,17 @@ def _(env, tmp):
 @trigger("E-TOK-JSON-UNSUPPORTED")
 def _(env, tmp):
     (tmp / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {"a": 0}}}))
+    return tokenize(tmp / "tokenizer.json")
+
+
+@trigger("E-TOK-JSON-NORMALIZER")
+def _(env, tmp):
+    # The normalizer of LLaMA-2's tokenizer.json (a SentencePiece model converted to BPE).
+    normalizer = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+                                                      {"type": "Replace", "pattern": {"String": " "},
+                                                       "content": "\u2581"}]}
+    (tmp / "tokenizer.json").write_text(json.dumps(
+        {"normalizer": normalizer, "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}))
     return tokenize(tmp / "tokenizer.json")
 
 
@@ -575,6 +614,12 @@ def eval_text(env, text):
 @trigger("E-TOK-NO-TEXT")
 def _(env, tmp):
     return Case("tokenize", "--tokenizer", env.model)
+
+
+@trigger("E-TOK-TEXTS-JSON")
+def _(env, tmp):
+    (tmp / "texts.json").write_text(json.dumps({"texts": ["Once upon a time"]}))
+    return Case("tokenize", "--tokenizer", env.model, "--texts-json", tmp / "texts.json")
 
 
 @trigger("E-TEXT-NOT-FOUND")
@@ -646,6 +691,12 @@ def _(env, tmp):
     return calib_prune(env, tmp, tmp / "bad.jsonl")
 
 
+@trigger("E-CAL-JSONL-NOT-OBJECT")
+def _(env, tmp):
+    (tmp / "bad.jsonl").write_text('{"text": "fine"}\n["an array, not a record"]\n')
+    return calib_prune(env, tmp, tmp / "bad.jsonl")
+
+
 @trigger("E-CAL-JSONL-NO-TEXT")
 def _(env, tmp):
     (tmp / "bad.jsonl").write_text('{"text": "fine"}\n{"content": "no text field"}\n')
@@ -689,6 +740,12 @@ def _(env, tmp):
     data[500] = 60000
     data.tofile(tmp / "tokens.bin")
     return calib_prune(env, tmp, tmp / "tokens.bin")
+
+
+@trigger("E-CAL-TOKENIZER-RANGE")
+def _(env, tmp):
+    # LLaMA-2's 32000-piece tokenizer for the 512-token stories260K.
+    return calib_prune(env, tmp, env.first, *CALIB, "--tokenizer", env.data / "llama2c_tokenizer" / "tokenizer.model")
 
 
 @trigger("E-CAL-FORMAT")
@@ -932,6 +989,37 @@ def _(env, tmp):
 def _(env, tmp):
     (tmp / "recipe.toml").write_text('method = "magnitude"\nsparsity = "lots"\n')
     return prune(env, tmp, "--recipe", tmp / "recipe.toml", method=())
+
+
+@trigger("E-RECIPE-EXCLUSIVE")
+def _(env, tmp):
+    (tmp / "recipe.toml").write_text('method = "magnitude"\nsparsity = 0.5\nnm = "2:4"\n')
+    return prune(env, tmp, "--recipe", tmp / "recipe.toml", method=())
+
+
+@trigger("E-RECIPE-NOT-SETTABLE")
+def _(env, tmp):
+    (tmp / "base.toml").write_text('method = "magnitude"\n')
+    (tmp / "recipe.toml").write_text(f'recipe = "{tmp / "base.toml"}"\nsparsity = 0.5\n')
+    return prune(env, tmp, "--recipe", tmp / "recipe.toml", method=())
+
+
+@trigger("E-RECIPE-YAML-NO-VALUE")
+def _(env, tmp):
+    (tmp / "recipe.yaml").write_text("method: magnitude\nsparsity:\n")
+    return prune(env, tmp, "--recipe", tmp / "recipe.yaml", method=())
+
+
+@trigger("E-RECIPE-YAML-SECOND-DOCUMENT")
+def _(env, tmp):
+    (tmp / "recipe.yaml").write_text("method: magnitude\n---\nsparsity: 0.5\n")
+    return prune(env, tmp, "--recipe", tmp / "recipe.yaml", method=())
+
+
+@trigger("E-RECIPE-GROUP-WITHOUT-SPARSITY")
+def _(env, tmp):
+    (tmp / "recipe.toml").write_text('method = "magnitude"\nnm = "2:4"\n')
+    return prune(env, tmp, "--recipe", tmp / "recipe.toml", "--group", "layer", method=())
 
 
 # --- output ----------------------------------------------------------------------------------------
@@ -1277,6 +1365,24 @@ def _(env, tmp):
     return convert(env, tmp, tmp / "bad.bin")
 
 
+def convert_with_tokenizer(env, tmp, tokenizer):
+    (tmp / "out").mkdir()
+    return Case("convert-llama2c", "--checkpoint", env.data / "stories260K" / "stories260K.bin", "--tokenizer",
+                tokenizer, "--out", tmp / "out" / "converted")
+
+
+@trigger("E-L2C-TOKENIZER-VOCAB")
+def _(env, tmp):
+    return convert_with_tokenizer(env, tmp, env.data / "llama2c_tokenizer" / "tokenizer.model")  # 32000 pieces
+
+
+@trigger("E-L2C-TOKENIZER-FORMAT")
+def _(env, tmp):
+    data = (env.data / "stories260K" / "tok512.bin").read_bytes()
+    (tmp / "tok512.bin").write_bytes(data[:3000])
+    return convert_with_tokenizer(env, tmp, tmp / "tok512.bin")
+
+
 # --- eval ------------------------------------------------------------------------------------------
 
 @trigger("E-EVAL-TOO-SHORT")
@@ -1298,6 +1404,28 @@ def _(env, tmp):
 @trigger("E-EVAL-MAX-CHUNKS")
 def _(env, tmp):
     return Case("eval", "--model", env.model, "--text", env.first, "--seqlen", "64", "--max-chunks", "-1")
+
+
+@trigger("E-EVAL-SEQLEN-MIN")
+def _(env, tmp):
+    return Case("eval", "--model", env.model, "--text", env.second, "--seqlen", "1", "--max-chunks", "1")
+
+
+@trigger("E-EVAL-TOKEN-RANGE")
+def _(env, tmp):
+    return Case("eval", "--model", env.model, "--text", env.second, "--seqlen", "64", "--max-chunks", "1",
+                "--tokenizer", env.data / "llama2c_tokenizer" / "tokenizer.model")
+
+
+@trigger("E-PRUNE-EVAL-SEQLEN")
+def _(env, tmp):
+    return prune(env, tmp, "--eval", env.second, "--eval-seqlen", "1", "--eval-max-chunks", "1")
+
+
+@trigger("E-PRUNE-EVAL-TOKEN-RANGE")
+def _(env, tmp):
+    return prune(env, tmp, "--eval", env.second, "--eval-seqlen", "64", "--eval-max-chunks", "1", "--tokenizer",
+                 env.data / "llama2c_tokenizer" / "tokenizer.model")
 
 
 @trigger("E-LOGITS-IDS")
@@ -1351,6 +1479,11 @@ for _id, _args in [("E-REFINE-METHOD", ["--refine", "dsnoot"]),
 @trigger("E-OPT-ALPHA-OVERFLOW")
 def _(env, tmp):
     return calib_prune(env, tmp, env.first, *CALIB, "--alpha", "1000")
+
+
+@trigger("E-OPT-ALPHA-UNUSED")
+def _(env, tmp):
+    return prune(env, tmp, "--alpha", "2")  # magnitude
 
 
 @trigger("E-REFINE-NO-CALIB")

@@ -715,10 +715,10 @@ TEST(ScoreErrors, InvalidOptions) {
   };
   ScoreOptions o;
   o.alpha = 1.0;
-  EXPECT_THAT(message(ScoreMethod::kMagnitude, o),
-              HasSubstr("m: method magnitude takes no activation exponent alpha"));
-  EXPECT_THAT(message(ScoreMethod::kSymmetric, o),
-              HasSubstr("method symmetric takes no activation exponent"));
+  EXPECT_THAT(
+      message(ScoreMethod::kMagnitude, o),
+      HasSubstr("m: takes no activation exponent alpha (--alpha): magnitude scores read no activations"));
+  EXPECT_THAT(message(ScoreMethod::kSymmetric, o), HasSubstr("symmetric scores read no activations"));
   o.alpha = -0.5;
   EXPECT_THAT(message(ScoreMethod::kWanda, o), HasSubstr("alpha must be a finite number >= 0, got -0.5"));
   o = {};
