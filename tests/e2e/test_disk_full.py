@@ -21,6 +21,12 @@ CHECKPOINT = DATA / "stories260K" / "stories260K.bin"
 TOKENIZER = DATA / "stories260K" / "tok512.bin"
 PRUNE = ["prune", "--method", "magnitude", "--sparsity", "0.5"]
 TOO_LARGE = "file too large"
+# LLVM's OpenMP runtime (libomp: clang builds, such as scripts/sanitize.sh's) sizes a 1 KiB shared-memory file
+# to register itself when it loads, before main, and aborts when a smaller RLIMIT_FSIZE refuses it. GCC's
+# libgomp (the normal build) does not; a limit that small is tested there.
+LIBOMP = "libomp" in subprocess.run(["ldd", BIN], capture_output=True, text=True).stdout
+below_libomp_registration = pytest.mark.skipif(
+    LIBOMP, reason="RLIMIT_FSIZE below 1 KiB aborts libomp's start-up in this clang build (tested in the GCC one)")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +64,8 @@ def error_line(proc):
 
 # --- RLIMIT_FSIZE --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("limit", [0, 4096, 256 << 10, 1020 << 10], ids=["0", "4k", "256k", "1020k"])
+@pytest.mark.parametrize("limit", [pytest.param(0, marks=below_libomp_registration), 4096, 256 << 10, 1020 << 10],
+                         ids=["0", "4k", "256k", "1020k"])
 def test_prune_out_file_too_large(stories, tmp_path, limit):
     # 1020k: model.safetensors (1,044,984 bytes) fails 504 bytes before its end.
     out = tmp_path / "pruned"
@@ -117,6 +124,7 @@ def test_convert_llama2c_file_too_large(tmp_path, limit):
     assert listing(tmp_path) == []
 
 
+@below_libomp_registration
 def test_eval_report_file_too_large(stories, tmp_path):
     report = tmp_path / "report.json"
     proc = run(["eval", "--model", stories.model, "--text", stories.second, "--seqlen", "64", "--max-chunks", "2",
@@ -127,8 +135,8 @@ def test_eval_report_file_too_large(stories, tmp_path):
 
 def test_calib_out_file_too_large(stories, tmp_path):
     out = tmp_path / "calib.u32"
-    proc = run(["calib", "--tokenizer", stories.model, "--calib", stories.first, "--nsamples", "4", "--seqlen",
-                "64", "--out", out], fsize=512)
+    proc = run(["calib", "--tokenizer", stories.model, "--calib", stories.first, "--nsamples", "8", "--seqlen",
+                "64", "--out", out], fsize=1024)
     expect_failure(proc, TOO_LARGE, out)
     assert listing(tmp_path) == []
 
