@@ -7,7 +7,7 @@
 # there:
 #   SYMPRUNE_MODEL SYMPRUNE_METHOD SYMPRUNE_SPARSITY SYMPRUNE_NM SYMPRUNE_RECIPE SYMPRUNE_CALIB
 #   SYMPRUNE_EVAL SYMPRUNE_OUT SYMPRUNE_REPORT SYMPRUNE_CHECKPOINT (each the value of the option of that
-#   name), SYMPRUNE_EXTRA_ARGS (more options, split on spaces).
+#   name), SYMPRUNE_EXTRA_ARGS (more options, split on spaces, counted as given like the arguments).
 # Defaults added when not given: --report OUT.report.json, --checkpoint OUT.checkpoint.h5 (in
 # SYMPRUNE_CHECKPOINT_DIR instead when set) and --resume auto, so every start of the job, first or
 # requeued, is the same command: it starts fresh, continues from the newest checkpoint, or (when the run
@@ -99,26 +99,32 @@ symprune_job_run() {
   shift
   [[ $launcher == srun || $launcher == mpirun ]] || symprune_job_die "launcher must be srun or mpirun, not '$launcher'"
   local -a args=("$@")
+  if [[ -n ${SYMPRUNE_EXTRA_ARGS:-} ]]; then
+    local -a extra
+    read -r -a extra <<<"$SYMPRUNE_EXTRA_ARGS"
+    args+=("${extra[@]}")
+  fi
   # The recipe first: an option it sets counts as given. --sparsity and --nm exclude each other, so either
-  # one given (by the arguments or the recipe) keeps the other's variable out.
+  # one given (by the arguments or the recipe) keeps the other's variable out, and both variables at once
+  # are refused rather than one chosen.
   if [[ -n ${SYMPRUNE_RECIPE:-} ]] && ! symprune_job_option --recipe args >/dev/null; then
     args+=(--recipe "$SYMPRUNE_RECIPE")
+  fi
+  local -a given=("${args[@]}")
+  if [[ -n ${SYMPRUNE_SPARSITY:-} && -n ${SYMPRUNE_NM:-} ]] && ! symprune_job_setting --sparsity given >/dev/null &&
+    ! symprune_job_setting --nm given >/dev/null; then
+    symprune_job_die "SYMPRUNE_SPARSITY and SYMPRUNE_NM are both set: they exclude each other; unset one"
   fi
   local pair var option
   for pair in MODEL:--model METHOD:--method SPARSITY:--sparsity NM:--nm CALIB:--calib EVAL:--eval OUT:--out \
     REPORT:--report CHECKPOINT:--checkpoint; do
     var=SYMPRUNE_${pair%%:*} option=${pair#*:}
     [[ -n ${!var:-} ]] || continue
-    symprune_job_setting "$option" args >/dev/null && continue
-    if [[ $option == --sparsity ]] && symprune_job_setting --nm args >/dev/null; then continue; fi
-    if [[ $option == --nm ]] && symprune_job_setting --sparsity args >/dev/null; then continue; fi
+    symprune_job_setting "$option" given >/dev/null && continue
+    if [[ $option == --sparsity ]] && symprune_job_setting --nm given >/dev/null; then continue; fi
+    if [[ $option == --nm ]] && symprune_job_setting --sparsity given >/dev/null; then continue; fi
     args+=("$option" "${!var}")
   done
-  if [[ -n ${SYMPRUNE_EXTRA_ARGS:-} ]]; then
-    local -a extra
-    read -r -a extra <<<"$SYMPRUNE_EXTRA_ARGS"
-    args+=("${extra[@]}")
-  fi
 
   local out
   out=$(symprune_job_setting --out args) || symprune_job_die "no output: give --out DIR (or SYMPRUNE_OUT, or out in the recipe)"

@@ -37,19 +37,24 @@ bool print_completion_marker(const std::string& file) {
   if (!file.ends_with(".done") || !std::filesystem::is_regular_file(file, ec) ||
       std::filesystem::file_size(file, ec) > (size_t{1} << 20))
     return false;
-  const nlohmann::json marker = nlohmann::json::parse(io::read_text_file(file, "completion marker"), nullptr,
-                                                      /*allow_exceptions=*/false);
+  std::string text;
+  try {
+    text = io::read_text_file(file, "completion marker");
+  } catch (const Error&) {
+    return false;  // binary: a checkpoint named *.done, read as one below
+  }
+  const nlohmann::json marker = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!marker.is_object() || !marker.contains("run_id") || !marker.contains("finished")) return false;
-  const auto text = [&](const char* key) {
+  const auto field = [&](const char* key) {
     const auto it = marker.find(key);
     return it != marker.end() && it->is_string() ? it->get<std::string>() : std::string("-");
   };
   fmt::print("completion marker: {}\n", file);
-  fmt::print("run: {} finished {}\n", text("run_id"), text("finished"));
-  fmt::print("output: {}\nreport: {}\n", text("out"), text("report"));
+  fmt::print("run: {} finished {}\n", field("run_id"), field("finished"));
+  fmt::print("output: {}\nreport: {}\n", field("out"), field("report"));
   fmt::print(
-      "the run's checkpoints were removed when it finished; the same command with --resume auto "
-      "does nothing\n");
+      "the run's checkpoints were removed when it finished; the same command with --resume does nothing "
+      "while its output is in place\n");
   return true;
 }
 

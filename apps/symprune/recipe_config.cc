@@ -375,14 +375,15 @@ void apply_recipe(CLI::App& subcommand, const std::filesystem::path& path) {
                    file, entry.line, entry.key, name, it->second->key, it->second->line);
     if (from_cli.count(opt) != 0) continue;
     const auto excludes = opt->get_excludes();
-    const auto excluder = std::find_if(excludes.begin(), excludes.end(),
-                                       [&](CLI::Option* ex) { return from_cli.count(ex) != 0; });
-    if (excluder != excludes.end()) {
-      // --group qualifies a --sparsity mask and cannot stand in for the recipe's N:M one, where --sparsity
-      // or --nm on the command line replace the recipe's mask (and a switch its opposite).
-      const std::string cli_name = (*excluder)->get_name();
+    const auto on_cli = [&](CLI::Option* ex) { return from_cli.count(ex) != 0; };
+    if (std::any_of(excludes.begin(), excludes.end(), on_cli)) {
+      // --sparsity or --nm on the command line replaces the recipe's mask (a switch, its opposite); --group
+      // alone qualifies a --sparsity mask and cannot stand in for the recipe's N:M one.
+      const bool replaced = std::any_of(excludes.begin(), excludes.end(), [&](CLI::Option* ex) {
+        return on_cli(ex) && ex->get_name() != "--group";
+      });
       SYMPRUNE_CHECK(
-          cli_name != "--group",
+          replaced,
           "recipe {}, line {}: '{}' and --group on the command line exclude each other (--group is "
           "for --sparsity masks): give --sparsity too, to replace the recipe's mask, or leave out "
           "--group",

@@ -203,6 +203,18 @@ void check_float_leftover(const ModelConfig& config, const TensorSource& model, 
               model.location(name), name);
 }
 
+// FNV-1a over a tensor's stored bytes: two tensors compared one at a time (a head is the largest tensor).
+uint64_t stored_bytes_digest(const TensorSource& model, const std::string& name) {
+  std::vector<std::byte> bytes;
+  model.read_bytes(name, bytes);
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (const std::byte b : bytes) {
+    hash ^= static_cast<uint64_t>(b);
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
 // A stored head that tie_word_embeddings makes unused: a copy of the embedding (the usual case) stays quiet;
 // a different one is named, since the model computed here is then not the one other loaders (which may take
 // either tensor) compute.
@@ -214,18 +226,21 @@ void check_unused_tied_head(const ModelConfig& config, const TensorSource& model
   if (!embedding) return;
   const TensorInfo& stored = model.info(head);
   const TensorInfo& embedded = model.info(*embedding);
-  bool same = stored.dtype == embedded.dtype && stored.shape == embedded.shape;
-  if (same) {
-    std::vector<std::byte> head_bytes, embedding_bytes;
-    model.read_bytes(head, head_bytes);
-    model.read_bytes(*embedding, embedding_bytes);
-    same = head_bytes == embedding_bytes;
+  std::string difference;
+  if (stored.shape != embedded.shape) {
+    difference = fmt::format("has shape {}, the embedding '{}' {}", shape_to_string(stored.shape), *embedding,
+                             shape_to_string(embedded.shape));
+  } else if (stored.dtype != embedded.dtype) {
+    difference = fmt::format("is stored as {}, the embedding '{}' as {}", dtype_name(stored.dtype),
+                             *embedding, dtype_name(embedded.dtype));
+  } else if (stored_bytes_digest(model, head) != stored_bytes_digest(model, *embedding)) {
+    difference = fmt::format("differs from the embedding '{}'", *embedding);
   }
-  if (!same)
+  if (!difference.empty())
     log::warn(
-        "{}: tensor '{}' differs from the embedding '{}', but {} sets tie_word_embeddings: the head is the "
-        "embedding here and '{}' is not used (set tie_word_embeddings to false if it is the model's head)",
-        model.location(head), head, *embedding, config_name(config), head);
+        "{}: tensor '{}' {}, but {} sets tie_word_embeddings: the head is the embedding here and '{}' is not "
+        "used (set tie_word_embeddings to false if it is the model's head)",
+        model.location(head), head, difference, config_name(config), head);
 }
 
 }  // namespace

@@ -214,7 +214,13 @@ void InputFootprint::check_model_unchanged() const {
 void InputFootprint::add_file(const fs::path& file) {
   std::error_code ec;
   if (file.empty() || !fs::exists(file, ec)) return;
-  files_.push_back({resolved_path(file), "input file"});
+  // A directory where one file or another is read from it (a tokenizer directory): nothing is written into
+  // it.
+  if (fs::is_directory(file, ec)) {
+    directories_.push_back({resolved_path(file), "input directory"});
+  } else {
+    files_.push_back({resolved_path(file), "input file"});
+  }
 }
 
 void InputFootprint::check_output(const fs::path& resolved, std::string_view option,

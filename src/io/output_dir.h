@@ -37,7 +37,8 @@ class InputFootprint {
  public:
   // A model directory: the directory and the real location of each file directly in it.
   void add_model_directory(const std::filesystem::path& dir);
-  // One input file (missing files are ignored: they fail later with their own error).
+  // One input file, or a directory an input is read from (a tokenizer directory), which is then protected as
+  // a whole. Missing paths are ignored: they fail later with their own error.
   void add_file(const std::filesystem::path& file);
 
   // Throws symprune::Error naming `option` and `as_given` when `resolved` (an absolute, symlink-free

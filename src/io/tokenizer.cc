@@ -27,9 +27,16 @@ std::unique_ptr<Tokenizer> load_llama2c_in_dir(const fs::path& bin, const fs::pa
   try {
     return load_llama2c_tokenizer(bin, vocab_size);
   } catch (const Error& e) {
-    // The file has no token count of its own: a wrong vocab_size in config.json looks like a bad file.
-    throw Error(fmt::format("{}; it was read as the {} tokens of vocab_size in {}: check that value too",
-                            e.what(), vocab_size, config_path.string()));
+    // The file has no token count of its own: when it reads whole to its end, the count from config.json is
+    // what is wrong, not the file.
+    std::unique_ptr<Tokenizer> whole;
+    try {
+      whole = load_llama2c_tokenizer(bin, 0);
+    } catch (const Error&) {
+      throw e;
+    }
+    fail("{}; the file holds {} tokens, so vocab_size {} in {} does not fit it", e.what(),
+         whole->vocab_size(), vocab_size, config_path.string());
   }
 }
 
@@ -56,8 +63,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& path) {
     if (llama2c) return load_llama2c_in_dir(path / "tokenizer.bin", path);
     fail(
         "no tokenizer found in directory {}: looked for tokenizer.model, tokenizer.json, vocab.json + "
-        "merges.txt, "
-        "tokenizer.bin",
+        "merges.txt, tokenizer.bin (--tokenizer names a tokenizer file or directory)",
         path.string());
   }
   SYMPRUNE_CHECK(fs::is_regular_file(path, ec), "tokenizer path {} does not exist", path.string());

@@ -22,11 +22,12 @@ TOKENIZER = DATA / "stories260K" / "tok512.bin"
 PRUNE = ["prune", "--method", "magnitude", "--sparsity", "0.5"]
 TOO_LARGE = "file too large"
 # LLVM's OpenMP runtime (libomp: clang builds, such as scripts/sanitize.sh's) sizes a 1 KiB shared-memory file
-# to register itself when it loads, before main, and aborts when a smaller RLIMIT_FSIZE refuses it. GCC's
-# libgomp (the normal build) does not; a limit that small is tested there.
+# to register itself when it starts (the first OpenMP call), and aborts when a smaller RLIMIT_FSIZE refuses
+# it. GCC's libgomp (the normal build) does not; a limit that small is tested there (and here for commands
+# that never start OpenMP, such as convert-llama2c).
 LIBOMP = "libomp" in subprocess.run(["ldd", BIN], capture_output=True, text=True).stdout
 below_libomp_registration = pytest.mark.skipif(
-    LIBOMP, reason="RLIMIT_FSIZE below 1 KiB aborts libomp's start-up in this clang build (tested in the GCC one)")
+    LIBOMP, reason="RLIMIT_FSIZE below 1 KiB aborts libomp's start in this clang build (tested in the GCC one)")
 
 
 @pytest.fixture(scope="module")

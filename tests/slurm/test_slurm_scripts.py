@@ -127,8 +127,13 @@ def test_environment_options_yield_to_the_recipe_and_to_the_exclusive_option(tmp
     assert echoed("symprune_job_run mpirun", {"SYMPRUNE_RECIPE": str(recipe)}) == args
     args = echoed(f"symprune_job_run mpirun --model m --nm 2:4 --out {tmp_path}/o", {})
     assert "--sparsity" not in args and args[args.index("--method") + 1] == "wanda", args
-    args = echoed(f"symprune_job_run mpirun --model m --out {tmp_path}/o", {"SYMPRUNE_NM": "2:4"})
-    assert args[args.index("--sparsity") + 1] == "0.7" and "--nm" not in args, args
+    # SYMPRUNE_EXTRA_ARGS counts as given too.
+    args = echoed(f"symprune_job_run mpirun --model m --out {tmp_path}/o", {"SYMPRUNE_EXTRA_ARGS": "--nm 4:8"})
+    assert "--sparsity" not in args and args[args.index("--nm") + 1] == "4:8", args
+    # Both variables with neither option given: refused, not one of them chosen.
+    proc = bash(f"source {SLURM}/symprune_job.sh; symprune_job_run mpirun --model m --out {tmp_path}/o",
+                env={**env, "SYMPRUNE_NM": "2:4"})
+    assert proc.returncode == 2 and "SYMPRUNE_SPARSITY and SYMPRUNE_NM are both set" in proc.stderr, proc.stderr
 
 
 def test_out_with_a_trailing_slash_gets_its_defaults_beside_it(tmp_path):

@@ -1,5 +1,17 @@
 #include "support/test_support.h"
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SYMPRUNE_TEST_LSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define SYMPRUNE_TEST_LSAN 1
+#endif
+#ifdef SYMPRUNE_TEST_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
+
 #include <cstdlib>
 #include <fstream>
 #include <stdexcept>
@@ -29,5 +41,17 @@ std::filesystem::path write_file(const std::filesystem::path& path, std::string_
   if (!out) throw std::runtime_error("cannot write " + path.string());
   return path;
 }
+
+#ifdef SYMPRUNE_TEST_LSAN
+ThirdPartyLeaksIgnored::ThirdPartyLeaksIgnored() {
+  __lsan_disable();
+}
+ThirdPartyLeaksIgnored::~ThirdPartyLeaksIgnored() {
+  __lsan_enable();
+}
+#else
+ThirdPartyLeaksIgnored::ThirdPartyLeaksIgnored() = default;
+ThirdPartyLeaksIgnored::~ThirdPartyLeaksIgnored() = default;
+#endif
 
 }  // namespace symprune::testing

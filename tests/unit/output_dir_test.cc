@@ -97,6 +97,14 @@ TEST_F(OutputDir, ReportMayNotReplaceAnInputNorLandInsideTheOutput) {
   with_calib.add_file(root_ / "calib.txt");
   EXPECT_THAT(error_of([&] { check_output_file(root_ / "calib.txt", with_calib, "--report"); }),
               HasSubstr("--report " + (root_ / "calib.txt").string() + " is the input file"));
+  // A tokenizer given as a directory: its files are read, so nothing may be written inside it.
+  fs::create_directories(root_ / "tokenizer");
+  with_calib.add_file(root_ / "tokenizer");
+  EXPECT_THAT(
+      error_of([&] { check_output_file(root_ / "tokenizer" / "tokenizer.json", with_calib, "--report"); }),
+      HasSubstr("is inside the input directory " + (root_ / "tokenizer").string()));
+  EXPECT_THAT(error_of([&] { OutputDirectory(root_ / "tokenizer" / "out", with_calib, false); }),
+              HasSubstr("is inside the input directory"));
   const OutputDirectory out(root_ / "out", inputs_, false);
   EXPECT_THAT(error_of([&] { check_output_file(root_ / "out" / "r.json", inputs_, "--report", &out); }),
               HasSubstr("is inside the output directory"));

@@ -326,6 +326,12 @@ TEST_F(RecipeTest, GroupOnTheCommandLineDoesNotReplaceTheRecipesNmMask) {
       "recipe " + nm_recipe +
           ", line 3: 'nm' and --group on the command line exclude each other (--group is for --sparsity "
           "masks): give --sparsity too, to replace the recipe's mask, or leave out --group");
+  // With --sparsity beside it, --group is part of the mask that replaces the recipe's.
+  parse({"--recipe", nm_recipe, "--sparsity", "0.5", "--group", "layer"});
+  EXPECT_DOUBLE_EQ(*o_.sparsity, 0.5);
+  EXPECT_EQ(o_.nm, "");
+  EXPECT_EQ(o_.group, "layer");
+  o_ = PruneOptions{};
   // --nm on the command line still replaces a recipe's sparsity mask, group and all.
   std::string row_recipe =
       write("row.toml", "model = \"m\"\nmethod = \"wanda\"\nsparsity = 0.5\ngroup = \"layer\"\n");

@@ -16,6 +16,7 @@
 #include "core/activation_stats.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "support/test_support.h"
 
 namespace symprune {
 namespace {
@@ -446,7 +447,7 @@ TEST(StochRia, VisitedSamplesAreEachIndexsSampleInBoundedRanges) {
   ASSERT_EQ(tau, 6);
   for (const bool columns : {false, true})
     for (const int64_t max_bytes : {int64_t{1}, int64_t{24}, int64_t{100}, int64_t{1} << 20}) {
-      SCOPED_TRACE(testing::Message() << (columns ? "columns" : "rows") << ", " << max_bytes << " bytes");
+      SCOPED_TRACE(::testing::Message() << (columns ? "columns" : "rows") << ", " << max_bytes << " bytes");
       const int64_t count = columns ? n : m;
       int64_t next = 0, ranges = 0;
       visit_stochria_samples(
@@ -503,9 +504,15 @@ TEST(StochRia, DeterministicAcrossThreadCountsAndSeedSensitive) {
   omp_set_num_threads(1);
   const Tensor one = score(ScoreMethod::kStochRIA, w, &st, o);
   const Tensor ria_one = score(ScoreMethod::kRIA, w, &st, o);
-  omp_set_num_threads(2);
-  const Tensor two = score(ScoreMethod::kStochRIA, w, &st, o);
-  const Tensor ria_two = score(ScoreMethod::kRIA, w, &st, o);
+  Tensor two, ria_two;
+  {
+    // LLVM's libomp (clang builds, OMP_NUM_THREADS=1 under scripts/sanitize.sh) loses two of its own blocks
+    // when its first team of 2 threads forms here: not ours to report, nor to hide for the whole library.
+    const symprune::testing::ThirdPartyLeaksIgnored libomp_first_team;
+    omp_set_num_threads(2);
+    two = score(ScoreMethod::kStochRIA, w, &st, o);
+    ria_two = score(ScoreMethod::kRIA, w, &st, o);
+  }
   omp_set_num_threads(5);
   const Tensor five = score(ScoreMethod::kStochRIA, w, &st, o);
   omp_set_num_threads(saved);
