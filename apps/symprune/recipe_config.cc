@@ -2,12 +2,14 @@
 
 #include <fmt/ranges.h>
 #include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cctype>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <system_error>
@@ -241,18 +243,55 @@ class TomlReader {
   int line_ = 1;
 };
 
+// Where the first node of a YAML document is, if it has one (an empty document, or one of comments only,
+// has none).
+class FirstNodeOfDocument : public YAML::EventHandler {
+ public:
+  std::optional<YAML::Mark> mark;
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& at, YAML::anchor_t) override { seen(at); }
+  void OnScalar(const YAML::Mark& at, const std::string&, YAML::anchor_t, const std::string&) override {
+    seen(at);
+  }
+  void OnSequenceStart(const YAML::Mark& at, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    seen(at);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& at, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    seen(at);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void seen(const YAML::Mark& at) {
+    if (!mark) mark = at;
+  }
+};
+
+// YAML::Load reads the first document and stops at a `---` or `...`: what follows would be dropped unread.
+// The second document is looked at by hand, since yaml-cpp 0.7's LoadAll can loop forever on some malformed
+// input (found by fuzz_recipe_yaml).
+void check_one_document(const std::filesystem::path& path, const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  FirstNodeOfDocument first, second;
+  if (!parser.HandleNextDocument(first) || !parser.HandleNextDocument(second) || !second.mark) return;
+  fail(
+      "recipe {}: YAML line {}: a second document (after `---` or `...`); a recipe is one document of "
+      "`option: value` lines",
+      path.string(), second.mark->line + 1);
+}
+
 std::vector<RecipeEntry> read_yaml(const std::filesystem::path& path, const std::string& text) {
   YAML::Node root;
   try {
-    // LoadAll, not Load: Load stops at a `---` or `...` and would drop the rest of the file unread.
-    std::vector<YAML::Node> documents = YAML::LoadAll(text);
-    for (size_t d = 1; d < documents.size(); ++d) {
-      SYMPRUNE_CHECK(!documents[d] || documents[d].IsNull(),
-                     "recipe {}: YAML line {}: a second document (after `---` or `...`); a recipe is one "
-                     "document of `option: value` lines",
-                     path.string(), documents[d].Mark().line + 1);
-    }
-    if (!documents.empty()) root = documents.front();
+    root = YAML::Load(text);
+    check_one_document(path, text);
   } catch (const YAML::DeepRecursion& e) {
     // yaml-cpp's own message for its nesting limit is only "bad file", at a mark that need not be the place.
     fail(

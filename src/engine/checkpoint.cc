@@ -45,10 +45,11 @@ std::vector<std::byte> pack_masks(const std::map<std::string, PackedMask>& masks
   return out;
 }
 
-// Keys of the resolved configuration that may change between attempts of one run.
-const char* const kVolatileKeys[] = {"model",     "model_dir",  "model_source",     "out",   "force",
-                                     "threads",   "ranks",      "communicator",     "calib", "eval",
-                                     "tokenizer", "checkpoint", "checkpoint_every", "resume"};
+// Keys of the resolved configuration that may change between attempts of one run. "mask" is only the
+// display of sparsity, group, nm and compat, which are compared: its wording may change between versions.
+const char* const kVolatileKeys[] = {"model",     "model_dir",  "model_source",     "out",    "force",
+                                     "threads",   "ranks",      "communicator",     "calib",  "eval",
+                                     "tokenizer", "checkpoint", "checkpoint_every", "resume", "mask"};
 
 struct Sides {
   std::string_view a, b;  // what holds each value: "the checkpoint", "this run"
