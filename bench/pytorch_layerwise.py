@@ -22,11 +22,30 @@ Plain torch only (the GPU machine has PyTorch but no transformers): the LLaMA bl
 import argparse
 import json
 import math
+import os
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
+
+def limit_blas_threads(argv):
+    """--threads N must bind every pool torch computes with. torch.set_num_threads alone does not: a torch
+    built on a system BLAS (Debian's) runs its GEMMs on that library's own threads, which read their count
+    from the environment when the library loads, so it is set here (unless the environment sizes it), before
+    numpy and torch are imported.
+    (Measured on the 2-core VM: --threads 1 without this used 176 % CPU.)"""
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--threads=") else (
+            argv[i + 1] if arg == "--threads" and i + 1 < len(argv) else None)
+        if value is not None and value.isdigit() and int(value) > 0:
+            for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
+                os.environ.setdefault(name, value)  # a pool sized explicitly in the environment stays so
+
+
+limit_blas_threads(sys.argv[1:])
+
+import numpy as np  # noqa: E402 (after the thread limits above)
+import torch  # noqa: E402
 import torch.nn.functional as F
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",

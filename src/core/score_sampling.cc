@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "core/hashing.h"
 #include "core/scores.h"
 
 namespace symprune {
@@ -15,34 +16,19 @@ __extension__ typedef unsigned __int128 Uint128;  // GCC/Clang extension, silenc
 
 constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
 
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-uint64_t fnv1a64(std::string_view text) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (unsigned char ch : text) {
-    hash ^= ch;
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
-}
-
 }  // namespace
 
 SampleKey::SampleKey(uint64_t seed, int64_t block, std::string_view matrix_name, bool column) {
   // Each key part goes through the SplitMix64 finalizer so that nearby seeds/blocks/indices decorrelate.
-  uint64_t key = mix64(seed + kGolden);
-  key = mix64(key ^ (static_cast<uint64_t>(block) + 2 * kGolden));
-  key = mix64(key ^ fnv1a64(matrix_name));
-  key = mix64(key ^ (column ? 0x636f6c756d6eULL : 0x726f77ULL));  // "column" / "row"
+  uint64_t key = splitmix64(seed + kGolden);
+  key = splitmix64(key ^ (static_cast<uint64_t>(block) + 2 * kGolden));
+  key = splitmix64(key ^ fnv1a64(matrix_name));
+  key = splitmix64(key ^ (column ? 0x636f6c756d6eULL : 0x726f77ULL));  // "column" / "row"
   base_ = key;
 }
 
 uint64_t SampleKey::stream(int64_t index) const {
-  return mix64(base_ ^ mix64(static_cast<uint64_t>(index) + kGolden));
+  return splitmix64(base_ ^ splitmix64(static_cast<uint64_t>(index) + kGolden));
 }
 
 void sample_without_replacement(uint64_t stream_key, int64_t population, int64_t tau,
@@ -51,8 +37,8 @@ void sample_without_replacement(uint64_t stream_key, int64_t population, int64_t
   if (static_cast<int64_t>(marks.size()) < population) marks.assign(static_cast<size_t>(population), 0);
   out.clear();
   uint64_t counter = 0;
-  // SplitMix64 stream: output k = mix64(key + (k+1)·golden).
-  auto next = [&] { return mix64(stream_key + (++counter) * kGolden); };
+  // SplitMix64 stream: output k = splitmix64(key + (k+1)·golden).
+  auto next = [&] { return splitmix64(stream_key + (++counter) * kGolden); };
   // Uniform integer in [0, range) by Lemire's multiply-shift with rejection (exactly unbiased).
   auto bounded = [&](uint64_t range) {
     Uint128 product = static_cast<Uint128>(next()) * range;

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/hashing.h"
 #include "io/json_util.h"
 #include "io/python_random.h"
 #include "io/text_file.h"
@@ -324,15 +325,9 @@ CalibrationSet load_calibration(const CalibrationOptions& options, const Tokeniz
 }
 
 std::string tokens_fingerprint(const std::vector<int32_t>& tokens) {
-  uint64_t hash = 0xcbf29ce484222325ull;
-  for (const int32_t id : tokens) {
-    const auto value = static_cast<uint32_t>(id);
-    for (int b = 0; b < 4; ++b) {
-      hash ^= (value >> (8 * b)) & 0xffu;
-      hash *= 0x100000001b3ull;
-    }
-  }
-  return fmt::format("{:016x}", hash);
+  Fnv1a64 hash;
+  for (const int32_t id : tokens) hash.update_little_endian(static_cast<uint32_t>(id), 4);
+  return fmt::format("{:016x}", hash.digest());
 }
 
 }  // namespace symprune::io

@@ -8,6 +8,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/hashing.h"
 #include "io/model_layout.h"
 
 namespace symprune::io {
@@ -44,16 +45,8 @@ const Preset& find_preset(std::string_view shape) {
   fail("synthetic model shape '{}' is unknown (known shapes: {})", shape, known);
 }
 
-uint64_t splitmix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 uint64_t name_key(uint64_t seed, std::string_view name) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
-  return splitmix64(seed ^ splitmix64(h));
+  return splitmix64(seed ^ splitmix64(fnv1a64(name)));
 }
 
 // Values of one tensor: centre + uniform(-half_width, half_width).

@@ -9,30 +9,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/hashing.h"
 
 namespace symprune::model {
 namespace {
-
-class Fnv1a {
- public:
-  void update(const void* data, size_t size) {
-    const auto* bytes = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < size; ++i) {
-      hash_ ^= bytes[i];
-      hash_ *= 0x100000001b3ull;
-    }
-  }
-  void update(std::string_view text) { update(text.data(), text.size()); }
-  void update_u64(uint64_t value) {
-    unsigned char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(value >> (8 * i));
-    update(le, 8);
-  }
-  uint64_t digest() const { return hash_; }
-
- private:
-  uint64_t hash_ = 0xcbf29ce484222325ull;
-};
 
 std::string read_prefix(const std::filesystem::path& path, uint64_t max_bytes) {
   std::ifstream in(path, std::ios::binary);
@@ -46,7 +26,7 @@ std::string read_prefix(const std::filesystem::path& path, uint64_t max_bytes) {
 // The tensor data from `begin` to `end`: all of it up to kWholeBytes (a fraction of a second), else 4 KiB
 // at every 16 MiB and the last 4 KiB, so weights of another value (a fine-tune of
 // the same shapes) change the fingerprint while a 7B model costs about 800 reads of 4 KiB.
-void hash_data_samples(const std::filesystem::path& path, uint64_t begin, uint64_t end, Fnv1a& hash) {
+void hash_data_samples(const std::filesystem::path& path, uint64_t begin, uint64_t end, Fnv1a64& hash) {
   constexpr uint64_t kWholeBytes = uint64_t{256} << 20;
   if (end <= begin) return;
   const bool whole = end - begin <= kWholeBytes;  // read in 1 MiB pieces, one after the other
@@ -72,7 +52,7 @@ void hash_data_samples(const std::filesystem::path& path, uint64_t begin, uint64
 std::string model_fingerprint(const std::filesystem::path& dir) {
   const auto config = dir / "config.json";
   SYMPRUNE_CHECK(std::filesystem::is_regular_file(config), "{}: missing config.json", dir.string());
-  Fnv1a hash;
+  Fnv1a64 hash;
   const uint64_t config_size = std::filesystem::file_size(config);
   hash.update(read_prefix(config, config_size));
   std::vector<std::filesystem::path> files;
@@ -82,7 +62,7 @@ std::string model_fingerprint(const std::filesystem::path& dir) {
   for (const auto& file : files) {
     const uint64_t size = std::filesystem::file_size(file);
     hash.update(file.filename().string());
-    hash.update_u64(size);
+    hash.update_little_endian(size, 8);
     std::string head = read_prefix(file, 8);
     uint64_t header_len = 0;
     for (size_t i = 0; i < head.size(); ++i)
