@@ -53,6 +53,9 @@ enum class MaskedPart { kKept, kPruned };
 // memory). What libraries allocate on their own, the cuBLAS workspaces and NCCL's buffers, is in none.
 struct DeviceMemory {
   int64_t free = 0, total = 0, held = 0, peak_used = 0, peak_reserved = 0;
+  // false: the device has no stream-ordered pools (some virtualized GPUs), so every free of device memory
+  // waits for the whole device: what a timing must know.
+  bool pooled = true;
 };
 
 // Device memory a 16-bit attention's tile of fp32 scores and 16-bit probabilities may take (the memory

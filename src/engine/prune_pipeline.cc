@@ -366,8 +366,9 @@ nlohmann::json device_memory_json(dist::Communicator& comm, const RunPlan& plan,
   };
   RankMemory local;
   const bool planned = plan.device_plan && plan.device_at_start;
+  std::optional<DeviceMemory> now;
   if (planned) {
-    const auto now = backend.device_memory();
+    now = backend.device_memory();
     local = {static_cast<int64_t>(plan.device_plan->total()),
              static_cast<int64_t>(plan.device_available),
              plan.device_at_start->free,
@@ -389,13 +390,15 @@ nlohmann::json device_memory_json(dist::Communicator& comm, const RunPlan& plan,
   }
   nlohmann::json terms = nlohmann::json::object();
   for (const DeviceMemoryTerm& term : kDeviceMemoryTerms) terms[term.key] = (*plan.device_plan).*term.bytes;
-  return {{"planned", worst.planned},
-          {"available_at_start", worst.available},
-          {"free_at_start", worst.free_at_start},
-          {"peak_used", worst.peak_used},
-          {"peak_reserved", worst.peak_reserved},
-          {"total", local.total},
-          {"plan", terms}};
+  return {
+      {"planned", worst.planned},
+      {"available_at_start", worst.available},
+      {"free_at_start", worst.free_at_start},
+      {"peak_used", worst.peak_used},
+      {"peak_reserved", worst.peak_reserved},
+      {"total", local.total},
+      {"allocator", now && !now->pooled ? "cudaMalloc/cudaFree (no memory pools)" : "stream-ordered pool"},
+      {"plan", terms}};
 }
 
 // What a checkpoint saves besides the masks and hidden states: the identity and the report so far.

@@ -26,6 +26,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/backend.h"
@@ -251,6 +252,36 @@ TEST_F(DevicePruningOpsTest, DeviceMasksAreAppliedFromTheirBitsOnTheDevice) {
   EXPECT_EQ(device().initial_column_l1(dw, mixed), cpu_backend().initial_column_l1(w, written));
 }
 
+// A mask's bits on the device belong to all its copies and are freed with the last one, by whichever thread
+// lets it go (on the device that holds them, with that thread's own device unchanged). Plain allocations
+// count the bytes exactly and free at once.
+TEST_F(DevicePruningOpsTest, AMasksDeviceBitsGoWithItsLastCopyOnAnyThread) {
+  const bool was_plain = cuda::plain_device_allocations();
+  struct Restore {
+    bool plain;
+    ~Restore() { cuda::use_plain_device_allocations(plain); }
+  } restore{was_plain};
+  cuda::use_plain_device_allocations(true);
+  const Tensor dw = device().to_backend(host_tensor({64, 40}, 8));
+  const int64_t before = cuda::device_pool_memory().used;
+  std::optional<Mask> selected = device().score_and_select(ScoreMethod::kMagnitude, dw, nullptr,
+                                                           ScoreOptions{}, MaskSpec::row(0.5), nullptr);
+  ASSERT_NE(dynamic_cast<const cuda::DeviceMaskBits*>(selected->backend_bits()), nullptr);
+  EXPECT_EQ(cuda::device_pool_memory().used - before, 64 * 40 / 8);
+  std::optional<Mask> copy = *selected;
+  selected.reset();
+  EXPECT_EQ(cuda::device_pool_memory().used - before, 64 * 40 / 8);  // the copy holds them
+  const int device_before = cuda::current_device();
+  int thread_device_after = -1;
+  std::thread([&] {
+    copy.reset();
+    thread_device_after = cuda::current_device();
+  }).join();
+  EXPECT_EQ(cuda::device_pool_memory().used, before);
+  EXPECT_EQ(thread_device_after, 0);  // a new thread's device, unchanged by the free
+  EXPECT_EQ(cuda::current_device(), device_before);
+}
+
 // download_bytes goes through a staging buffer of 8 MiB: a download of several buffers and a tail.
 TEST_F(DevicePruningOpsTest, StagedDownloadsReturnEveryByte) {
   const size_t count = (size_t{8} << 20) * 2 + 13;
@@ -392,6 +423,9 @@ void expect_peak_within_the_plan(const engine::PruneResult& result, const engine
   EXPECT_LE(peak, planned) << memory;
   EXPECT_GE(memory.at("peak_reserved").get<int64_t>(), peak) << memory;
   EXPECT_LE(planned, memory.at("available_at_start").get<int64_t>()) << memory;
+  EXPECT_EQ(memory.at("allocator"), cuda::plain_device_allocations() ? "cudaMalloc/cudaFree (no memory pools)"
+                                                                     : "stream-ordered pool")
+      << memory;
   double terms = 0;
   for (const auto& [name, bytes] : memory.at("plan").items()) terms += bytes.get<double>();
   EXPECT_EQ(planned, static_cast<int64_t>(terms)) << memory;

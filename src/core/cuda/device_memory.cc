@@ -134,6 +134,14 @@ void device_free(void* pointer) noexcept {
     (void)cudaFreeAsync(pointer, nullptr);
 }
 
+void device_free_on(int device, void* pointer) noexcept {
+  if (pointer == nullptr) return;
+  int previous = -1;
+  if (cudaGetDevice(&previous) == cudaSuccess && previous != device) (void)cudaSetDevice(device);
+  device_free(pointer);
+  if (previous >= 0 && previous != device) (void)cudaSetDevice(previous);
+}
+
 DeviceStream create_stream() {
   cudaStream_t stream = nullptr;
   SYMPRUNE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

@@ -28,6 +28,9 @@ struct DeviceStream {
 // virtualized GPUs) gets cudaMalloc and cudaFree instead, counted by hand for device_pool_memory.
 void* device_allocate(size_t bytes, DeviceStream stream = {});  // Error naming the size and the free memory
 void device_free(void* pointer) noexcept;
+// device_free with `device` current, the calling thread's device restored after: for memory whose last
+// owner may be any thread (a host Mask's bits on the device), since a thread starts on device 0.
+void device_free_on(int device, void* pointer) noexcept;
 // The allocations from here on are plain (cudaMalloc/cudaFree), or (false) again what the device supports:
 // what tests use to run the fallback on a device with pools. Earlier allocations keep their kind
 // (device_free tells them apart); device_pool_memory then counts the plain ones only.
@@ -95,6 +98,11 @@ class DeviceArray {
   T* data() { return data_; }
   const T* data() const { return data_; }
   int64_t size() const { return count_; }
+  // The allocation, now the caller's to free (device_free or device_free_on); the array is left empty.
+  T* release() noexcept {
+    count_ = 0;
+    return std::exchange(data_, nullptr);
+  }
   size_t bytes() const { return static_cast<size_t>(count_) * sizeof(T); }
 
   // Scratch kept between calls: grows (contents dropped) to at least `count` elements, never shrinks.

@@ -58,6 +58,9 @@ void device_free(void* pointer) noexcept {
   ledger().remove(pointer);
   std::free(pointer);
 }
+void device_free_on(int, void* pointer) noexcept {
+  device_free(pointer);  // one device
+}
 
 // Streams are the default stream (everything is synchronous), pinned memory is host memory and there is
 // one device.

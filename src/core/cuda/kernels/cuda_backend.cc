@@ -668,6 +668,7 @@ class CudaBackend final : public Backend {
     memory.held = pool.reserved;
     memory.peak_used = pool.peak_used;
     memory.peak_reserved = pool.peak_reserved;
+    memory.pooled = !plain_device_allocations();
     return memory;
   }
   void reset_device_memory_peak() override { cuda::reset_device_memory_peak(); }

@@ -36,6 +36,12 @@ class DeviceMaskSelector final : public MaskSelector {
 
 // A mask's packed bits in device memory, kept with the host mask (Mask::backend_bits) by download_mask.
 struct DeviceMaskBits final : BackendBits {
+  DeviceMaskBits() = default;
+  DeviceMaskBits(const DeviceMaskBits&) = delete;
+  DeviceMaskBits& operator=(const DeviceMaskBits&) = delete;
+  // Freed on their own device: the mask's last copy may go on a thread that never chose one.
+  ~DeviceMaskBits() override { device_free_on(device, bits.release()); }
+
   DeviceArray<uint8_t> bits;
   int device = 0;  // the device holding them
 };

@@ -296,6 +296,7 @@ __global__ void __launch_bounds__(kThreads)
                       char* __restrict__ scratch, int64_t scratch_per_block) {
   __shared__ RowState shared_state;
   __shared__ ChainTile chain_tile;
+  __shared__ int64_t shared_swaps;  // thread 0's count of the row's swaps, for the block's branch below
   const int64_t reach = regrow_reach(n, options.max_cycles), prune_depth = prune_reach(n, options.max_cycles);
   char* own = scratch + static_cast<int64_t>(blockIdx.x) * scratch_per_block;
   uint64_t* sort_keys = reinterpret_cast<uint64_t*>(own);
@@ -352,11 +353,15 @@ __global__ void __launch_bounds__(kThreads)
       lists.positive_count =
           block_smallest([&](int64_t c) { return !initial[c] && expected_term(w, columns.mu, c) > 0.0f; },
                          prune_order, column, n, prune_depth, sort_keys, positive);
-    if (threadIdx.x == 0) run_swaps(x, lists, current, touched, n, row, results);
+    if (threadIdx.x == 0) {
+      run_swaps(x, lists, current, touched, n, row, results);
+      shared_swaps = results.swaps[row];
+    }
     __syncthreads();
-    // Every thread reads thread 0's count (written before the barrier): a row that swapped has its error
-    // summed again by the block; one that did not keeps its error.
-    if (results.swaps[row] > 0) {
+    // A row that swapped has its error summed again by the block (row_error holds barriers, so the branch
+    // must be the block's: it reads thread 0's count from shared memory, not each thread's load of the
+    // global one); one that did not keeps its error.
+    if (shared_swaps > 0) {
       const double after = row_error(w, columns.mu, current, n, chain_tile);
       if (threadIdx.x == 0) results.error_after[row] = after;
     } else if (threadIdx.x == 0) {
