@@ -76,6 +76,18 @@ void expect_same_values(const Tensor& a, const Tensor& e) {
   for (int64_t i = 0; i < e.numel(); ++i) ASSERT_EQ(a[i], e[i]) << "element " << i;
 }
 
+// The allocation mode (pool or plain) as it was when the scope began, restored when it ends.
+class AllocationModeRestored {
+ public:
+  AllocationModeRestored() : was_plain_(cuda::plain_device_allocations()) {}
+  ~AllocationModeRestored() { cuda::use_plain_device_allocations(was_plain_); }
+  AllocationModeRestored(const AllocationModeRestored&) = delete;
+  AllocationModeRestored& operator=(const AllocationModeRestored&) = delete;
+
+ private:
+  bool was_plain_;
+};
+
 class DevicePruningOpsTest : public KernelTest {};
 
 TEST_F(KernelTest, MemoryPeakFollowsTheAllocationsSinceTheReset) {
@@ -103,11 +115,7 @@ TEST_F(KernelTest, MemoryPeakFollowsTheAllocationsSinceTheReset) {
 // Plain allocations (cudaMalloc/cudaFree, what a device without memory pools gets; the emulation's are all
 // plain) on any device: counted to the byte, freed, and memory the ops work in.
 TEST_F(KernelTest, PlainAllocationsAreCountedToTheByteAndWork) {
-  const bool was_plain = cuda::plain_device_allocations();
-  struct Restore {
-    bool plain;
-    ~Restore() { cuda::use_plain_device_allocations(plain); }
-  } restore{was_plain};
+  const AllocationModeRestored restore;
   cuda::use_plain_device_allocations(true);
   ASSERT_TRUE(cuda::plain_device_allocations());
   device().reset_device_memory_peak();
@@ -256,11 +264,7 @@ TEST_F(DevicePruningOpsTest, DeviceMasksAreAppliedFromTheirBitsOnTheDevice) {
 // lets it go (on the device that holds them, with that thread's own device unchanged). Plain allocations
 // count the bytes exactly and free at once.
 TEST_F(DevicePruningOpsTest, AMasksDeviceBitsGoWithItsLastCopyOnAnyThread) {
-  const bool was_plain = cuda::plain_device_allocations();
-  struct Restore {
-    bool plain;
-    ~Restore() { cuda::use_plain_device_allocations(plain); }
-  } restore{was_plain};
+  const AllocationModeRestored restore;
   cuda::use_plain_device_allocations(true);
   const Tensor dw = device().to_backend(host_tensor({64, 40}, 8));
   const int64_t before = cuda::device_pool_memory().used;
@@ -504,11 +508,7 @@ TEST_F(DevicePipelineTest, Stories260KPrunesAsOnTheCpu) {
 // are all plain: every other test of it runs them); on a GPU without pools both runs are plain.
 TEST_F(DevicePipelineTest, Stories260KPrunesOnPlainAllocationsAsOnThePool) {
   if (emulated_device()) GTEST_SKIP() << "the emulation's allocations are plain in every test";
-  const bool was_plain = cuda::plain_device_allocations();
-  struct Restore {
-    bool plain;
-    ~Restore() { cuda::use_plain_device_allocations(plain); }
-  } restore{was_plain};
+  const AllocationModeRestored restore;
   engine::PruneConfig pooled = config("wanda_row_pooled", device());
   pooled.method = "wanda";
   pooled.sparsity = 0.5;
