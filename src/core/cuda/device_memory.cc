@@ -3,10 +3,8 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/kernels/allocation_ledger.h"
@@ -182,25 +180,6 @@ void copy_to_host(void* host_destination, const void* device_source, size_t byte
       cudaMemcpyAsync(host_destination, device_source, bytes, cudaMemcpyDeviceToHost, native(stream)));
   // The host reads the destination next: pageable copies are synchronous only up to staging.
   SYMPRUNE_CUDA_CHECK(cudaStreamSynchronize(native(stream)));
-}
-
-std::vector<uint8_t> download_bytes(const void* device_source, size_t bytes) {
-  constexpr size_t kStagingBytes = size_t{8} << 20;
-  static std::mutex mutex;
-  static void* staging = nullptr;  // kept for the process's life
-  std::vector<uint8_t> host;
-  host.reserve(bytes);
-  if (bytes == 0) return host;
-  const std::lock_guard lock(mutex);
-  if (staging == nullptr) staging = pinned_allocate(kStagingBytes);
-  const auto* source = static_cast<const uint8_t*>(device_source);
-  const auto* staged = static_cast<const uint8_t*>(staging);
-  for (size_t offset = 0; offset < bytes; offset += kStagingBytes) {
-    const size_t chunk = std::min(kStagingBytes, bytes - offset);
-    copy_to_host(staging, source + offset, chunk);
-    host.insert(host.end(), staged, staged + chunk);
-  }
-  return host;
 }
 
 void copy_on_device(void* device_destination, const void* device_source, size_t bytes, DeviceStream stream) {

@@ -50,7 +50,8 @@ void copy_to_device(void* device_destination, const void* host_source, size_t by
 void copy_to_host(void* host_destination, const void* device_source, size_t bytes, DeviceStream stream = {});
 // `bytes` of device memory as a new host vector, on the default stream, through a page-locked staging
 // buffer of the process (the driver's own staging of pageable memory is slower), copied into the vector as
-// it is filled (not zero-filled first).
+// it is filled (not zero-filled first). One implementation (kernels/staged_download.cc) for the device and
+// the emulation, on the functions above.
 std::vector<uint8_t> download_bytes(const void* device_source, size_t bytes);
 void zero_device(void* device_destination, size_t bytes, DeviceStream stream = {});
 void copy_on_device(void* device_destination, const void* device_source, size_t bytes,

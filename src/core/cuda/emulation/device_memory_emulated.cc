@@ -89,11 +89,6 @@ void copy_to_host(void* host_destination, const void* device_source, size_t byte
   if (bytes > 0) std::memcpy(host_destination, device_source, bytes);
 }
 
-std::vector<uint8_t> download_bytes(const void* device_source, size_t bytes) {
-  const auto* source = static_cast<const uint8_t*>(device_source);
-  return std::vector<uint8_t>(source, source + bytes);
-}
-
 void copy_on_device(void* device_destination, const void* device_source, size_t bytes, DeviceStream) {
   if (bytes > 0) std::memmove(device_destination, device_source, bytes);
 }
