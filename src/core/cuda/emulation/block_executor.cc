@@ -356,7 +356,7 @@ class FiberExecutor {
         for (unsigned x = 0; x < grid.x; ++x) {
           before_each_block();
           block_index_of_this_thread = uint3{x, y, z};
-          run_block(threads, block);
+          run_block(threads, block, ++blocks_run_ % 2 == 0);
         }
     body_ = nullptr;
   }
@@ -376,8 +376,11 @@ class FiberExecutor {
 
  private:
   // Round robin over the block's threads, skipping those whose barrier has not filled; a full round in
-  // which none can go on while some have not finished is a barrier that can never fill.
-  void run_block(int threads, dim3 block) {
+  // which none can go on while some have not finished is a barrier that can never fill. Every other block
+  // (counted over launches, so a one-block kernel alternates too) goes round from the last thread down: a
+  // thread that reads another's write with no barrier between them then reads it stale in one of the two
+  // orders, so a missing barrier fails the parity tests instead of passing because lower threads ran first.
+  void run_block(int threads, dim3 block, bool descending) {
     for (int i = 0; i < threads; ++i) {
       fibers_[static_cast<size_t>(i)].finished = false;
       fibers_[static_cast<size_t>(i)].waiting_at = nullptr;
@@ -385,7 +388,8 @@ class FiberExecutor {
     int unfinished = threads;
     while (unfinished > 0) {
       bool progressed = false;
-      for (int i = 0; i < threads; ++i) {
+      for (int k = 0; k < threads; ++k) {
+        const int i = descending ? threads - 1 - k : k;
         Fiber& fiber = fibers_[static_cast<size_t>(i)];
         if (fiber.finished) continue;
         if (fiber.waiting_at != nullptr) {
@@ -444,6 +448,7 @@ class FiberExecutor {
   const std::function<void()>* body_ = nullptr;
   Fiber* running_ = nullptr;
   bool retiring_ = false;
+  uint64_t blocks_run_ = 0;  // by this thread, over all launches: which way run_block goes round
   Context launcher_;
   const void* launcher_stack_bottom_ = nullptr;
   size_t launcher_stack_size_ = 0;
