@@ -22,17 +22,25 @@ namespace {
 
 std::atomic<int> g_received{0};
 std::atomic<bool> g_local_checks{true};
-std::mutex g_cleanup_mutex;
-std::vector<fs::path>& cleanup_paths() {
-  static std::vector<fs::path> paths;
-  return paths;
+
+// What the watcher thread reads, never destroyed: the detached watcher may print a notice while the process
+// runs its static destructors (mpirun's SIGTERM reaching a rank that is already leaving main), and a
+// destroyed string printed garbage there.
+struct WatcherState {
+  std::mutex prefix_mutex;
+  std::string prefix = "symprune";
+  std::mutex cleanup_mutex;
+  std::vector<fs::path> cleanup_paths;
+};
+WatcherState& watcher_state() {
+  static WatcherState* const state = new WatcherState;  // NOLINT: deliberately outlives every destructor
+  return *state;
 }
 
-std::mutex g_prefix_mutex;
-std::string g_prefix = "symprune";
 std::string notice_prefix() {
-  const std::lock_guard lock(g_prefix_mutex);
-  return g_prefix;
+  WatcherState& state = watcher_state();
+  const std::lock_guard lock(state.prefix_mutex);
+  return state.prefix;
 }
 
 // SIGUSR1 is what Slurm sends before a time limit or preemption (--signal=B:USR1@T).
@@ -51,8 +59,9 @@ void forward_signal(int signal) {
 [[noreturn]] void stop_at_once(int signal) {
   std::string removed;
   {
-    std::lock_guard<std::mutex> lock(g_cleanup_mutex);
-    for (const auto& path : cleanup_paths()) {
+    WatcherState& state = watcher_state();
+    std::lock_guard<std::mutex> lock(state.cleanup_mutex);
+    for (const auto& path : state.cleanup_paths) {
       std::error_code ec;
       // The main thread may still be adding files: retry a few times until the directory is gone.
       for (int attempt = 0; attempt < 5 && fs::exists(fs::symlink_status(path, ec)); ++attempt)
@@ -116,8 +125,9 @@ void install() {
 }
 
 void set_notice_prefix(std::string prefix) {
-  const std::lock_guard lock(g_prefix_mutex);
-  g_prefix = std::move(prefix);
+  WatcherState& state = watcher_state();
+  const std::lock_guard lock(state.prefix_mutex);
+  state.prefix = std::move(prefix);
 }
 
 int received() {
@@ -154,8 +164,9 @@ std::string signal_name(int signal) {
 }
 
 CleanupOnStop::CleanupOnStop(fs::path path) : path_(std::move(path)) {
-  std::lock_guard<std::mutex> lock(g_cleanup_mutex);
-  cleanup_paths().push_back(path_);
+  WatcherState& state = watcher_state();
+  std::lock_guard<std::mutex> lock(state.cleanup_mutex);
+  state.cleanup_paths.push_back(path_);
   registered_ = true;
 }
 
@@ -165,8 +176,9 @@ CleanupOnStop::~CleanupOnStop() {
 
 void CleanupOnStop::release() {
   if (!registered_) return;
-  std::lock_guard<std::mutex> lock(g_cleanup_mutex);
-  auto& paths = cleanup_paths();
+  WatcherState& state = watcher_state();
+  std::lock_guard<std::mutex> lock(state.cleanup_mutex);
+  auto& paths = state.cleanup_paths;
   auto it = std::find(paths.begin(), paths.end(), path_);
   if (it != paths.end()) paths.erase(it);
   registered_ = false;
