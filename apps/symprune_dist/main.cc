@@ -139,12 +139,16 @@ int main(int argc, char** argv) {
     // The same command line everywhere: rank 0 says why. Otherwise the lowest rank it ended says so.
     const int speaker = same_everywhere ? 0 : static_cast<int>(ended - ends.begin());
     if (rank == speaker) {
-      if (!same_everywhere)
-        std::fprintf(
-            stderr,
-            "symprune_dist: [rank %d/%d] its command line differs from rank 0's and ends the run (every "
-            "rank must get the same options):\n",
-            rank, size);
+      if (!same_everywhere) {
+        std::string others;  // the ranks whose command line does not end the run as this one's does
+        for (int r = 0; r < size; ++r)
+          if (ends[static_cast<size_t>(r)] != ends[static_cast<size_t>(speaker)])
+            others += fmt::format("{}{}", others.empty() ? "" : ", ", r);
+        std::fprintf(stderr,
+                     "symprune_dist: [rank %d/%d] the ranks got different command lines: this rank's ends the "
+                     "run, and not as that of rank %s does (every rank must get the same options):\n",
+                     rank, size, others.c_str());
+      }
       say_why();
     }
     return same_everywhere && ends[0] == 1 ? 0 : 1;

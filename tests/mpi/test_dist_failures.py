@@ -170,15 +170,24 @@ def test_sigterm_while_the_output_is_written_stops_every_rank_without_output(sto
     (["--sparsity", "0.7"], "config.sparsity: rank 0 has 0.5, rank 1 has 0.7"),
     (["--checkpoint", "CKPT"], "config.checkpoint: rank 0 has null, rank 1 has"),
     (["--calib", "SECOND"], "calibration: rank 0 has"),
-    (["--sparsity", "half"], "[rank 1/2] its command line differs from rank 0's and ends the run"),
+    (["--sparsity", "half"], "[rank 1/2] the ranks got different command lines: this rank's ends the run, and "
+                             "not as that of rank 0 does"),
+    # Rank 0's own command line is the one refused: it names the other rank, then its error.
+    (["FIRST", "--bogus"], "[rank 0/2] the ranks got different command lines: this rank's ends the run, and not "
+                           "as that of rank 1 does (every rank must get the same options):\n"
+                           "The following argument was not expected: --bogus"),
 ])
 def test_ranks_started_with_other_options_or_data_are_refused(stories, tmp_path, have_mpirun, second_rank_args,
                                                              differing):
     """An MPMD launch (or per-node files) giving ranks other options or data must not mix rows silently
     (other sparsity, calibration) or hang (a checkpoint on one rank only, a command line only one rank
-    refuses)."""
+    refuses). "FIRST" gives rank 0 the extra arguments instead."""
     first = ["--model", stories.model, *RUN, "--calib", stories.first, "--out", tmp_path / "o"]
-    second = list(first)
+    if second_rank_args[0] == "FIRST":
+        second, first = list(first), first + second_rank_args[1:]
+        second_rank_args = []
+    else:
+        second = list(first)
     for option, value in zip(second_rank_args[::2], second_rank_args[1::2]):
         value = {"CKPT": tmp_path / "c.h5", "SECOND": stories.second}.get(value, value)
         if option in second:
