@@ -870,10 +870,13 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
   agree_on_errors(comm, [&] {
     if (comm.rank() != 0 || c.report.empty()) return;
     try {
+      fault::at("report");
       io::write_file_atomically(c.report, result.report().dump(2) + "\n");
-    } catch (const Error&) {
-      discard_new_output();  // a run that asked for a report and did not get one has failed
-      throw;
+    } catch (const Error& e) {
+      // A run that asked for a report and did not get one has failed: its model goes, and the message says so.
+      const std::string outcome = discard_new_output();
+      if (outcome.empty()) throw;
+      throw Error(e.what() + outcome);
     }
     log::info("wrote {}{}", c.report.string(), result.incomplete ? " (marked incomplete)" : "");
   });

@@ -132,6 +132,17 @@ def test_a_failed_evaluation_leaves_no_new_model_and_keeps_only_one_that_replace
     assert (out / "model.safetensors").exists()
 
 
+def test_a_report_that_cannot_be_written_removes_the_model_and_says_so(stories, tmp_path):
+    # The model was written ("wrote OUT" in the log) before the report failed: the error must say it is gone.
+    out = tmp_path / "out"
+    proc = symprune(*prune_args(stories, out, "--report", tmp_path / "r.json"), check=False,
+                    env={"SYMPRUNE_FAULT": "report:error"})
+    assert proc.returncode == 1, proc.stderr
+    removed = f"injected fault at report (SYMPRUNE_FAULT); the run failed, so its pruned model {out} was removed"
+    assert removed in proc.stderr, proc.stderr
+    assert listing(tmp_path) == []
+
+
 def test_error_messages_escape_bytes_that_are_not_utf8(stories, tmp_path):
     recipe = tmp_path / "recipe.toml"
     recipe.write_bytes(b'method = "wanda\\\xda\x1b[2J"\n')
