@@ -24,6 +24,12 @@ template <typename... Args>
 void warn(spdlog::format_string_t<Args...> format, Args&&... args) {
   spdlog::warn(format, std::forward<Args>(args)...);
 }
+// A warning that every rank would give alike (the same file read, an error all ranks agreed on): said once,
+// by rank 0.
+template <typename... Args>
+void warn_on_root(spdlog::format_string_t<Args...> format, Args&&... args) {
+  if (is_root()) spdlog::warn(format, std::forward<Args>(args)...);
+}
 template <typename... Args>
 void error(spdlog::format_string_t<Args...> format, Args&&... args) {
   spdlog::error(format, std::forward<Args>(args)...);

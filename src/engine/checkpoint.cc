@@ -369,7 +369,7 @@ std::optional<ResumePoint> load_resume_point(
       throw;
     } catch (const Error& e) {  // CollectiveError with ranks > 1
       problems.push_back(e.what());
-      log::warn("{}{}", e.what(), next);
+      log::warn_on_root("{}{}", e.what(), next);  // every rank has the agreed error
       continue;
     }
     // A checkpoint of another run is an error, not something to skip: its previous one is of that run too.
@@ -388,7 +388,7 @@ std::optional<ResumePoint> load_resume_point(
       throw;
     } catch (const Error& e) {
       problems.push_back(e.what());
-      log::warn("{}{}", e.what(), next);
+      log::warn_on_root("{}{}", e.what(), next);  // every rank has the agreed error
       continue;
     }
     log::info("resuming from checkpoint {}: blocks 1..{} of {} were done", file.string(),

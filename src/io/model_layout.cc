@@ -199,9 +199,9 @@ void check_float_leftover(const ModelConfig& config, const TensorSource& model, 
                  "{}: tensor '{}' is not part of the {} model that {} describes: the model would be computed "
                  "without it (is config.json the one of this checkpoint?)",
                  model.location(name), name, config.model_type, config_name(config));
-  if (log::is_root())
-    log::warn("{}: tensor '{}' is not used by the model: ignored, and copied unchanged to a pruned model",
-              model.location(name), name);
+  log::warn_on_root(
+      "{}: tensor '{}' is not used by the model: ignored, and copied unchanged to a pruned model",
+      model.location(name), name);
 }
 
 // FNV-1a over a tensor's stored bytes: two tensors compared one at a time (a head is the largest tensor).
@@ -275,10 +275,9 @@ void validate_model_tensors(const ModelConfig& config, const TensorSource& model
     // Rotary inv_freq buffers are routine leftovers; an integer or F64 tensor is worth a word, as
     // transformers gives one when it loads such a checkpoint.
     if (!is_weight_dtype(info.dtype)) {
-      if (log::is_root())
-        log::warn(
-            "{}: tensor '{}' ({}) is not used by the model: ignored, and copied unchanged to a pruned model",
-            model.location(name), name, dtype_name(info.dtype));
+      log::warn_on_root(
+          "{}: tensor '{}' ({}) is not used by the model: ignored, and copied unchanged to a pruned model",
+          model.location(name), name, dtype_name(info.dtype));
       continue;
     }
     if (name.ends_with("inv_freq")) continue;

@@ -75,6 +75,24 @@ def test_killed_runs_resume_with_any_rank_count(job, reference, tmp_path, have_m
     resume_and_compare(job, tmp_path, reference, resume_ranks)
 
 
+def test_a_corrupt_checkpoint_is_reported_once_and_the_previous_one_used(job, reference, tmp_path, have_mpirun):
+    """Every rank reads the corrupt file and agrees on the error; rank 0 alone says so (each rank did)."""
+    import h5py
+    proc = mpirun(2, *job, *checkpoint_args(tmp_path), env={"SYMPRUNE_FAULT": "block:4:abort"}, timeout=120)
+    assert proc.returncode != 0 and (tmp_path / "run.h5.prev").exists()
+    (tmp_path / "run.h5.tmp").unlink(missing_ok=True)
+    with h5py.File(tmp_path / "run.h5", "r+") as f:
+        data = f["calib_hidden"][...]
+        data[0, 0, 0] += 1.0
+        f["calib_hidden"][...] = data
+    args = [*job, *checkpoint_args(tmp_path), "--resume", "auto"]
+    proc = mpirun(3, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("trying the previous checkpoint") == 1, proc.stderr
+    assert "checksum mismatch" in proc.stderr
+    assert output_digest(tmp_path / "out") == reference[0]
+
+
 def test_sigusr1_to_mpirun_saves_and_exits_75_then_resumes(job, reference, tmp_path, have_mpirun):
     command = [MPIEXEC, "-n", "3", "--oversubscribe", "--allow-run-as-root", DIST,
                *map(str, [*job, *checkpoint_args(tmp_path)])]
