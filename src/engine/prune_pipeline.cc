@@ -679,6 +679,15 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
   for (int64_t b = first_block; b < model.num_blocks(); ++b) {
     const auto block_start = Clock::now();
     const PruneTimings before_block = result.timings;
+    // A stage of a long block (minutes for 7B on CPUs) is logged as it ends, so the log does not look
+    // stalled until "block done"; short blocks stay at one line (their stages at debug level).
+    const auto stage_done = [&, b](const char* stage, Clock::time_point stage_start) {
+      const double seconds = seconds_since(stage_start);
+      if (seconds >= 5.0)
+        log::info("block {}/{}: {} done in {:.1f} s", b + 1, model.num_blocks(), stage, seconds);
+      else
+        log::debug("block {}/{}: {} done in {:.1f} s", b + 1, model.num_blocks(), stage, seconds);
+    };
     stop_at_boundary(b);
     fault::at("block:" + std::to_string(b), comm.rank());
     {
@@ -696,6 +705,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       result.timings.statistics += seconds_since(tr);
       result.communication.statistics += stats->stats_bytes();
       result.communication.grams += stats->gram_bytes();
+      stage_done("dense pass and statistics", t);
     }
     if (dense_eval) {
       const auto t = Clock::now();
@@ -736,6 +746,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     for (auto& [id, w] : pruned_weights) model.set_linear_weight(id, std::move(w));
     result.timings.refine += refine_seconds;
     result.timings.scores_masks += seconds_since(ts) - refine_seconds;
+    stage_done(refine_seconds > 0 ? "scores, masks and refinement" : "scores and masks", ts);
 
     if (plan.needs_stats && calib.windows > 0) {
       const auto t = Clock::now();
@@ -873,7 +884,8 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       fault::at("report");
       io::write_file_atomically(c.report, result.report().dump(2) + "\n");
     } catch (const Error& e) {
-      // A run that asked for a report and did not get one has failed: its model goes, and the message says so.
+      // A run that asked for a report and did not get one has failed: its model goes, and the message says
+      // so.
       const std::string outcome = discard_new_output();
       if (outcome.empty()) throw;
       throw Error(e.what() + outcome);

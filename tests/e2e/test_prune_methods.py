@@ -256,6 +256,23 @@ def test_tokenizer_option_for_a_directory_without_one_and_a_synthetic_model(stor
     assert f"--tokenizer {stories.model} is not used" in proc.stderr
 
 
+def test_each_blocks_stages_are_logged_as_they_end(stories, tmp_path):
+    """At info level a stage is logged only when it took 5 s or more (long blocks); --log-level debug shows
+    every stage of every block, in order, before the block's own line."""
+    proc = symprune("--log-level", "debug", "prune", "--model", stories.model, "--method", "wanda", "--sparsity",
+                    "0.5", "--refine", "dsnot", "--calib", stories.first, "--nsamples", 4, "--seqlen", SEQLEN,
+                    "--out", tmp_path / "out")
+    blocks = read_json(stories.model / "config.json")["num_hidden_layers"]
+    lines = [re.sub(r"^\[[^]]*\] ", "", line) for line in proc.stderr.splitlines()]
+    for b in range(1, blocks + 1):
+        stage = [i for i, line in enumerate(lines) if line.startswith(f"debug block {b}/{blocks}: ")]
+        done = [i for i, line in enumerate(lines) if line.startswith(f"info block {b}/{blocks} done in ")]
+        assert len(stage) == 2 and len(done) == 1, proc.stderr
+        assert "dense pass and statistics done in" in lines[stage[0]], proc.stderr
+        assert "scores, masks and refinement done in" in lines[stage[1]], proc.stderr
+        assert stage[0] < stage[1] < done[0], proc.stderr
+
+
 def test_pruning_a_pruned_model_reports_the_written_zeros(stories, tmp_path):
     # The masks prune 50 % of a model that is 70 % zeros already: sparsity.total and `pruned` count what
     # the masks prune, sparsity.written and each layer's `zeros` the zeros of the files written.
