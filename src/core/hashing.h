@@ -20,13 +20,12 @@ class Fnv1a64 {
     }
   }
   void update(std::string_view text) { update(text.data(), text.size()); }
-  // The low `bytes` bytes of `value`, least significant first (the digest does not depend on the host's
-  // byte order).
+  // The low `bytes` (at most 8) bytes of `value`, least significant first (the digest does not depend on the
+  // host's byte order).
   void update_little_endian(uint64_t value, int bytes) {
-    for (int i = 0; i < bytes; ++i) {
-      hash_ ^= (value >> (8 * i)) & 0xffu;
-      hash_ *= 0x100000001b3ull;
-    }
+    unsigned char le[8];
+    for (int i = 0; i < bytes; ++i) le[i] = static_cast<unsigned char>(value >> (8 * i));
+    update(le, static_cast<size_t>(bytes));
   }
   uint64_t digest() const { return hash_; }
 
