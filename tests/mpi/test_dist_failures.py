@@ -166,34 +166,34 @@ def test_sigterm_while_the_output_is_written_stops_every_rank_without_output(sto
     assert listing(tmp_path) == [], listing(tmp_path)
 
 
-@pytest.mark.parametrize("second_rank_args,differing", [
-    (["--sparsity", "0.7"], "config.sparsity: rank 0 has 0.5, rank 1 has 0.7"),
-    (["--checkpoint", "CKPT"], "config.checkpoint: rank 0 has null, rank 1 has"),
-    (["--calib", "SECOND"], "calibration: rank 0 has"),
-    (["--sparsity", "half"], "[rank 1/2] the ranks got different command lines: this rank's ends the run, and "
-                             "not as that of rank 0 does"),
+@pytest.mark.parametrize("rank,options,differing", [
+    (1, {"--sparsity": "0.7"}, "config.sparsity: rank 0 has 0.5, rank 1 has 0.7"),
+    (1, {"--checkpoint": "CKPT"}, "config.checkpoint: rank 0 has null, rank 1 has"),
+    (1, {"--calib": "SECOND"}, "calibration: rank 0 has"),
+    (1, {"--sparsity": "half"}, "[rank 1/2] the ranks got different command lines: this rank's ends the run, and "
+                                "not as that of rank 0 does"),
     # Rank 0's own command line is the one refused: it names the other rank, then its error.
-    (["FIRST", "--bogus"], "[rank 0/2] the ranks got different command lines: this rank's ends the run, and not "
+    (0, {"--bogus": None}, "[rank 0/2] the ranks got different command lines: this rank's ends the run, and not "
                            "as that of rank 1 does (every rank must get the same options):\n"
                            "The following argument was not expected: --bogus"),
 ])
-def test_ranks_started_with_other_options_or_data_are_refused(stories, tmp_path, have_mpirun, second_rank_args,
+def test_ranks_started_with_other_options_or_data_are_refused(stories, tmp_path, have_mpirun, rank, options,
                                                              differing):
     """An MPMD launch (or per-node files) giving ranks other options or data must not mix rows silently
     (other sparsity, calibration) or hang (a checkpoint on one rank only, a command line only one rank
-    refuses). "FIRST" gives rank 0 the extra arguments instead."""
-    first = ["--model", stories.model, *RUN, "--calib", stories.first, "--out", tmp_path / "o"]
-    if second_rank_args[0] == "FIRST":
-        second, first = list(first), first + second_rank_args[1:]
-        second_rank_args = []
-    else:
-        second = list(first)
-    for option, value in zip(second_rank_args[::2], second_rank_args[1::2]):
+    refuses). `options` are set on `rank`'s command line (None: a flag added)."""
+    base = ["--model", stories.model, *RUN, "--calib", stories.first, "--out", tmp_path / "o"]
+    lines = [list(base), list(base)]
+    line = lines[rank]
+    for option, value in options.items():
         value = {"CKPT": tmp_path / "c.h5", "SECOND": stories.second}.get(value, value)
-        if option in second:
-            second[second.index(option) + 1] = value
+        if value is None:
+            line.append(option)
+        elif option in line:
+            line[line.index(option) + 1] = value
         else:
-            second += [option, value]
+            line += [option, value]
+    first, second = lines
     command = [MPIEXEC, "--oversubscribe", "--allow-run-as-root", "-n", "1", DIST, *map(str, first), ":",
                "-n", "1", DIST, *map(str, second)]
     start = time.time()
