@@ -4,6 +4,7 @@
 // Level from --log-level or SYMPRUNE_LOG_LEVEL (trace, debug, info, warn, error, off).
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <string_view>
 
 namespace symprune::log {
@@ -34,5 +35,24 @@ template <typename... Args>
 void error(spdlog::format_string_t<Args...> format, Args&&... args) {
   spdlog::error(format, std::forward<Args>(args)...);
 }
+
+// Paces the progress lines of long work: due(now) is true at most once per period, the first time one
+// period after `start`.
+class ProgressPacer {
+ public:
+  using Clock = std::chrono::steady_clock;
+  ProgressPacer(double period_seconds, Clock::time_point start)
+      : period_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(period_seconds))),
+        last_(start) {}
+  bool due(Clock::time_point now) {
+    if (now - last_ < period_) return false;
+    last_ = now;
+    return true;
+  }
+
+ private:
+  Clock::duration period_;
+  Clock::time_point last_;
+};
 
 }  // namespace symprune::log

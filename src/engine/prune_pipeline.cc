@@ -191,15 +191,45 @@ model::PerplexityResult gather_perplexity(dist::Communicator& comm, model::Perpl
 // Logs the final evaluation's batches, at most every 2 s and at the end:
 // "pruned perplexity: chunks 64/777 (5.1 s, ETA 57.0 s)".
 model::PerplexityProgress eval_progress(const char* which, Clock::time_point start) {
-  auto last = std::make_shared<Clock::time_point>(start);
-  return [which, start, last](int64_t done, int64_t total) {
-    if (done < total && seconds_since(*last) < 2.0) return;
-    *last = Clock::now();
+  return [which, start, pacer = log::ProgressPacer(2.0, start)](int64_t done, int64_t total) mutable {
+    if (done < total && !pacer.due(Clock::now())) return;
     const double elapsed = seconds_since(start);
     log::info("{} perplexity: chunks {}/{} ({:.1f} s, ETA {:.1f} s)", which, done, total, elapsed,
               elapsed / static_cast<double>(done) * static_cast<double>(total - done));
   };
 }
+
+// How often a pass through a block says how far it is, at info level.
+constexpr double kPassHeartbeatSeconds = 30.0;
+
+// Shows a pass through one block as it goes (through the model's micro-batch callback, while it lives): every
+// micro-batch at debug level, and at info every kPassHeartbeatSeconds ("block 3/32: dense pass: windows
+// 48/128 (62.0 s, ETA 103.3 s)"), so that a pass of minutes (7B on CPUs) does not look stalled. The counts
+// are this rank's (the log's is rank 0).
+class PassHeartbeat {
+ public:
+  PassHeartbeat(model::DecoderModel& model, std::string what, const char* unit, int64_t total)
+      : model_(model) {
+    const auto start = Clock::now();
+    model_.set_pass_progress(
+        [what = std::move(what), unit, total, start, done = int64_t{0},
+         pacer = log::ProgressPacer(kPassHeartbeatSeconds, start)](int64_t seqs) mutable {
+          done += seqs;
+          const double elapsed = seconds_since(start);
+          const double eta = elapsed / static_cast<double>(done) * static_cast<double>(total - done);
+          if (done < total && pacer.due(Clock::now()))
+            log::info("{}: {} {}/{} ({:.1f} s, ETA {:.1f} s)", what, unit, done, total, elapsed, eta);
+          else
+            log::debug("{}: {} {}/{} ({:.1f} s)", what, unit, done, total, elapsed);
+        });
+  }
+  ~PassHeartbeat() { model_.set_pass_progress({}); }
+  PassHeartbeat(const PassHeartbeat&) = delete;
+  PassHeartbeat& operator=(const PassHeartbeat&) = delete;
+
+ private:
+  model::DecoderModel& model_;
+};
 
 // Every rank must run one command on the same inputs: ranks started with other options (an MPMD launch, a
 // per-node recipe) or finding other data (node-local copies) would otherwise mix their rows silently, or
@@ -688,6 +718,10 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       else
         log::debug("block {}/{}: {} done in {:.1f} s", b + 1, model.num_blocks(), stage, seconds);
     };
+    const auto heartbeat = [&, b](const char* pass, const char* unit, int64_t total) {
+      return std::make_unique<PassHeartbeat>(
+          model, fmt::format("block {}/{}: {}", b + 1, model.num_blocks(), pass), unit, total);
+    };
     stop_at_boundary(b);
     fault::at("block:" + std::to_string(b), comm.rank());
     {
@@ -698,7 +732,10 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     std::unique_ptr<BlockStatistics> stats;
     if (plan.needs_stats) {
       const auto t = Clock::now();
-      stats = dense_pass(plan, comm, calib, b);
+      {
+        const auto shown = heartbeat("dense pass", "windows", calib.windows);
+        stats = dense_pass(plan, comm, calib, b);
+      }
       result.timings.blocks += seconds_since(t);
       const auto tr = Clock::now();
       stats->reduce();
@@ -709,8 +746,12 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     }
     if (dense_eval) {
       const auto t = Clock::now();
-      dense_eval->run_block(b);
+      {
+        const auto shown = heartbeat("dense evaluation pass", "sequences", dense_eval->local_chunks());
+        dense_eval->run_block(b);
+      }
       result.timings.eval_dense += seconds_since(t);
+      stage_done("dense evaluation pass", t);
     }
 
     // Scores, masks and refinement of every linear, all from the dense block; then the block is pruned.
@@ -751,13 +792,21 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     if (plan.needs_stats && calib.windows > 0) {
       const auto t = Clock::now();
       stats.reset();
-      model.run_block(b, calib.hidden, calib.windows, plan.seqlen);  // the next block's inputs
+      {
+        const auto shown = heartbeat("pruned pass", "windows", calib.windows);
+        model.run_block(b, calib.hidden, calib.windows, plan.seqlen);  // the next block's inputs
+      }
       result.timings.blocks += seconds_since(t);
+      stage_done("pruned pass", t);
     }
     if (pruned_eval) {
       const auto t = Clock::now();
-      pruned_eval->run_block(b);
+      {
+        const auto shown = heartbeat("pruned evaluation pass", "sequences", pruned_eval->local_chunks());
+        pruned_eval->run_block(b);
+      }
       result.timings.eval_pruned += seconds_since(t);
+      stage_done("pruned evaluation pass", t);
     }
     model.release_block(b);  // memory does not grow with depth: masks are kept as bits only
 

@@ -378,6 +378,7 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
   // first op, and the block writes its result back into their rows.
   if (per_pass >= n_seqs && hidden.dtype() == DType::kF32) {
     run({hidden, hidden}, n_seqs);
+    if (pass_progress_) pass_progress_(n_seqs);
   } else {
     Tensor& x = workspace_->x;
     for (int64_t s0 = 0; s0 < n_seqs; s0 += per_pass) {
@@ -388,6 +389,7 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
           x.dtype() != DType::kF32)
         x = backend_->allocate({rows, d});
       run({x, hidden, s0 * seq_len, &hidden, s0 * seq_len}, seqs);
+      if (pass_progress_) pass_progress_(seqs);
     }
   }
   hidden.reshape(original_shape);

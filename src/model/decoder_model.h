@@ -148,6 +148,11 @@ class DecoderModel {
   void set_max_resident_blocks(int64_t count) { max_resident_blocks_ = count; }
   // run_block processes at most this many tokens per micro-batch (whole sequences, at least one).
   void set_max_tokens_per_pass(int64_t tokens) { max_tokens_per_pass_ = tokens; }
+  // Called after each micro-batch of run_block with the number of sequences it ran, so that a caller can
+  // show how far a long pass is (empty: none). On a device backend the work may still be queued then.
+  void set_pass_progress(std::function<void(int64_t sequences)> progress) {
+    pass_progress_ = std::move(progress);
+  }
 
   // The dtype the files store the linear weights in (block 0's first linear): what --dtype auto means on
   // a device backend.
@@ -199,6 +204,7 @@ class DecoderModel {
   std::vector<int64_t> load_order_;  // evictable cached blocks, oldest first
   int64_t max_resident_blocks_ = 0;
   int64_t max_tokens_per_pass_ = 16384;
+  std::function<void(int64_t)> pass_progress_;
   DType storage_dtype_ = DType::kF32;
   std::unique_ptr<Workspace> workspace_;
 };

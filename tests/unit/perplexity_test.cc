@@ -276,6 +276,22 @@ TEST_F(TinyLlama, MicroBatchesGiveTheSameHiddenStatesAndWholeSequencesToTheObser
   EXPECT_EQ(obs.calls.back().in_shape[0], T);
 }
 
+TEST_F(TinyLlama, PassProgressHearsOfEachMicroBatchWhileSet) {
+  auto m = DecoderModel::open(*dir_);
+  const int64_t T = 7, n = 5;
+  Tensor h = m.embed(random_tokens(n * T, 9), n, T);
+  std::vector<int64_t> heard;
+  m.set_pass_progress([&](int64_t sequences) { heard.push_back(sequences); });
+  m.run_block(0, h, n, T);  // one pass
+  EXPECT_EQ(heard, (std::vector<int64_t>{5}));
+  m.set_max_tokens_per_pass(2 * T);
+  m.run_block(1, h, n, T);
+  EXPECT_EQ(heard, (std::vector<int64_t>{5, 2, 2, 1}));
+  m.set_pass_progress({});
+  m.run_block(0, h, n, T);
+  EXPECT_EQ(heard.size(), 4u);
+}
+
 TEST_F(TinyLlama, BlocksLoadOnDemandAndCanBeReleased) {
   auto m = DecoderModel::open(*dir_);
   m.set_max_resident_blocks(1);
