@@ -182,6 +182,7 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
   for (size_t i = 0; i < slabs.size(); ++i)
     jobs.push_back({place(2 + i), slabs[i].first_row, {}, std::move(slabs[i].data)});
   writer_error_.clear();
+  writer_done_.store(false, std::memory_order_relaxed);
   in_flight_ = next_block;
   latest_ = next_block;
   writer_ = std::thread([this, staging, jobs = std::move(jobs), rank = comm_.rank(), next_block] {
@@ -209,7 +210,17 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
       writer_error_ = e.what();
     }
     writer_last_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    writer_done_.store(true, std::memory_order_release);
   });
+}
+
+double Checkpointer::install_if_written() {
+  if (in_flight_ < 0) return 0.0;  // the same on every rank: start and finish are collective
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t pending = writer_done_.load(std::memory_order_acquire) ? 0 : 1;
+  comm_.all_reduce_sum(std::span<int64_t>(&pending, 1));
+  const double asked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return pending == 0 ? asked + finish() : asked;
 }
 
 double Checkpointer::finish() {

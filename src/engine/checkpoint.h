@@ -16,13 +16,15 @@
 //
 // Writing (Checkpointer): at a block boundary every rank copies its rows (the snapshot), rank 0 creates
 // FILE.tmp with every dataset allocated, and each rank writes its rows with their checksums from a
-// background thread while the next block computes; the next boundary (or a stop) waits for it, the ranks
+// background thread while the next block computes. Between that block's stages the ranks ask whether every
+// part is written; once it is (at the next boundary or a stop at the latest, which wait for it), the ranks
 // agree that every write succeeded, and rank 0 renames FILE to FILE.prev and FILE.tmp to FILE. A run killed
 // at any moment therefore leaves FILE or FILE.prev whole.
 //
 // Resuming (load_resume_point): FILE, else FILE.prev; a checkpoint that fails its checksums or cannot be
 // read is skipped with a warning; one made with a different configuration or inputs is refused, naming
 // the field and both values.
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -91,6 +93,10 @@ class Checkpointer {
   // Collective: waits for the write in flight, if any, and installs it as FILE (every rank's write must have
   // succeeded, else every rank throws the lowest failing rank's error). Returns seconds spent waiting.
   double finish();
+  // Collective: installs the write in flight as finish() does if every rank has written its part by now, and
+  // otherwise leaves it (one all-reduce of a flag, no waiting). The pipeline calls it between the stages of
+  // the next block, so that a checkpoint does not wait for that block's end to become FILE. Returns seconds.
+  double install_if_written();
 
   // Rank 0, after the run's outputs are complete: writes FILE.done (marker) and removes FILE and FILE.prev.
   void mark_complete(const nlohmann::json& marker);
@@ -105,6 +111,7 @@ class Checkpointer {
   std::string run_id_;
   int64_t latest_ = -1, in_flight_ = -1;
   std::thread writer_;
+  std::atomic<bool> writer_done_{false};  // set by the writer thread as it ends
   std::string writer_error_;
   double write_seconds_ = 0.0, writer_last_seconds_ = 0.0;
   int64_t bytes_written_ = 0;

@@ -722,6 +722,11 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       return std::make_unique<PassHeartbeat>(
           model, fmt::format("block {}/{}: {}", b + 1, model.num_blocks(), pass), unit, total);
     };
+    // The checkpoint of the state entering this block, written in the background, becomes FILE once every
+    // rank's part is written: asked between stages, so that a kill during this block does not lose it.
+    const auto install_written_checkpoint = [&] {
+      if (checkpointer) result.timings.checkpoint += checkpointer->install_if_written();
+    };
     stop_at_boundary(b);
     fault::at("block:" + std::to_string(b), comm.rank());
     {
@@ -753,6 +758,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       result.timings.eval_dense += seconds_since(t);
       stage_done("dense evaluation pass", t);
     }
+    install_written_checkpoint();
 
     // Scores, masks and refinement of every linear, all from the dense block; then the block is pruned.
     const auto ts = Clock::now();
@@ -788,6 +794,8 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     result.timings.refine += refine_seconds;
     result.timings.scores_masks += seconds_since(ts) - refine_seconds;
     stage_done(refine_seconds > 0 ? "scores, masks and refinement" : "scores and masks", ts);
+    install_written_checkpoint();
+    fault::at("masks_done:" + std::to_string(b), comm.rank());
 
     if (plan.needs_stats && calib.windows > 0) {
       const auto t = Clock::now();

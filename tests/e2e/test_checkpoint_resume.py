@@ -85,6 +85,21 @@ def test_a_run_killed_at_a_block_resumes_to_the_same_bytes(job, reference, tmp_p
     assert "resuming from checkpoint" in proc.stderr
 
 
+def test_a_checkpoint_becomes_the_file_during_the_next_block_once_written(job, reference, tmp_path):
+    # Block 2 (1-based) is held 1 s at its start, so the checkpoint of block 1 is written by the time block 2's
+    # dense pass ends; the kill comes after block 2's masks. The checkpoint was FILE by then: it used to be
+    # installed only at the end of block 2, so that such a kill lost block 1 as well.
+    ckpt = tmp_path / "run.h5"
+    proc = symprune("prune", *job, "--out", tmp_path / "out", "--checkpoint", ckpt, check=False,
+                    env={"SYMPRUNE_FAULT": "block:1:busy=1,masks_done:1:exit=137"})
+    assert proc.returncode == 137, proc.stderr
+    assert "blocks 1..1 of 5 saved" in proc.stderr and ckpt.exists()
+    with h5py.File(ckpt, "r") as f:
+        assert int(f.attrs["next_block"]) == 1
+    _, report = finish_and_compare(job, tmp_path, reference)
+    assert report["resumed"]["block"] == 1
+
+
 def test_checkpoint_every_two_blocks(job, reference, tmp_path):
     killed_run(job, tmp_path, "block:4", every=2)
     _, report = finish_and_compare(job, tmp_path, reference, "--checkpoint-every", "2")

@@ -75,6 +75,28 @@ def test_killed_runs_resume_with_any_rank_count(job, reference, tmp_path, have_m
     resume_and_compare(job, tmp_path, reference, resume_ranks)
 
 
+@pytest.mark.parametrize("fault,installed", [
+    ("block:1:busy=1,masks_done:1:exit=137", True),             # every part written during block 2
+    ("checkpoint_write:1@1:busy=3,masks_done:1:exit=137", False),  # rank 1's part still being written
+])
+def test_a_checkpoint_is_installed_during_the_next_block_once_every_ranks_part_is_written(
+        job, reference, tmp_path, have_mpirun, fault, installed):
+    """Between block 2's stages the ranks ask each other whether the checkpoint of block 1 is written: once
+    every rank's part is, it becomes FILE, so a kill of every rank after block 2's masks keeps block 1. While
+    one rank's part is still being written, it must not be installed (a FILE with rows missing)."""
+    proc = mpirun(2, *job, *checkpoint_args(tmp_path), env={"SYMPRUNE_FAULT": fault}, timeout=120)
+    assert proc.returncode != 0 and not (tmp_path / "out").exists()
+    assert ("blocks 1..1 of 5 saved" in proc.stderr) == installed, proc.stderr
+    assert (tmp_path / "run.h5").exists() == installed
+    args = [*job, *checkpoint_args(tmp_path), "--resume", "auto"]
+    proc = mpirun(3, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert output_digest(tmp_path / "out") == reference[0]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["perplexity"] == reference[1]
+    assert (report["resumed"] or {}).get("block") == (1 if installed else None)
+
+
 def test_a_corrupt_checkpoint_is_reported_once_and_the_previous_one_used(job, reference, tmp_path, have_mpirun):
     """Every rank reads the corrupt file and agrees on the error; rank 0 alone says so (each rank did)."""
     import h5py
