@@ -36,6 +36,9 @@ void error(spdlog::format_string_t<Args...> format, Args&&... args) {
   spdlog::error(format, std::forward<Args>(args)...);
 }
 
+// How often long work (a pass through a block, writing a model) says how far it is, at info level.
+inline constexpr double kProgressLineSeconds = 30.0;
+
 // Paces the progress lines of long work: due(now) is true at most once per period, the first time one
 // period after `start`.
 class ProgressPacer {

@@ -199,11 +199,8 @@ model::PerplexityProgress eval_progress(const char* which, Clock::time_point sta
   };
 }
 
-// How often a pass through a block says how far it is, at info level.
-constexpr double kPassHeartbeatSeconds = 30.0;
-
 // Shows a pass through one block as it goes (through the model's micro-batch callback, while it lives): every
-// micro-batch at debug level, and at info every kPassHeartbeatSeconds ("block 3/32: dense pass: windows
+// micro-batch at debug level, and at info every log::kProgressLineSeconds ("block 3/32: dense pass: windows
 // 48/128 (62.0 s, ETA 103.3 s)"), so that a pass of minutes (7B on CPUs) does not look stalled. The counts
 // are this rank's (the log's is rank 0).
 class PassHeartbeat {
@@ -213,7 +210,7 @@ class PassHeartbeat {
     const auto start = Clock::now();
     model_.set_pass_progress(
         [what = std::move(what), unit, total, start, done = int64_t{0},
-         pacer = log::ProgressPacer(kPassHeartbeatSeconds, start)](int64_t seqs) mutable {
+         pacer = log::ProgressPacer(log::kProgressLineSeconds, start)](int64_t seqs) mutable {
           done += seqs;
           const double elapsed = seconds_since(start);
           const double eta = elapsed / static_cast<double>(done) * static_cast<double>(total - done);

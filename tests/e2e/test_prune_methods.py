@@ -281,6 +281,11 @@ def test_each_blocks_stages_and_micro_batches_are_logged_as_they_end(stories, tm
         assert len(done) == 1 and last < done[0], proc.stderr
     # Short passes give no progress line at info level.
     assert not [line for line in lines if re.match(r"info block \d+/\d+: .*ETA", line)], proc.stderr
+    # Writing the model: a line per shard at debug level, with the bytes of this rank's shards.
+    written = [line for line in lines if line.startswith("debug writing the pruned model: ")]
+    assert len(written) == 1, proc.stderr
+    assert re.fullmatch(r"debug writing the pruned model: model.safetensors written, (\S+ \S+) of \1 \([0-9.]+ s\)",
+                        written[0]), written
 
 
 def test_pruning_a_pruned_model_reports_the_written_zeros(stories, tmp_path):
