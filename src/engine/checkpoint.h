@@ -95,7 +95,8 @@ class Checkpointer {
   double finish();
   // Collective: installs the write in flight as finish() does if every rank has written its part by now, and
   // otherwise leaves it (one all-reduce of a flag, no waiting). The pipeline calls it between the stages of
-  // the next block, so that a checkpoint does not wait for that block's end to become FILE. Returns seconds.
+  // the next block, so that a checkpoint does not wait for that block's end to become FILE. Returns the
+  // seconds of the install (not of the all-reduce).
   double install_if_written();
 
   // Rank 0, after the run's outputs are complete: writes FILE.done (marker) and removes FILE and FILE.prev.

@@ -40,8 +40,7 @@ Mask gather_mask(dist::Communicator& comm, Mask own, int64_t total_rows, int64_t
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   std::vector<uint8_t> all(static_cast<size_t>(total));
-  comm.all_gather_v(std::as_bytes(local), counts,
-                    std::as_writable_bytes(std::span<uint8_t>(all)));
+  comm.all_gather_v(std::as_bytes(local), counts, std::as_writable_bytes(std::span<uint8_t>(all)));
   *bytes += total;
   // Each part but the last a whole number of bytes (LLM widths are multiples of 8): the parts laid end to
   // end are the whole mask's packing, kept packed (Mask::from_bits) as the device's masks are.

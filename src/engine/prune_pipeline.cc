@@ -213,9 +213,9 @@ class PassHeartbeat {
          pacer = log::ProgressPacer(log::kProgressLineSeconds, start)](int64_t seqs) mutable {
           done += seqs;
           const double elapsed = seconds_since(start);
-          const double eta = elapsed / static_cast<double>(done) * static_cast<double>(total - done);
-          if (done < total && pacer.due(Clock::now()))
-            log::info("{}: {} {}/{} ({:.1f} s, ETA {:.1f} s)", what, unit, done, total, elapsed, eta);
+          if (done > 0 && done < total && pacer.due(Clock::now()))
+            log::info("{}: {} {}/{} ({:.1f} s, ETA {:.1f} s)", what, unit, done, total, elapsed,
+                      elapsed / static_cast<double>(done) * static_cast<double>(total - done));
           else
             log::debug("{}: {} {}/{} ({:.1f} s)", what, unit, done, total, elapsed);
         });
@@ -720,7 +720,8 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
           model, fmt::format("block {}/{}: {}", b + 1, model.num_blocks(), pass), unit, total);
     };
     // The checkpoint of the state entering this block, written in the background, becomes FILE once every
-    // rank's part is written: asked between stages, so that a kill during this block does not lose it.
+    // rank's part is written: asked after each pass and after the masks, so that a kill during this block
+    // does not lose it.
     const auto install_written_checkpoint = [&] {
       if (checkpointer) result.timings.checkpoint += checkpointer->install_if_written();
     };
@@ -745,6 +746,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       result.communication.statistics += stats->stats_bytes();
       result.communication.grams += stats->gram_bytes();
       stage_done("dense pass and statistics", t);
+      install_written_checkpoint();
     }
     if (dense_eval) {
       const auto t = Clock::now();
@@ -754,8 +756,8 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       }
       result.timings.eval_dense += seconds_since(t);
       stage_done("dense evaluation pass", t);
+      install_written_checkpoint();
     }
-    install_written_checkpoint();
 
     // Scores, masks and refinement of every linear, all from the dense block; then the block is pruned.
     const auto ts = Clock::now();
@@ -803,6 +805,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       }
       result.timings.blocks += seconds_since(t);
       stage_done("pruned pass", t);
+      install_written_checkpoint();
     }
     if (pruned_eval) {
       const auto t = Clock::now();

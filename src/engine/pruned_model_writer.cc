@@ -76,7 +76,7 @@ class WriteProgress {
   }
   void tensor_written(const io::TensorInfo& info) {
     done_ += tensor_bytes(info);
-    if (done_ < total_ && pacer_.due(log::ProgressPacer::Clock::now()))
+    if (done_ > 0 && done_ < total_ && pacer_.due(log::ProgressPacer::Clock::now()))
       log::info("writing the pruned model: {} of {} ({:.1f} s, ETA {:.1f} s)", format_bytes(done_),
                 format_bytes(total_), seconds(), seconds() / done_ * (total_ - done_));
   }

@@ -378,7 +378,7 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
   // first op, and the block writes its result back into their rows.
   if (per_pass >= n_seqs && hidden.dtype() == DType::kF32) {
     run({hidden, hidden}, n_seqs);
-    if (pass_progress_) pass_progress_(n_seqs);
+    if (pass_progress_ && n_seqs > 0) pass_progress_(n_seqs);
   } else {
     Tensor& x = workspace_->x;
     for (int64_t s0 = 0; s0 < n_seqs; s0 += per_pass) {

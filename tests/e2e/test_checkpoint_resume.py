@@ -86,12 +86,12 @@ def test_a_run_killed_at_a_block_resumes_to_the_same_bytes(job, reference, tmp_p
 
 
 def test_a_checkpoint_becomes_the_file_during_the_next_block_once_written(job, reference, tmp_path):
-    # Block 2 (1-based) is held 1 s at its start, so the checkpoint of block 1 is written by the time block 2's
+    # Block 2 (1-based) is held 3 s at its start, so the checkpoint of block 1 is written by the time block 2's
     # dense pass ends; the kill comes after block 2's masks. The checkpoint was FILE by then: it used to be
     # installed only at the end of block 2, so that such a kill lost block 1 as well.
     ckpt = tmp_path / "run.h5"
     proc = symprune("prune", *job, "--out", tmp_path / "out", "--checkpoint", ckpt, check=False,
-                    env={"SYMPRUNE_FAULT": "block:1:busy=1,masks_done:1:exit=137"})
+                    env={"SYMPRUNE_FAULT": "block:1:busy=3,masks_done:1:exit=137"})
     assert proc.returncode == 137, proc.stderr
     assert "blocks 1..1 of 5 saved" in proc.stderr and ckpt.exists()
     with h5py.File(ckpt, "r") as f:
@@ -130,7 +130,7 @@ def test_a_kill_after_the_output_was_installed_finishes_the_run(job, reference, 
 
 def started_until_first_checkpoint(job, tmp_path, fault):
     """A run with --checkpoint tmp_path/run.h5 started in the background, returned once its first checkpoint
-    is installed (blocks 1..1 done; the next boundary's write then runs)."""
+    is installed (blocks 1..1 done, during block 2)."""
     ckpt = tmp_path / "run.h5"
     command = [BIN, "prune", *map(str, job), "--out", str(tmp_path / "out"), "--checkpoint", str(ckpt)]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -161,8 +161,8 @@ def test_a_second_run_on_a_running_runs_checkpoint_is_refused_and_harms_nothing(
 
 
 def test_sigusr1_saves_the_next_block_and_exits_75(job, reference, tmp_path):
-    # The first checkpoint is installed at the end of block 2 (1-based), just before block 3 starts: the
-    # signal lands at that boundary or during block 3 (held 2 s), and the run stops after it.
+    # The first checkpoint is installed during block 2 (1-based): the signal lands during block 2, at its end
+    # or during block 3 (held 2 s at its start), and the run stops at the boundary after it.
     proc = started_until_first_checkpoint(job, tmp_path, "block:2:busy=2")
     proc.send_signal(signal.SIGUSR1)
     _, stderr = proc.communicate(timeout=120)

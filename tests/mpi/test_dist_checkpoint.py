@@ -76,8 +76,8 @@ def test_killed_runs_resume_with_any_rank_count(job, reference, tmp_path, have_m
 
 
 @pytest.mark.parametrize("fault,installed", [
-    ("block:1:busy=1,masks_done:1:exit=137", True),             # every part written during block 2
-    ("checkpoint_write:1@1:busy=3,masks_done:1:exit=137", False),  # rank 1's part still being written
+    ("block:1:busy=3,masks_done:1:exit=137", True),             # every part written during block 2
+    ("checkpoint_write:1@1:busy=6,masks_done:1:exit=137", False),  # rank 1's part still being written
 ])
 def test_a_checkpoint_is_installed_during_the_next_block_once_every_ranks_part_is_written(
         job, reference, tmp_path, have_mpirun, fault, installed):
