@@ -716,8 +716,8 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
         log::debug("block {}/{}: {} done in {:.1f} s", b + 1, model.num_blocks(), stage, seconds);
     };
     const auto heartbeat = [&, b](const char* pass, const char* unit, int64_t total) {
-      return std::make_unique<PassHeartbeat>(
-          model, fmt::format("block {}/{}: {}", b + 1, model.num_blocks(), pass), unit, total);
+      return PassHeartbeat(model, fmt::format("block {}/{}: {}", b + 1, model.num_blocks(), pass), unit,
+                           total);
     };
     // The checkpoint of the state entering this block, written in the background, becomes FILE once every
     // rank's part is written: asked after each pass and after the masks, so that a kill during this block
