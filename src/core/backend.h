@@ -89,6 +89,10 @@ class Backend {
 
   // Whether the ops take and give tensors in device memory (Tensor::on_device) instead of host tensors.
   virtual bool device_resident() const { return false; }
+  // Returns once the work of every op called so far has finished. A host backend's ops finish before they
+  // return; a device backend's are queued and run later, so a caller that reports how far work is (a
+  // progress line) waits here first.
+  virtual void synchronize() {}
   // The element dtypes this backend's tensors may have: fp32 everywhere; a device backend also stores
   // bf16/fp16 (a run in lower precision, DESIGN.md §6.1). Only linear's weight, copy_rows, add_into_rows'
   // destination, copy_rows_rms_norm's source, duplicate, to_host, score_and_select and mask_weight accept a

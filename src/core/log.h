@@ -21,6 +21,10 @@ template <typename... Args>
 void debug(spdlog::format_string_t<Args...> format, Args&&... args) {
   if (is_root()) spdlog::debug(format, std::forward<Args>(args)...);
 }
+// Whether debug() lines are written (rank 0 at debug level or lower): for work a line needs first.
+inline bool debug_enabled() {
+  return is_root() && spdlog::should_log(spdlog::level::debug);
+}
 template <typename... Args>
 void warn(spdlog::format_string_t<Args...> format, Args&&... args) {
   spdlog::warn(format, std::forward<Args>(args)...);

@@ -202,18 +202,23 @@ model::PerplexityProgress eval_progress(const char* which, Clock::time_point sta
 // Shows a pass through one block as it goes (through the model's micro-batch callback, while it lives): every
 // micro-batch at debug level, and at info every log::kProgressLineSeconds ("block 3/32: dense pass: windows
 // 48/128 (62.0 s, ETA 103.3 s)"), so that a pass of minutes (7B on CPUs) does not look stalled. The counts
-// are this rank's (the log's is rank 0).
+// are this rank's (the log's is rank 0). A device backend's micro-batches are queued, not done, when the
+// model calls back: before a line the heartbeat waits for them (Backend::synchronize), so that the count and
+// the ETA are of finished work; at info that is once per line, at debug once per micro-batch.
 class PassHeartbeat {
  public:
   PassHeartbeat(model::DecoderModel& model, std::string what, const char* unit, int64_t total)
       : model_(model) {
     const auto start = Clock::now();
     model_.set_pass_progress(
-        [what = std::move(what), unit, total, start, done = int64_t{0},
+        [&backend = model_.backend(), what = std::move(what), unit, total, start, done = int64_t{0},
          pacer = log::ProgressPacer(log::kProgressLineSeconds, start)](int64_t seqs) mutable {
           done += seqs;
+          const bool info_due = log::is_root() && done > 0 && done < total && pacer.due(Clock::now());
+          if (!info_due && !log::debug_enabled()) return;
+          backend.synchronize();
           const double elapsed = seconds_since(start);
-          if (done > 0 && done < total && pacer.due(Clock::now()))
+          if (info_due)
             log::info("{}: {} {}/{} ({:.1f} s, ETA {:.1f} s)", what, unit, done, total, elapsed,
                       elapsed / static_cast<double>(done) * static_cast<double>(total - done));
           else

@@ -149,7 +149,8 @@ class DecoderModel {
   // run_block processes at most this many tokens per micro-batch (whole sequences, at least one).
   void set_max_tokens_per_pass(int64_t tokens) { max_tokens_per_pass_ = tokens; }
   // Called after each micro-batch of run_block with the number of sequences it ran, so that a caller can
-  // show how far a long pass is (empty: none). On a device backend the work may still be queued then.
+  // show how far a long pass is (empty: none). On a device backend the work may still be queued then
+  // (Backend::synchronize waits for it).
   void set_pass_progress(std::function<void(int64_t sequences)> progress) {
     pass_progress_ = std::move(progress);
   }

@@ -34,6 +34,7 @@
 #include "core/cuda/kernels/cuda_backend.h"
 #include "core/cuda/kernels/device_mask_selector.h"
 #include "core/interrupt.h"
+#include "core/log.h"
 #include "engine/checkpoint.h"
 #include "engine/prune_pipeline.h"
 #include "io/convert_llama2c.h"
@@ -523,6 +524,33 @@ TEST_F(DevicePipelineTest, Stories260KPrunesOnPlainAllocationsAsOnThePool) {
   expect_peak_within_the_plan(on_plain, plain);
   ASSERT_TRUE(on_plain.perplexity && on_pool.perplexity);
   EXPECT_EQ(on_plain.perplexity->pruned, on_pool.perplexity->pruned);
+}
+
+// At debug level the pipeline logs each micro-batch of a pass, and on a device it first waits for the
+// micro-batch's queued work (Backend::synchronize), so that the line counts finished work: the run's output
+// and perplexities are those of a run at info level, where it waits only for a line every 30 s.
+TEST_F(DevicePipelineTest, Stories260KPrunesTheSameWhenEachMicroBatchIsLogged) {
+  engine::PruneConfig quiet = config("wanda_row_info", device());
+  quiet.method = "wanda";
+  quiet.sparsity = 0.5;
+  engine::PruneConfig logged = quiet;
+  logged.out = stories_dir() / "wanda_row_debug";
+  const auto level = spdlog::get_level();
+  const engine::PruneResult at_info = engine::prune_model(quiet);
+  spdlog::set_level(spdlog::level::debug);
+  ASSERT_TRUE(log::debug_enabled());
+  engine::PruneResult at_debug;
+  try {
+    at_debug = engine::prune_model(logged);
+  } catch (...) {
+    spdlog::set_level(level);
+    throw;
+  }
+  spdlog::set_level(level);
+  EXPECT_EQ(file_bytes(logged.out / "model.safetensors"), file_bytes(quiet.out / "model.safetensors"));
+  ASSERT_TRUE(at_debug.perplexity && at_info.perplexity);
+  EXPECT_EQ(at_debug.perplexity->dense, at_info.perplexity->dense);
+  EXPECT_EQ(at_debug.perplexity->pruned, at_info.perplexity->pruned);
 }
 
 TEST_F(DevicePipelineTest, Stories260KPrunesInLowerPrecisionNearTheFp32Run) {

@@ -316,6 +316,7 @@ class CudaBackend final : public Backend {
  public:
   std::string_view name() const override { return "cuda"; }
   bool device_resident() const override { return true; }
+  void synchronize() override { cuda::synchronize(); }
 
   bool supports_dtype(DType dtype) const override { return is_weight_dtype(dtype); }
 
