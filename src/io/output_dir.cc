@@ -16,6 +16,7 @@
 #include "core/build_info.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "io/safetensors.h"
 
 namespace symprune::io {
 namespace fs = std::filesystem;
@@ -174,19 +175,23 @@ void InputFootprint::add_model_directory(const fs::path& dir) {
   std::error_code ec;
   const fs::path real = resolved_path(dir);
   directories_.push_back({real, "input model directory"});
-  for (const auto& entry : fs::directory_iterator(real, ec)) {
+  const auto add_model_file = [&](const fs::path& path) {
     std::error_code entry_ec;
-    if (const auto s = stamp(entry.path())) model_files_.push_back(*s);
-    if (!entry.is_symlink(entry_ec)) continue;
-    const fs::path target = fs::canonical(entry.path(), entry_ec);
-    if (entry_ec || is_within(target, real)) continue;
+    if (const auto s = stamp(path)) model_files_.push_back(*s);
+    if (!fs::is_symlink(path, entry_ec)) return;
+    const fs::path target = fs::canonical(path, entry_ec);
+    if (entry_ec || is_within(target, real)) return;
     // A link out of the directory (a Hugging Face cache blob): its file and the directory holding it.
     files_.push_back({target, "input model file"});
     const fs::path holder = target.parent_path();
     const bool known = std::any_of(directories_.begin(), directories_.end(),
                                    [&](const Protected& d) { return d.path == holder; });
     if (!known) directories_.push_back({holder, "directory holding the input model's files"});
-  }
+  };
+  for (const auto& entry : fs::directory_iterator(real, ec)) add_model_file(entry.path());
+  // Shards the index places in subdirectories are read as well (the files directly in it are above).
+  for (const auto& shard : indexed_shard_files(real))
+    if (shard.has_parent_path()) add_model_file(real / shard);
 }
 
 std::optional<InputFootprint::FileStamp> InputFootprint::stamp(const fs::path& file) {

@@ -35,7 +35,8 @@ inline constexpr const char* kProvenanceFile = "symprune_provenance.json";
 
 class InputFootprint {
  public:
-  // A model directory: the directory and the real location of each file directly in it.
+  // A model directory: the directory and the real location of each file directly in it and of each shard
+  // its index places in a subdirectory.
   void add_model_directory(const std::filesystem::path& dir);
   // One input file, or a directory an input is read from (a tokenizer directory), which is then protected as
   // a whole. Missing paths are ignored: they fail later with their own error.

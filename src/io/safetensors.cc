@@ -343,6 +343,23 @@ void check_weight_dtype(const SafetensorsFile& file, const TensorInfo& info) {
 // ---------------------------------------------------------------------------------------------
 // SafetensorsModel
 
+std::vector<fs::path> indexed_shard_files(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::exists(dir / kSingleFileName, ec) || !fs::is_regular_file(dir / kSafetensorsIndexFile, ec))
+    return {};
+  std::set<std::string> names;
+  try {
+    const nlohmann::json json = read_json_file(dir / kSafetensorsIndexFile);
+    if (json.is_object() && json.contains("weight_map") && json["weight_map"].is_object())
+      for (const auto& [tensor, shard] : json["weight_map"].items())
+        if (shard.is_string())
+          names.insert(fs::path(shard.get<std::string>()).lexically_normal().generic_string());
+  } catch (const std::exception&) {
+    return {};
+  }
+  return {names.begin(), names.end()};
+}
+
 SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
   SafetensorsModel model;
   model.dir_ = dir;
@@ -351,6 +368,16 @@ SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
 
   const fs::path single = dir / kSingleFileName;
   const fs::path index = dir / kSafetensorsIndexFile;
+  // A link whose target is missing (a Hugging Face cache snapshot whose blob was not downloaded or was
+  // removed) is named as such, not as a missing file.
+  for (const fs::path& file : {single, index}) {
+    if (!fs::is_symlink(file, ec) || fs::exists(file, ec)) continue;
+    fail(
+        "{} is a symbolic link to {}, which does not exist (an incomplete download or a removed cache "
+        "blob?): "
+        "download the model again or repair the link",
+        file.string(), fs::read_symlink(file, ec).string());
+  }
   // Same precedence as transformers: model.safetensors first, then the sharded index.
   if (fs::exists(single, ec)) {
     model.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(single)));
@@ -362,20 +389,26 @@ SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
     const nlohmann::json json = read_json_file(index);
     SYMPRUNE_CHECK(json.is_object() && json.contains("weight_map") && json["weight_map"].is_object(),
                    "{}: missing \"weight_map\" object", index.string());
-    std::map<std::string, size_t> file_index;  // shard name -> index into files_
+    // Shard name -> index into files_. Names are compared as paths ("x" and "./x" are one file: opened
+    // twice, it would be written twice).
+    std::map<std::string, size_t> file_index;
     for (const auto& [tensor, shard_value] : json["weight_map"].items()) {
       SYMPRUNE_CHECK(shard_value.is_string(), "{}: weight_map entry for '{}' must be a file name string",
                      index.string(), tensor);
       const std::string shard = shard_value.get<std::string>();
       check_confined_name(shard, index);
-      auto it = file_index.find(shard);
+      auto it = file_index.find(fs::path(shard).lexically_normal().generic_string());
       if (it == file_index.end()) {
         const fs::path shard_path = dir / shard;
-        SYMPRUNE_CHECK(fs::exists(shard_path, ec),
-                       "{}: shard '{}' (holding '{}') not found: {} does not exist", index.string(), shard,
-                       tensor, shard_path.string());
+        SYMPRUNE_CHECK(fs::exists(shard_path, ec), "{}: shard '{}' (holding '{}') not found: {} {}",
+                       index.string(), shard, tensor, shard_path.string(),
+                       fs::is_symlink(shard_path, ec)
+                           ? fmt::format("is a symbolic link to {}, which does not exist",
+                                         fs::read_symlink(shard_path, ec).string())
+                           : std::string("does not exist"));
         model.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(shard_path)));
-        it = file_index.emplace(shard, model.files_.size() - 1).first;
+        it = file_index.emplace(fs::path(shard).lexically_normal().generic_string(), model.files_.size() - 1)
+                 .first;
       }
       const SafetensorsFile& file = *model.files_[it->second];
       SYMPRUNE_CHECK(file.find(tensor) != nullptr, "{}: missing tensor '{}' in shard {} (listed in {})",
@@ -384,13 +417,22 @@ SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
     }
     SYMPRUNE_CHECK(!model.files_.empty(), "{}: weight_map is empty", index.string());
     // A tensor that a shard holds but the index does not list is still the shard's: kept, so that a pruned
-    // copy of the shard loses nothing (the copied index stays as it was).
+    // copy of the shard loses nothing (the copied index stays as it was). One that the index places in
+    // another shard makes the checkpoint ambiguous (which copy a loader ends with depends on the order it
+    // reads the shards in): refused.
     for (size_t i = 0; i < model.files_.size(); ++i)
-      for (const auto& info : model.files_[i]->tensors())
-        if (model.location_.emplace(info.name, i).second && log::is_root())
+      for (const auto& info : model.files_[i]->tensors()) {
+        const auto [it, unlisted] = model.location_.emplace(info.name, i);
+        SYMPRUNE_CHECK(it->second == i,
+                       "{}: tensor '{}' is stored in two shards, {} (where the index places it) and {}: "
+                       "which copy is the model's is ambiguous; remove one of them",
+                       index.string(), info.name, model.files_[it->second]->path().string(),
+                       model.files_[i]->path().string());
+        if (unlisted && log::is_root())
           log::warn(
               "{}: tensor '{}' is not listed in {}: read from this shard, and kept there in a pruned copy",
               model.files_[i]->path().string(), info.name, index.string());
+      }
     return model;
   }
 

@@ -74,6 +74,11 @@ void check_weight_dtype(const SafetensorsFile& file, const TensorInfo& info);
 // The index of a sharded model directory (its "weight_map" names each tensor's shard).
 inline constexpr const char* kSafetensorsIndexFile = "model.safetensors.index.json";
 
+// The shard files that the index of `dir` names (as written there, relative to `dir`), each once; empty when
+// the directory has model.safetensors (which takes precedence) or no index. Nothing is validated: an
+// unreadable index gives none (SafetensorsModel::open_dir reports it).
+std::vector<std::filesystem::path> indexed_shard_files(const std::filesystem::path& dir);
+
 // All weights of a model directory: model.safetensors, or the shards listed by
 // model.safetensors.index.json. Pickle files (pytorch_model.bin, *.pt) are refused with a hint.
 class SafetensorsModel : public TensorSource {

@@ -253,13 +253,15 @@ def _(env, tmp):
     return prune(env, tmp, model=model)
 
 
-def changed_during_run(env, tmp, change):
+def changed_during_run(env, tmp, change, prepare=None):
     """A prune whose model `change(model)` alters once the run has mapped the weights: the calibration file
     is a pipe, which prune opens after mapping the weights; once it does, the model is changed, then the
     text arrives and pruning goes on. The model and the pipe live outside tmp (the model is changed, on
-    purpose)."""
+    purpose); `prepare(model)` may lay the copy out first."""
     outside = Path(tempfile.mkdtemp(prefix="changed_"))
     model = shutil.copytree(env.model, outside / "model")
+    if prepare:
+        prepare(model)
     fifo = outside / "calib.fifo"
     os.mkfifo(fifo)
     text = env.first.read_bytes()
@@ -378,6 +380,23 @@ def _(env, tmp):
 @trigger("E-ST-SHARD-MISSING")
 def _(env, tmp):
     model = shard_model(env, tmp, lambda m: m.update({"model.norm.weight": "model-00002-of-00002.safetensors"}))
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-LINK-DANGLING")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    (model / "model.safetensors").unlink()
+    (model / "model.safetensors").symlink_to("../blobs/0123abcd")  # a cache snapshot without its blob
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-INDEX-DUPLICATE-TENSOR")
+def _(env, tmp):
+    stale = "model.layers.2.self_attn.q_proj.weight"  # placed in a second shard, left in the first too
+    model = shard_model(env, tmp, lambda m: m.update({stale: "model-00002-of-00002.safetensors"}))
+    tensors = load_file(str(model / "model-00001-of-00001.safetensors"))
+    save_file({stale: -tensors[stale]}, str(model / "model-00002-of-00002.safetensors"))
     return prune(env, tmp, model=model)
 
 
@@ -1522,6 +1541,33 @@ def run_case(case):
     return subprocess.run([case.binary, *case.args], capture_output=True, text=True,
                           preexec_fn=limit if case.fsize else None,
                           env={**os.environ, **case.env} if case.env else None)
+
+
+def test_a_shard_in_a_subdirectory_changed_during_the_run_is_noticed(env, tmp_path):
+    """Only the files directly in the model directory used to be watched: a shard the index places in a
+    subdirectory, overwritten during the run, gave a model of the new weights under the old ones' masks."""
+    shard = "weights/model-00001-of-00001.safetensors"
+
+    def into_subdirectory(model):
+        (model / "weights").mkdir()
+        (model / "model.safetensors").rename(model / shard)
+        names = sorted(load_file(str(model / shard)).keys())
+        (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: shard for n in names}}))
+
+    def touch(model):  # the shard rewritten with the same bytes: a new modification time
+        stamp = (model / shard).stat()
+        os.utime(model / shard, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1_000_000_000))
+
+    case = changed_during_run(env, tmp_path, touch, prepare=into_subdirectory)
+    before = snapshot(tmp_path)
+    try:
+        proc = run_case(case)
+    finally:
+        case.cleanup()
+    assert proc.returncode == 1, proc.stderr
+    assert message_regex(CATALOG["E-MODEL-CHANGED-DURING-RUN"]).search(proc.stderr), proc.stderr
+    assert shard in proc.stderr, proc.stderr
+    assert snapshot(tmp_path) == before
 
 
 def test_catalog_and_triggers_match():

@@ -320,6 +320,29 @@ def test_shards_in_a_subdirectory_are_written_there(stories, tmp_path):
     assert json.loads((pruned / "model.safetensors.index.json").read_text())["weight_map"] == weight_map
 
 
+def test_an_index_naming_a_shard_two_ways_writes_it_once(stories, tmp_path):
+    """"x" and "./x" in an index are one file: it used to be opened twice and written twice (the second
+    write counting its zeros again), so the report gave 70 % written zeros for a 50 % prune."""
+    model, tensors, shards = two_shard_layout(stories, tmp_path)
+    weight_map = {}
+    for shard, members in shards.items():
+        save_file({n: tensors[n] for n in members}, str(model / shard), metadata={"format": "pt"})
+        weight_map.update({n: (f"./{shard}" if i % 2 else shard) for i, n in enumerate(members)})
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    plain = shutil.copytree(model, tmp_path / "plain")
+    (plain / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {n: name.removeprefix("./") for n, name in weight_map.items()}}))
+    reports = {}
+    for name, source in (("two_ways", model), ("plain", plain)):
+        symprune("prune", "--model", source, "--method", "magnitude", "--sparsity", "0.5",
+                 "--out", tmp_path / f"pruned_{name}", "--report", tmp_path / f"{name}.json")
+        reports[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    for shard in shards:
+        assert (tmp_path / "pruned_two_ways" / shard).read_bytes() == (tmp_path / "pruned_plain" / shard).read_bytes()
+    assert reports["two_ways"]["sparsity"] == reports["plain"]["sparsity"]
+    assert abs(reports["two_ways"]["sparsity"]["written"] - 0.5) < 0.01, reports["two_ways"]["sparsity"]
+
+
 def test_a_shard_keeps_tensors_its_index_does_not_list(stories, tmp_path):
     """The pruned shard used to lose a tensor the index left out; weight files that are not the model's are
     named and not copied."""
