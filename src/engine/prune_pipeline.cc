@@ -726,7 +726,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     };
     // The checkpoint of the state entering this block, written in the background, becomes FILE once every
     // rank's part is written: asked after each pass and after the masks, so that a kill during this block
-    // does not lose it.
+    // does not lose it. A collective: every rank asks at the same points, whatever its share of the work.
     const auto install_written_checkpoint = [&] {
       if (checkpointer) result.timings.checkpoint += checkpointer->install_if_written();
     };
@@ -810,8 +810,9 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       }
       result.timings.blocks += seconds_since(t);
       stage_done("pruned pass", t);
-      install_written_checkpoint();
     }
+    // Collective: on every rank, also one that holds no calibration windows (fewer windows than ranks).
+    if (plan.needs_stats) install_written_checkpoint();
     if (pruned_eval) {
       const auto t = Clock::now();
       {

@@ -97,6 +97,21 @@ def test_a_checkpoint_is_installed_during_the_next_block_once_every_ranks_part_i
     assert (report["resumed"] or {}).get("block") == (1 if installed else None)
 
 
+def test_a_rank_without_calibration_windows_asks_for_the_checkpoint_with_the_others(stories, tmp_path,
+                                                                                   have_mpirun):
+    """4 windows in one micro-batch: rank 1 holds none and runs no pruned pass. It used to skip the question
+    asked after that pass (a collective) while rank 1's part of a checkpoint was still being written, so the
+    ranks' collectives went out of step (MPI_ERR_TRUNCATE, or a wrong answer)."""
+    few = stories_job(stories, "--method", "wanda", "--sparsity", "0.5", "--nsamples", "4", "--seqlen", "64",
+                      "--micro-batch", "4", "--eval-seqlen", "64", "--eval-max-chunks", "4", "--threads", "1")
+    digest, report = uninterrupted_run(few, tmp_path / "reference")
+    proc = mpirun(2, *few, *checkpoint_args(tmp_path), env={"SYMPRUNE_FAULT": "checkpoint_write:1@1:busy=2"},
+                  timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert output_digest(tmp_path / "out") == digest
+    assert json.loads((tmp_path / "report.json").read_text())["perplexity"] == report["perplexity"]
+
+
 def test_a_corrupt_checkpoint_is_reported_once_and_the_previous_one_used(job, reference, tmp_path, have_mpirun):
     """Every rank reads the corrupt file and agrees on the error; rank 0 alone says so (each rank did)."""
     import h5py
