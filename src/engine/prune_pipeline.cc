@@ -255,13 +255,15 @@ void check_every_rank_runs_the_same(dist::Communicator& comm, const nlohmann::js
   });
 }
 
-// What check_every_rank_runs_the_same compares: the resolved configuration and the inputs' fingerprints,
-// but not what may differ per node (CPU threads; where the model and data were found, as the fingerprints
-// compare their contents).
-nlohmann::json rank_identity(const RunPlan& plan, const nlohmann::json& fingerprints) {
+// What check_every_rank_runs_the_same compares: the resolved configuration, the report's path (only rank 0
+// writes it: another on a rank would be ignored without a word) and the inputs' fingerprints, but not what may
+// differ per node (CPU threads; where the model and data were found, as the fingerprints compare their
+// contents).
+nlohmann::json rank_identity(const RunPlan& plan, const fs::path& report, const nlohmann::json& fingerprints) {
   nlohmann::json config = plan.config;
   for (const char* key : {"threads", "model", "model_dir", "model_source", "calib", "eval", "tokenizer"})
     config.erase(key);
+  config["report"] = report.empty() ? nlohmann::json() : nlohmann::json(report.string());
   return {{"config", config}, {"fingerprints", fingerprints}};
 }
 
@@ -563,7 +565,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
   // --- Validate and resolve (every rank; the output is locked by rank 0).
   RunPlan plan = plan_run(c, comm);
   check_every_rank_runs_the_same(comm,
-                                 rank_identity(plan, plan.identity_without_calibration.at("fingerprints")));
+                                 rank_identity(plan, c.report, plan.identity_without_calibration.at("fingerprints")));
   model::DecoderModel& model = *plan.model;
   result.model_dir = plan.resolved.is_synthetic() ? fs::path(plan.resolved.display()) : plan.resolved.dir;
   result.model_fingerprint = plan.model_fingerprint;
@@ -914,10 +916,11 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       const auto dense = gather_perplexity(comm, *dense_eval, dense_local, &result.communication.eval);
       result.perplexity = PerplexityPair{dense.perplexity, 0.0, dense.seqlen, dense.chunks};
       log::info("scoring the pruned model's evaluation chunks");
-      fault::at("pruned_eval", comm.rank());
       const auto tp = Clock::now();
-      agree_on_errors(comm,
-                      [&] { pruned_local = pruned_eval->local_chunk_nll(eval_progress("pruned", tp)); });
+      agree_on_errors(comm, [&] {
+        fault::at("pruned_eval", comm.rank());  // tests: an error in one rank's chunks, agreed on by all
+        pruned_local = pruned_eval->local_chunk_nll(eval_progress("pruned", tp));
+      });
       result.timings.eval_pruned += seconds_since(tp);
       stopping_point(comm);
       result.perplexity->pruned =

@@ -293,6 +293,20 @@ bool completed_before(const PruneConfig& c, RunPlan& r, bool root, const io::Inp
                      "missing): remove the marker to run again",
                      marker.string(), c.out.string(), file);
   }
+  // Likewise its report: one asked for elsewhere (or removed since) would not be written by doing nothing.
+  if (!c.report.empty()) {
+    const nlohmann::json saved_report = saved.value("report", nlohmann::json());
+    const std::string written = saved_report.is_string() ? saved_report.get<std::string>() : std::string();
+    const bool same = !written.empty() && (written == c.report.string() ||
+                                           (fs::exists(written, ec) && fs::equivalent(written, c.report, ec)));
+    SYMPRUNE_CHECK(same && fs::is_regular_file(c.report, ec),
+                   "{} marks this run as finished, but --report {} is not its report ({}): remove the marker to "
+                   "run again",
+                   marker.string(), c.report.string(),
+                   written.empty() ? std::string("it wrote none")
+                   : same          ? std::string("the file is missing")
+                                   : fmt::format("that is {}", written));
+  }
   r.already_complete = true;
   // A run killed between writing the marker and removing its checkpoints left them behind: remove them now
   // (only this run's: their header names the marker's run id).

@@ -1356,6 +1356,13 @@ def _(env, tmp):
     return Case(*args)
 
 
+@trigger("E-CKPT-MARKER-NO-REPORT")
+def _(env, tmp):
+    args = checkpointed(env, tmp, "--resume", "auto")
+    subprocess.run([BIN, *map(str, args), "--report", tmp / "first.json"], capture_output=True, check=True)
+    return Case(*args, "--report", tmp / "second.json")  # the same finished run, another report
+
+
 # --- llama2.c checkpoints --------------------------------------------------------------------------
 
 def convert(env, tmp, checkpoint):

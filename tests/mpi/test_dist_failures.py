@@ -87,6 +87,20 @@ def test_a_non_finite_evaluation_is_one_agreed_error_and_removes_the_written_mod
     assert listing(tmp_path) == ["model"]
 
 
+def test_an_evaluation_error_on_a_rank_other_than_0_removes_the_written_model(stories, tmp_path, have_mpirun):
+    """Rank 1's chunks fail after the model is written: every rank agrees on the error, and rank 0, which
+    wrote the model's directory, removes it (the fault point used to lie outside the agreement: rank 1 ended
+    alone with MPI_Abort and the model stayed)."""
+    args = ["--model", stories.model, "--calib", stories.first, *RUN, "--eval", stories.second, "--eval-seqlen",
+            "64", "--eval-max-chunks", "200", "--out", tmp_path / "o", "--report", tmp_path / "r.json"]
+    proc = mpirun(2, *args, env={"SYMPRUNE_FAULT": "pruned_eval@1:error"}, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("symprune_dist: error: ") == 1, proc.stderr
+    assert "injected fault at pruned_eval" in proc.stderr and "was removed" in proc.stderr, proc.stderr
+    assert "MPI_ABORT" not in proc.stderr, proc.stderr
+    assert listing(tmp_path) == []
+
+
 def test_memory_exhausted_up_front_is_refused_by_all_ranks(stories, tmp_path, have_mpirun):
     proc = mpirun(2, "--model", stories.model, "--calib", stories.first, *RUN, "--out", tmp_path / "o",
                   env={"SYMPRUNE_MEMORY_AVAILABLE": "1000"}, timeout=60)
@@ -169,6 +183,7 @@ def test_sigterm_while_the_output_is_written_stops_every_rank_without_output(sto
 @pytest.mark.parametrize("rank,options,differing", [
     (1, {"--sparsity": "0.7"}, "config.sparsity: rank 0 has 0.5, rank 1 has 0.7"),
     (1, {"--checkpoint": "CKPT"}, "config.checkpoint: rank 0 has null, rank 1 has"),
+    (1, {"--report": "REPORT"}, "config.report: rank 0 has null, rank 1 has"),  # was ignored without a word
     (1, {"--calib": "SECOND"}, "calibration: rank 0 has"),
     (1, {"--sparsity": "half"}, "[rank 1/2] the ranks got different command lines: this rank's ends the run, and "
                                 "not as that of rank 0 does"),
@@ -186,7 +201,7 @@ def test_ranks_started_with_other_options_or_data_are_refused(stories, tmp_path,
     lines = [list(base), list(base)]
     line = lines[rank]
     for option, value in options.items():
-        value = {"CKPT": tmp_path / "c.h5", "SECOND": stories.second}.get(value, value)
+        value = {"CKPT": tmp_path / "c.h5", "SECOND": stories.second, "REPORT": tmp_path / "r.json"}.get(value, value)
         if value is None:
             line.append(option)
         elif option in line:
