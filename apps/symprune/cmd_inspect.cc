@@ -43,7 +43,12 @@ bool print_completion_marker(const std::string& file) {
   } catch (const Error&) {
     return false;  // binary: a checkpoint named *.done, read as one below
   }
-  const nlohmann::json marker = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json marker;
+  try {
+    marker = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {  // text, so not a checkpoint either: the message prune gives
+    fail("{}: the marker of a finished run is not valid JSON ({}): remove it to run again", file, e.what());
+  }
   if (!marker.is_object() || !marker.contains("run_id") || !marker.contains("finished")) return false;
   const auto field = [&](const char* key) {
     const auto it = marker.find(key);

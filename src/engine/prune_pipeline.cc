@@ -977,6 +977,11 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
                     every_block_saved ? "; " + every_block_saved_note : std::string()),
         every_block_saved ? kCheckpointedExitCode : 0);
   }
+  // A signal that came after the last point where the run could stop (while its report or marker was
+  // written) stopped nothing: its notice promised a stop, so say how it ended.
+  if (const int s = interrupt::received(); s != 0)
+    log::warn("{} arrived after the run's last safe point: the run finished, and its outputs are complete",
+              interrupt::signal_name(s));
   return result;
 }
 

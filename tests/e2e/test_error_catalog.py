@@ -1363,6 +1363,21 @@ def _(env, tmp):
     return Case(*args, "--report", tmp / "second.json")  # the same finished run, another report
 
 
+@trigger("E-CKPT-MARKER-CORRUPT")
+def _(env, tmp):
+    args = checkpointed(env, tmp, "--resume", "auto")
+    (tmp / "run.h5.done").write_text("finished, honest\n")
+    return Case(*args)
+
+
+def test_inspect_names_a_corrupt_marker_as_prune_does(env, tmp_path):
+    marker = tmp_path / "run.h5.done"
+    marker.write_text("{not json\n")
+    proc = run_case(Case("inspect", marker))
+    assert proc.returncode == 1, proc.stderr
+    assert message_regex(CATALOG["E-CKPT-MARKER-CORRUPT"]).search(proc.stderr), proc.stderr
+
+
 # --- llama2.c checkpoints --------------------------------------------------------------------------
 
 def convert(env, tmp, checkpoint):

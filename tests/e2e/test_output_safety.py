@@ -338,6 +338,20 @@ def test_interrupted_pruned_evaluation_keeps_the_model_and_marks_the_report(stor
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "r.json"]
 
 
+def test_a_signal_while_the_report_is_written_is_said_to_have_stopped_nothing(stories, tmp_path):
+    """Past the last safe point the run finishes (exit 0, every output complete); its notice had said it
+    would stop, so the end says it did not."""
+    out, report = tmp_path / "out", tmp_path / "r.json"
+    run = Run(prune_args(stories, out, "--report", report), env={"SYMPRUNE_FAULT": "report:sleep=60"})
+    run.wait_for(f"wrote {out}")
+    time.sleep(0.3)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 0, run.stderr
+    assert "SIGTERM arrived after the run's last safe point: the run finished, and its outputs are complete" \
+        in run.stderr
+    assert read_json(report)["sparsity"]["total"] > 0 and (out / "model.safetensors").exists()
+
+
 @pytest.mark.parametrize("fault,stage,resumed_stage", [
     ("before_install:sleep=60", "block 5/5 done", "resuming from checkpoint"),
     ("pruned_eval:sleep=60", "scoring the pruned model's evaluation chunks",
