@@ -54,10 +54,19 @@ void add_tokenize(CLI::App& app) {
       }
       SYMPRUNE_CHECK(texts.is_array(), "{} must hold a JSON array of strings", options->texts_json);
       nlohmann::json out = nlohmann::json::array();
-      for (const auto& t : texts) {
+      for (size_t i = 0; i < texts.size(); ++i) {
+        const auto& t = texts[i];
         SYMPRUNE_CHECK(t.is_string(), "{} must hold a JSON array of strings; found {}", options->texts_json,
                        t.dump().substr(0, 40));
-        const auto ids = tokenizer->encode(t.get<std::string>(), !options->no_bos);
+        // --text-file's rule for each text: no NUL (a JSON string may spell one, \u0000).
+        const std::string& text = t.get_ref<const std::string&>();
+        const size_t nul = text.find('\0');
+        SYMPRUNE_CHECK(
+            nul == std::string::npos,
+            "{}: text {} (from 0) holds a NUL character (\\u0000) at byte {}: texts must not contain "
+            "NUL",
+            options->texts_json, i, nul);
+        const auto ids = tokenizer->encode(text, !options->no_bos);
         if (options->count) {
           out.push_back(ids.size());
         } else {
@@ -70,7 +79,12 @@ void add_tokenize(CLI::App& app) {
     const std::string input =
         file->count() ? io::read_text_file(options->text_file, "text file (--text-file)") : options->text;
     // --text-file's rule for --text too: bytes that are not UTF-8 are refused, not tokenized as bytes.
-    SYMPRUNE_CHECK(file->count() || io::is_valid_utf8(input), "--text: not valid UTF-8");
+    if (!file->count())
+      if (const auto bad = io::first_invalid_utf8(input))
+        fail(
+            "--text: not UTF-8: invalid byte 0x{:02X} at offset {}; pass UTF-8 text (or a file with "
+            "--text-file)",
+            static_cast<unsigned char>(input[*bad]), *bad);
     const auto ids = tokenizer->encode(input, !options->no_bos);
     if (options->count) {
       std::printf("%zu\n", ids.size());

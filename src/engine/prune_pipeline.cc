@@ -256,10 +256,11 @@ void check_every_rank_runs_the_same(dist::Communicator& comm, const nlohmann::js
 }
 
 // What check_every_rank_runs_the_same compares: the resolved configuration, the report's path (only rank 0
-// writes it: another on a rank would be ignored without a word) and the inputs' fingerprints, but not what may
-// differ per node (CPU threads; where the model and data were found, as the fingerprints compare their
+// writes it: another on a rank would be ignored without a word) and the inputs' fingerprints, but not what
+// may differ per node (CPU threads; where the model and data were found, as the fingerprints compare their
 // contents).
-nlohmann::json rank_identity(const RunPlan& plan, const fs::path& report, const nlohmann::json& fingerprints) {
+nlohmann::json rank_identity(const RunPlan& plan, const fs::path& report,
+                             const nlohmann::json& fingerprints) {
   nlohmann::json config = plan.config;
   for (const char* key : {"threads", "model", "model_dir", "model_source", "calib", "eval", "tokenizer"})
     config.erase(key);
@@ -564,8 +565,8 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
 
   // --- Validate and resolve (every rank; the output is locked by rank 0).
   RunPlan plan = plan_run(c, comm);
-  check_every_rank_runs_the_same(comm,
-                                 rank_identity(plan, c.report, plan.identity_without_calibration.at("fingerprints")));
+  check_every_rank_runs_the_same(
+      comm, rank_identity(plan, c.report, plan.identity_without_calibration.at("fingerprints")));
   model::DecoderModel& model = *plan.model;
   result.model_dir = plan.resolved.is_synthetic() ? fs::path(plan.resolved.display()) : plan.resolved.dir;
   result.model_fingerprint = plan.model_fingerprint;

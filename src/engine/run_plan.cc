@@ -297,15 +297,17 @@ bool completed_before(const PruneConfig& c, RunPlan& r, bool root, const io::Inp
   if (!c.report.empty()) {
     const nlohmann::json saved_report = saved.value("report", nlohmann::json());
     const std::string written = saved_report.is_string() ? saved_report.get<std::string>() : std::string();
-    const bool same = !written.empty() && (written == c.report.string() ||
-                                           (fs::exists(written, ec) && fs::equivalent(written, c.report, ec)));
-    SYMPRUNE_CHECK(same && fs::is_regular_file(c.report, ec),
-                   "{} marks this run as finished, but --report {} is not its report ({}): remove the marker to "
-                   "run again",
-                   marker.string(), c.report.string(),
-                   written.empty() ? std::string("it wrote none")
-                   : same          ? std::string("the file is missing")
-                                   : fmt::format("that is {}", written));
+    const bool same =
+        !written.empty() &&
+        (written == c.report.string() || (fs::exists(written, ec) && fs::equivalent(written, c.report, ec)));
+    SYMPRUNE_CHECK(
+        same && fs::is_regular_file(c.report, ec),
+        "{} marks this run as finished, but --report {} is not its report ({}): remove the marker to "
+        "run again",
+        marker.string(), c.report.string(),
+        written.empty() ? std::string("it wrote none")
+        : same          ? std::string("the file is missing")
+                        : fmt::format("that is {}", written));
   }
   r.already_complete = true;
   // A run killed between writing the marker and removing its checkpoints left them behind: remove them now
@@ -461,10 +463,16 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   if (r.needs_stats)
     SYMPRUNE_CHECK(r.seqlen <= model.max_seq_len(), "--seqlen {} exceeds max_position_embeddings {} of {}",
                    r.seqlen, model.max_seq_len(), config_json);
+  // The evaluation chunk defaults to --seqlen, which itself defaults to 2048: say which value was not given.
   if (!c.eval.empty())
-    SYMPRUNE_CHECK(eval_seqlen <= model.max_seq_len(),
-                   "--eval-seqlen {} exceeds max_position_embeddings {} of {}", eval_seqlen,
-                   model.max_seq_len(), config_json);
+    SYMPRUNE_CHECK(
+        eval_seqlen <= model.max_seq_len(),
+        "--eval-seqlen {} exceeds max_position_embeddings {} of {}: pass --eval-seqlen {} (the model's "
+        "maximum) or less",
+        c.eval_seqlen > 0 ? std::to_string(eval_seqlen)
+        : c.seqlen > 0    ? fmt::format("defaults to --seqlen, {}, which", eval_seqlen)
+                          : fmt::format("defaults to --seqlen, whose default is {}, which", eval_seqlen),
+        model.max_seq_len(), config_json, model.max_seq_len());
   // The chunk of windows per forward pass: fixed by the options, never by the number of ranks, because
   // the statistics are summed chunk by chunk (engine/ordered_reduce.h).
   r.micro_batch = c.micro_batch > 0 ? c.micro_batch : std::max<int64_t>(1, kDefaultTokensPerPass / r.seqlen);

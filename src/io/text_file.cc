@@ -211,13 +211,17 @@ std::string printable_message(std::string_view text) {
   return out;
 }
 
-bool is_valid_utf8(std::string_view text) {
+std::optional<size_t> first_invalid_utf8(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
     const size_t length = utf8_length(text, i);
-    if (length == 0) return false;
+    if (length == 0) return i;
     i += length;
   }
-  return true;
+  return std::nullopt;
+}
+
+bool is_valid_utf8(std::string_view text) {
+  return !first_invalid_utf8(text).has_value();
 }
 
 bool looks_like_text(std::string_view bytes) {

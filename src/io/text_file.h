@@ -5,6 +5,7 @@
 // a hint at what the bytes are instead (UTF-16, gzip, Latin-1, binary).
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -28,6 +29,8 @@ void check_text(std::string_view text, const std::filesystem::path& path, std::s
 
 // Whether `text` is well-formed UTF-8 (NUL bytes allowed).
 bool is_valid_utf8(std::string_view text);
+// The offset of the first byte of `text` that does not begin a well-formed UTF-8 character, if any.
+std::optional<size_t> first_invalid_utf8(std::string_view text);
 
 // `text` safe to print on a terminal: valid UTF-8, newlines and tabs as they are; other control characters
 // and bytes that are not UTF-8 (a binary file's bytes quoted in a parse error) as \xNN.

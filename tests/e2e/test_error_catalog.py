@@ -641,6 +641,17 @@ def _(env, tmp):
     return Case("tokenize", "--tokenizer", env.model, "--texts-json", tmp / "texts.json")
 
 
+@trigger("E-TOK-TEXTS-JSON-NUL")
+def _(env, tmp):
+    (tmp / "texts.json").write_text(json.dumps(["Once upon a time", "a\u0000b"]))
+    return Case("tokenize", "--tokenizer", env.model, "--texts-json", tmp / "texts.json")
+
+
+@trigger("E-TOK-TEXT-NOT-UTF8")
+def _(env, tmp):
+    return Case("tokenize", "--tokenizer", env.model, "--text", os.fsdecode(b"a\xffb"))
+
+
 @trigger("E-TEXT-NOT-FOUND")
 def _(env, tmp):
     return eval_text(env, tmp / "no_such_text.txt")
@@ -1456,6 +1467,11 @@ def _(env, tmp):
 def _(env, tmp):
     return Case("eval", "--model", env.model, "--text", env.second, "--seqlen", "64", "--max-chunks", "1",
                 "--tokenizer", env.data / "llama2c_tokenizer" / "tokenizer.model")
+
+
+@trigger("E-PRUNE-EVAL-SEQLEN-MAX")
+def _(env, tmp):
+    return prune(env, tmp, "--eval", env.second)  # magnitude: --seqlen (2048 by default) is not checked
 
 
 @trigger("E-PRUNE-EVAL-SEQLEN")

@@ -119,7 +119,7 @@ def test_garbage_evaluation_text_is_refused(stories, tmp_path):
     expect_error(symprune("tokenize", "--tokenizer", stories.model, "--text-file", text, check=False),
                  f"{text}: text file (--text-file) is not UTF-8 text", hint)
     expect_error(symprune("tokenize", "--tokenizer", stories.model, "--text", os.fsdecode(b"\xff\xfe"),
-                          check=False), "--text: not valid UTF-8")
+                          check=False), "--text: not UTF-8: invalid byte 0xFF at offset 0")
     assert not (tmp_path / "pruned").exists()
 
 
