@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "core/error.h"
@@ -64,6 +66,22 @@ void sync_directory(const fs::path& dir) {
   }
 }
 
+unsigned process_umask() {
+  // Read where the kernel reports it (Linux 4.7+): umask() can only be read by setting it, which would race
+  // with files other threads create.
+  static const unsigned mask = [] {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line))
+      if (line.starts_with("Umask:"))
+        return static_cast<unsigned>(std::strtoul(line.c_str() + 6, nullptr, 8));
+    const mode_t old = ::umask(022);
+    ::umask(old);
+    return static_cast<unsigned>(old);
+  }();
+  return mask;
+}
+
 void write_file_atomically(const fs::path& path, const std::function<void(int, const fs::path&)>& body) {
   check_output_file_directory(path);
   const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
@@ -74,7 +92,9 @@ void write_file_atomically(const fs::path& path, const std::function<void(int, c
   interrupt::CleanupOnStop cleanup(pattern);
   try {
     body(fd, path);
-    SYMPRUNE_CHECK(::fchmod(fd, 0644) == 0, "{}: chmod failed: {}", path.string(), std::strerror(errno));
+    // mkstemp makes 0600: the mode open(2) would have given, as any other tool's output gets.
+    SYMPRUNE_CHECK(::fchmod(fd, 0666 & ~process_umask()) == 0, "{}: chmod failed: {}", path.string(),
+                   std::strerror(errno));
     SYMPRUNE_CHECK(::fsync(fd) == 0, "{}: fsync failed: {}", path.string(), std::strerror(errno));
     const int close_result = ::close(fd);
     SYMPRUNE_CHECK(close_result == 0, "{}: close failed: {}", path.string(), std::strerror(errno));
@@ -113,7 +133,20 @@ StagedDirectory::StagedDirectory(const fs::path& target, bool replace_existing)
       path_(make_dir_beside(target, ".tmp-")),
       replace_existing_(replace_existing),
       cleanup_(path_) {
-  ::chmod(path_.c_str(), 0755);  // mkdtemp makes 0700; a model directory is normally shared
+  // mkdtemp makes 0700. A directory it replaces (one prepared for the run, or an earlier output) lends its
+  // mode and group, so that a shared or setgid directory stays so (the files written into it inherit the
+  // group then); else the mode mkdir(2) would give.
+  struct stat existing {};
+  if (replace_existing && ::stat(target.c_str(), &existing) == 0 && S_ISDIR(existing.st_mode)) {
+    if (::chown(path_.c_str(), static_cast<uid_t>(-1), existing.st_gid) != 0) {
+      // Not a member of that group: the new directory keeps this process's group.
+    }
+    // Writable by its owner while it is filled (the mode may lack that); the exact mode at install.
+    final_mode_ = existing.st_mode & 07777;
+    ::chmod(path_.c_str(), *final_mode_ | S_IRWXU);
+  } else {
+    ::chmod(path_.c_str(), 0777 & ~process_umask());
+  }
 }
 
 StagedDirectory::~StagedDirectory() {
@@ -133,6 +166,9 @@ void StagedDirectory::install() {
   std::error_code ec;
   const fs::path parent = target_.parent_path();
   const bool replacing = replace_existing_ && fs::exists(fs::symlink_status(target_, ec));
+  if (final_mode_ && ::chmod(path_.c_str(), *final_mode_) != 0)
+    log::warn("{}: could not give it the mode of the directory it replaces: {}", target_.string(),
+              std::strerror(errno));
   const unsigned flags = replacing ? RENAME_EXCHANGE : RENAME_NOREPLACE;
   if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target_.c_str(), flags) == 0) {
     installed_ = true;

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -34,6 +35,10 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view c
 // A directory built beside its final place (".NAME.tmp-XXXXXX", mode 0755) and moved there by one
 // atomic rename, so a model directory appears whole or not at all. Removed on destruction unless
 // installed, and by the interrupt watcher if the process is stopped at once (core/interrupt.h).
+// The process's file mode creation mask (umask), read without changing it: the mode bits that outputs
+// created with explicit modes (mkstemp's 0600, mkdtemp's 0700, then widened) must leave out.
+unsigned process_umask();
+
 class StagedDirectory {
  public:
   // replace_existing: whether a directory at `target` is to be replaced (it existed, checked, when the run
@@ -58,6 +63,7 @@ class StagedDirectory {
   std::filesystem::path target_;
   std::filesystem::path path_;
   bool replace_existing_;
+  std::optional<unsigned> final_mode_;  // the replaced directory's permission bits, given at install
   interrupt::CleanupOnStop cleanup_;
   bool installed_ = false;
 };

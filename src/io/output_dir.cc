@@ -171,6 +171,18 @@ void OutputDirectory::check_no_running_run_inside() const {
   }
 }
 
+bool is_mount_point(const fs::path& dir) {
+  struct statx st {};
+  if (::statx(AT_FDCWD, dir.c_str(), 0, STATX_BASIC_STATS, &st) == 0 &&
+      (st.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0)
+    return (st.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+  // Kernels before 5.8: a mount of another file system (a bind mount of the same one goes unseen).
+  struct stat self {
+  }, parent{};
+  return ::stat(dir.c_str(), &self) == 0 && ::stat((dir / "..").c_str(), &parent) == 0 &&
+         (self.st_dev != parent.st_dev || self.st_ino == parent.st_ino);
+}
+
 void InputFootprint::add_model_directory(const fs::path& dir) {
   std::error_code ec;
   const fs::path real = resolved_path(dir);
@@ -322,15 +334,29 @@ OutputDirectory::OutputDirectory(const fs::path& out, const InputFootprint& inpu
   if (!fs::exists(path_, ec)) return;
   existed_ = true;
   SYMPRUNE_CHECK(fs::is_directory(path_, ec), "{} {} exists and is not a directory", option, out.string());
-  if (fs::is_empty(path_, ec)) return;
-  had_content_ = true;
-  SYMPRUNE_CHECK(force, "{} {} exists and is not empty (use --force to replace it)", option, out.string());
-  SYMPRUNE_CHECK(is_symprune_output(path_),
-                 "{} {} exists and was not written by symprune (it has no {} that symprune wrote): --force "
-                 "replaces only "
-                 "symprune outputs; remove it yourself or choose another {}",
-                 option, out.string(), kProvenanceFile, option);
-  check_no_running_run_inside();
+  // The finished model takes the directory's place by a rename, which cannot move a mount point, and which
+  // would leave a shell standing in the directory (a run with --out .) in a removed one, seeing nothing.
+  SYMPRUNE_CHECK(
+      !is_mount_point(path_),
+      "{} {} is a mount point: the pruned model is moved into place by a rename, which cannot replace "
+      "a mount point; give a directory inside it",
+      option, out.string());
+  if (!fs::is_empty(path_, ec)) {
+    had_content_ = true;
+    SYMPRUNE_CHECK(force, "{} {} exists and is not empty (use --force to replace it)", option, out.string());
+    SYMPRUNE_CHECK(is_symprune_output(path_),
+                   "{} {} exists and was not written by symprune (it has no {} that symprune wrote): --force "
+                   "replaces only "
+                   "symprune outputs; remove it yourself or choose another {}",
+                   option, out.string(), kProvenanceFile, option);
+    check_no_running_run_inside();
+  }
+  const fs::path cwd = fs::current_path(ec);
+  SYMPRUNE_CHECK(
+      ec || !is_within(resolved_path(cwd), path_),
+      "{} {} is (or holds) the current directory: the pruned model replaces it by a rename, which "
+      "would leave this shell in a removed directory; run from another directory or choose another {}",
+      option, out.string(), option);
 }
 
 std::unique_ptr<StagedDirectory> OutputDirectory::stage() const {

@@ -33,6 +33,9 @@ namespace symprune::io {
 // input fingerprints); its presence is what lets --force replace a directory.
 inline constexpr const char* kProvenanceFile = "symprune_provenance.json";
 
+// Whether `dir` is the root of a mount (a file system or a bind mount there).
+bool is_mount_point(const std::filesystem::path& dir);
+
 class InputFootprint {
  public:
   // A model directory: the directory and the real location of each file directly in it and of each shard

@@ -63,10 +63,11 @@ CATALOG = parse_catalog(DOC.read_text())
 class Case:
     """A command line (paths as str/Path) and an optional RLIMIT_FSIZE for the child."""
 
-    def __init__(self, *args, fsize=None, cleanup=None, env=None):
+    def __init__(self, *args, fsize=None, cleanup=None, env=None, cwd=None):
         self.binary = BIN  # the program run (symprune, unless a trigger names another)
         self.args = [str(a) for a in args]
         self.env = env  # extra environment variables
+        self.cwd = cwd  # the directory it runs in (else the test's)
         self.fsize = fsize
         self.cleanup = cleanup  # called after the run (e.g. to unmount)
 
@@ -1119,6 +1120,23 @@ def _(env, tmp):
                 point / "pruned", cleanup=unmount)
 
 
+@trigger("E-OUT-MOUNT-POINT")
+def _(env, tmp):
+    point = tmp / "scratch"
+    point.mkdir()
+    if subprocess.run(["mount", "--bind", point, point], capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out", point,
+                cleanup=lambda: subprocess.run(["umount", point], check=True))
+
+
+@trigger("E-OUT-IS-CWD")
+def _(env, tmp):
+    (tmp / "here").mkdir()
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out", ".",
+                cwd=tmp / "here")
+
+
 @trigger("E-OUT-DISK-FULL")
 def _(env, tmp):
     (tmp / "out").mkdir()
@@ -1576,7 +1594,7 @@ def snapshot(root):
 def run_case(case):
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (case.fsize, case.fsize))
-    return subprocess.run([case.binary, *case.args], capture_output=True, text=True,
+    return subprocess.run([case.binary, *case.args], capture_output=True, text=True, cwd=case.cwd,
                           preexec_fn=limit if case.fsize else None,
                           env={**os.environ, **case.env} if case.env else None)
 

@@ -208,6 +208,44 @@ def test_eval_report_in_a_missing_directory_fails_before_the_evaluation(stories,
     assert "chunks" not in proc.stderr  # no evaluation ran
 
 
+def test_outputs_follow_the_umask(stories, tmp_path):
+    """Outputs are created with mkstemp/mkdtemp (0600/0700) and then widened: they used to become 0644/0755
+    whatever the umask, so weights kept private (umask 077) were readable by everyone."""
+    out, report = tmp_path / "out", tmp_path / "r.json"
+    proc = subprocess.run([BIN, *map(str, prune_args(stories, out, "--report", report))], capture_output=True,
+                          text=True, preexec_fn=lambda: os.umask(0o077))
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    for path in [report, *out.iterdir()]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    proc = subprocess.run([BIN, *map(str, prune_args(stories, tmp_path / "default"))], capture_output=True,
+                          text=True, preexec_fn=lambda: os.umask(0o022))
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE((tmp_path / "default").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "default" / "model.safetensors").stat().st_mode) == 0o644
+
+
+def test_a_prepared_output_directory_keeps_its_mode_and_group(stories, tmp_path):
+    """An empty --out made for the run (a group's setgid directory, say) is replaced by the new directory:
+    that one now takes its mode and group, and its files the group, as if written into it."""
+    import grp
+    group = next((g for g in grp.getgrall() if g.gr_gid != os.getgid()), None)
+    if group is None:
+        pytest.skip("no second group to give the directory")
+    out = tmp_path / "shared"
+    out.mkdir()
+    os.chown(out, -1, group.gr_gid)
+    os.chmod(out, 0o2750)
+    symprune(*prune_args(stories, out))
+    assert stat.S_IMODE(out.stat().st_mode) == 0o2750 and out.stat().st_gid == group.gr_gid
+    assert all(p.stat().st_gid == group.gr_gid for p in out.iterdir())
+    # A read-only mode is given last (the files are written first).
+    os.chmod(out, 0o555)
+    symprune(*prune_args(stories, out, "--force", "--sparsity", "0.6"))
+    assert stat.S_IMODE(out.stat().st_mode) == 0o555
+    os.chmod(out, 0o755)
+
+
 # --- concurrent and interrupted runs ----------------------------------------------------------------
 
 def test_a_second_run_to_the_same_output_is_refused_while_the_first_writes(stories, tmp_path):
