@@ -179,7 +179,15 @@ std::vector<std::string> copy_other_files(const fs::path& input_dir, const fs::p
       log::warn("{}: other weight format, not copied to the pruned model", entry.path().string());
       continue;
     }
-    if (!entry.is_regular_file()) continue;  // is_regular_file follows symlinks (HF cache snapshots)
+    if (!entry.is_regular_file()) {  // is_regular_file follows symlinks (HF cache snapshots)
+      std::error_code ec;
+      log::warn(
+          "{}: {}, not copied to the pruned model", entry.path().string(),
+          fs::is_symlink(entry.symlink_status(ec)) && !fs::exists(entry.path(), ec)
+              ? fmt::format("a link to {}, which does not exist", fs::read_symlink(entry.path(), ec).string())
+              : std::string("not a regular file (a pipe, socket or device)"));
+      continue;
+    }
     copy_file_checked(entry.path(), tmp / name);
     written.push_back(name);
   }

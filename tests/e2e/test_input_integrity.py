@@ -320,6 +320,18 @@ def test_shards_in_a_subdirectory_are_written_there(stories, tmp_path):
     assert json.loads((pruned / "model.safetensors.index.json").read_text())["weight_map"] == weight_map
 
 
+def test_files_of_the_model_directory_that_cannot_be_copied_are_named(stories, tmp_path):
+    """A dangling link or a pipe among the model's other files used to be left out without a word."""
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    (model / "README.md").symlink_to("../blobs/missing")
+    os.mkfifo(model / "events")
+    proc = prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{model / 'README.md'}: a link to ../blobs/missing, which does not exist, not copied" in proc.stderr
+    assert f"{model / 'events'}: not a regular file (a pipe, socket or device), not copied" in proc.stderr
+    assert not (tmp_path / "pruned" / "README.md").exists() and not (tmp_path / "pruned" / "events").exists()
+
+
 def test_an_index_naming_a_shard_two_ways_writes_it_once(stories, tmp_path):
     """"x" and "./x" in an index are one file: it used to be opened twice and written twice (the second
     write counting its zeros again), so the report gave 70 % written zeros for a 50 % prune."""
