@@ -177,24 +177,44 @@ symprune_job_run() {
   # The step runs in the background so this shell can take the warning signal and pass it on. SIGTERM
   # (scancel, preemption) is not passed on, since Slurm sends it to the step itself (a second one would
   # stop the ranks at once, unsaved); this shell only outlives it to report the end.
+  # The warning is passed on once: a second SIGUSR1 (the warning sent twice) would stop the ranks at once,
+  # unsaved.
   local warned=0 terminated=0 status pid
-  trap 'warned=1; symprune_job_log "SIGUSR1: asking the ranks to checkpoint and stop"; kill -USR1 "$pid" 2>/dev/null' USR1
+  symprune_job_usr1() {
+    if ((warned)); then
+      symprune_job_log "SIGUSR1 again: the ranks were asked already; not passed on (a second signal would stop" \
+        "them at once, without saving)"
+      return
+    fi
+    warned=1
+    symprune_job_log "SIGUSR1: asking the ranks to checkpoint and stop"
+    kill -USR1 "$pid" 2>/dev/null
+  }
+  trap 'symprune_job_usr1' USR1
   trap 'terminated=1' TERM
   "${command[@]}" &
   pid=$!
   while true; do
     wait "$pid"
     status=$?
-    # wait returns >128 when a trapped signal interrupted it: the step is still running.
-    if ((status > 128)) && kill -0 "$pid" 2>/dev/null; then continue; fi
+    # wait returns >128 when a trapped signal interrupted it. The step may still run (wait again), or have
+    # ended meanwhile: wait then gives the status bash kept for it (127 once it was given: status stands).
+    ((status > 128)) || break
+    kill -0 "$pid" 2>/dev/null && continue
+    local ended
+    wait "$pid" 2>/dev/null
+    ended=$?
+    ((ended != 127)) && status=$ended
     break
   done
   trap - USR1 TERM
 
-  # The ranks exit 75 after saving, but a signalled mpirun exits 1 whatever they did.
+  # The ranks exit 75 after saving, but a signalled mpirun exits 1 whatever they did. Under scancel or
+  # preemption Slurm's SIGTERM reaches the ranks and mpirun, which passes it on: a second signal stops the
+  # ranks at once, so the checkpoint holds the blocks saved before the block that was running.
   if ((terminated && status != 0 && status != 75)) && [[ $launcher == mpirun && -e $checkpoint ]]; then
-    symprune_job_log "SIGTERM: mpirun exited $status; the ranks save their checkpoint on SIGTERM, and" \
-      "$checkpoint holds the blocks saved"
+    symprune_job_log "SIGTERM: mpirun exited $status; $checkpoint holds the blocks saved before the signal" \
+      "(the block in progress is done again on resuming)"
     status=75
   fi
   case $status in
@@ -247,6 +267,16 @@ symprune_job_sweep_cell() {
   local -a cell
   read -r name line <<<"$line"
   read -r -a cell <<<"$line"
+  # Where a cell writes is the sweep's (SWEEP_DIR/NAME/...): a line naming it would give the option twice.
+  local option
+  for option in "${cell[@]}"; do
+    case $option in
+      --out | --out=* | --report | --report=* | --checkpoint | --checkpoint=* | --resume | --resume=*)
+        symprune_job_die "$grid, cell $task ($name): ${option%%=*} is set by the sweep (it writes" \
+          "$sweep/$name/{model,report.json,checkpoint.h5}); remove it from the grid line"
+        ;;
+    esac
+  done
   symprune_job_log "sweep cell $task: $name: ${cell[*]}"
   mkdir -p "$sweep/$name" || symprune_job_die "cannot create $sweep/$name"
   symprune_job_run "${SYMPRUNE_LAUNCHER:-srun}" "$@" "${cell[@]}" --out "$sweep/$name/model" \

@@ -2,7 +2,9 @@
 with a clear message, and the collector writes its table with the missing cells marked."""
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 SOURCE = Path(os.environ["SYMPRUNE_SOURCE_DIR"])
@@ -145,3 +147,41 @@ def test_out_with_a_trailing_slash_gets_its_defaults_beside_it(tmp_path):
     echoed = next(line for line in proc.stdout.splitlines() if line.startswith("--model"))
     assert echoed == (f"--model m --out {tmp_path}/pruned/ --report {tmp_path}/pruned.report.json "
                       f"--checkpoint {tmp_path}/pruned.checkpoint.h5 --resume auto --threads 1")
+
+
+def test_the_warning_signal_is_passed_on_to_the_step_once(tmp_path):
+    """The warning sent twice (`scancel --signal=USR1 --batch` again) used to reach the ranks twice: a second
+    signal stops them at once, without saving. A stand-in step counts the SIGUSR1 it gets and exits 75."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "srun").write_text('#!/bin/bash\nshift 2\nexec "$@"\n')  # drops --mpi=... --kill-on-bad-exit=1
+    step = tmp_path / "step.sh"
+    step.write_text(f"#!/bin/bash\ntrap 'echo usr1 >> {tmp_path}/signals' USR1\ntouch {tmp_path}/started\n"
+                    "for i in $(seq 100); do sleep 0.05; done\nexit 75\n")
+    for path in (fake_bin / "srun", step):
+        path.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "SYMPRUNE_DIST": str(step)}
+    env.pop("SLURM_JOB_ID", None)
+    job = subprocess.Popen(["bash", "-c", f"source {SLURM}/symprune_job.sh; symprune_job_run srun --out "
+                            f"{tmp_path}/o"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 30
+    while not (tmp_path / "started").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    job.send_signal(signal.SIGUSR1)
+    time.sleep(0.5)
+    job.send_signal(signal.SIGUSR1)
+    stdout, stderr = job.communicate(timeout=60)
+    log = stdout + stderr
+    assert job.returncode == 75, log
+    assert (tmp_path / "signals").read_text() == "usr1\n", log
+    assert "SIGUSR1 again: the ranks were asked already; not passed on" in log
+
+
+def test_a_sweep_line_may_not_set_where_its_cell_writes(tmp_path):
+    grid = tmp_path / "grid.tsv"
+    grid.write_text("a --method wanda --sparsity 0.5 --report=/tmp/elsewhere.json\n")
+    proc = bash(f"source {SLURM}/symprune_job.sh; symprune_job_sweep_cell {grid} {tmp_path}/sweep",
+                env={"SLURM_ARRAY_TASK_ID": "0", "SYMPRUNE_DIST": "/bin/true"})
+    assert proc.returncode == 2, proc.stderr
+    assert f"{grid}, cell 0 (a): --report is set by the sweep" in proc.stderr
+    assert not (tmp_path / "sweep").exists()
