@@ -737,8 +737,12 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     fault::at("block:" + std::to_string(b), comm.rank());
     {
       const auto t = Clock::now();
+      const int64_t exchanged_before = weights.bytes_exchanged();
       weights.load(b, b + 1);
       result.timings.weights += seconds_since(t);
+      // Counted block by block, so that a checkpoint's state holds them and a resumed run's report counts
+      // every attempt's, like the other volumes.
+      result.communication.weights += weights.bytes_exchanged() - exchanged_before;
     }
     std::unique_ptr<BlockStatistics> stats;
     if (plan.needs_stats) {
@@ -841,7 +845,6 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     if (progress) progress(p);
   }
   calib.hidden = Tensor();
-  result.communication.weights += weights.bytes_exchanged();
   stop_at_boundary(model.num_blocks());
   if (checkpointer) {
     result.timings.checkpoint += checkpointer->finish();

@@ -112,6 +112,24 @@ def test_a_rank_without_calibration_windows_asks_for_the_checkpoint_with_the_oth
     assert json.loads((tmp_path / "report.json").read_text())["perplexity"] == report["perplexity"]
 
 
+def test_a_resumed_run_reports_the_communication_of_every_attempt_once(job, tmp_path, have_mpirun):
+    """Rank 0's volumes of a run killed after block 3 and resumed equal an uninterrupted run's on as many
+    ranks: the weights broadcast used to be counted only at the end, so the killed attempt's were lost."""
+    symprune_dir = tmp_path / "whole"
+    symprune_dir.mkdir()
+    proc = mpirun(2, *job, *checkpoint_args(symprune_dir), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    whole = json.loads((symprune_dir / "report.json").read_text())["communication_bytes"]
+    assert all(whole[k] > 0 for k in ("weights", "statistics", "masks", "eval")), whole
+    proc = mpirun(2, *job, *checkpoint_args(tmp_path), env={"SYMPRUNE_FAULT": "block:3:abort"}, timeout=120)
+    assert proc.returncode != 0 and (tmp_path / "run.h5").exists()
+    proc = mpirun(2, *job, *checkpoint_args(tmp_path), "--resume", "auto", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["resumed"]["block"] in (2, 3)  # blocks 1..3 are saved, or not yet installed
+    assert report["communication_bytes"] == whole
+
+
 def test_a_corrupt_checkpoint_is_reported_once_and_the_previous_one_used(job, reference, tmp_path, have_mpirun):
     """Every rank reads the corrupt file and agrees on the error; rank 0 alone says so (each rank did)."""
     import h5py
