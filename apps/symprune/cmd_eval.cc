@@ -76,8 +76,9 @@ void run_eval(const EvalOptions& o) {
   if (!tokenizer->bos_id())
     log::warn("tokenizer ({}) has no BOS token; the text is evaluated without one", tokenizer->kind());
   const std::vector<int32_t> tokens = tokenizer->encode(text, /*add_bos=*/true);
-  SYMPRUNE_CHECK(static_cast<int64_t>(tokens.size()) >= o.seqlen, "{}: {} tokens, fewer than one chunk of {}",
-                 o.text, tokens.size(), o.seqlen);
+  SYMPRUNE_CHECK(static_cast<int64_t>(tokens.size()) >= o.seqlen,
+                 "{}: {} tokens, fewer than one chunk of {}{}", o.text, tokens.size(), o.seqlen,
+                 text.empty() ? " (the file is empty: the one token is the BOS)" : "");
   for (size_t i = 0; i < tokens.size(); ++i)
     SYMPRUNE_CHECK(
         tokens[i] >= 0 && tokens[i] < model.vocab_size(),

@@ -1022,6 +1022,12 @@ def _(env, tmp):
     return prune(env, tmp, "--recipe", tmp / "recipe.toml", method=())
 
 
+@trigger("E-RECIPE-LIST")
+def _(env, tmp):
+    (tmp / "recipe.toml").write_text('method = "magnitude"\nsparsity = [0.3, 0.7]\n')
+    return prune(env, tmp, "--recipe", tmp / "recipe.toml", method=())
+
+
 @trigger("E-RECIPE-EXCLUSIVE")
 def _(env, tmp):
     (tmp / "recipe.toml").write_text('method = "magnitude"\nsparsity = 0.5\nnm = "2:4"\n')

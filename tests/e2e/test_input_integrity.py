@@ -382,3 +382,13 @@ def test_a_shard_keeps_tensors_its_index_does_not_list(stories, tmp_path):
         assert f.get_tensor(inv_freq).tobytes() == np.ones(4, np.float32).tobytes()
     assert (pruned / "model.safetensors.index.json").read_text() == index
     assert not (pruned / "consolidated.safetensors").exists()
+
+
+def test_an_empty_evaluation_file_is_called_empty(stories, tmp_path):
+    """It used to be "1 tokens, fewer than one chunk", the one token being the BOS the text does not have."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    expect_error(symprune("eval", "--model", stories.model, "--text", empty, "--seqlen", "64", check=False),
+                 f"{empty}: 1 tokens, fewer than one chunk of 64 (the file is empty: the one token is the BOS)")
+    expect_error(prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", "--eval", empty,
+                       "--eval-seqlen", "64"), "(the file is empty: the one token is the BOS)")
