@@ -356,8 +356,10 @@ std::optional<ResumePoint> load_resume_point(
   const fs::path newest = automatic ? checkpoint : fs::path(resume);
   std::vector<fs::path> candidates;
   std::error_code ec;
+  // Collective: every rank reads the same files, so each must see them (else the ranks would go on to
+  // different collectives).
   for (const auto& f : {newest, previous_checkpoint(newest)})
-    if (fs::exists(f, ec)) candidates.push_back(f);
+    if (every_rank_sees(comm, fs::exists(f, ec), "checkpoint " + f.string())) candidates.push_back(f);
   // The errors below are every rank's (they read the same files): agreed, so that every rank ends with one
   // message instead of an abort per rank.
   if (candidates.empty()) {

@@ -1,5 +1,8 @@
 #include "engine/collective_errors.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <string>
 #include <vector>
 
@@ -30,6 +33,21 @@ void agree_on_errors(dist::Communicator& comm, const std::function<void()>& stag
   if (!failure) return;
   if (failure->status >= 2) throw interrupt::Interrupted(static_cast<int>(failure->status - 2));
   throw CollectiveError(failure->message);
+}
+
+bool every_rank_sees(dist::Communicator& comm, bool seen, std::string_view subject) {
+  if (comm.size() == 1) return seen;
+  std::vector<int64_t> views(static_cast<size_t>(comm.size()), 0);
+  views[static_cast<size_t>(comm.rank())] = seen ? 1 : 0;
+  comm.all_reduce_sum(views);
+  std::vector<int> with, without;
+  for (int r = 0; r < comm.size(); ++r) (views[static_cast<size_t>(r)] != 0 ? with : without).push_back(r);
+  if (without.empty()) return true;
+  if (with.empty()) return false;
+  throw CollectiveError(fmt::format(
+      "{} is seen by rank(s) {} but not by rank(s) {}: every rank must see the same checkpoint files (put "
+      "--checkpoint on a file system all nodes share, not on node-local disk)",
+      subject, fmt::join(with, ", "), fmt::join(without, ", ")));
 }
 
 void agree_on_interrupts(dist::Communicator& comm) {

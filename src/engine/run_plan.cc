@@ -711,6 +711,13 @@ DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, in
 RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm) {
   RunPlan r;
   agree_on_errors(comm, [&] { plan(config, comm, r); });
+  // A rank that found the run finished returns now; one that did not would go on alone.
+  if (!config.resume.empty())
+    every_rank_sees(
+        comm, r.already_complete,
+        "the marker of a finished run " +
+            checkpoint_marker(config.resume == "auto" ? config.checkpoint : fs::path(config.resume))
+                .string());
   return r;
 }
 

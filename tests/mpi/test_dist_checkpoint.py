@@ -4,6 +4,7 @@ to outputs byte-identical to an uninterrupted single-process run, with the same 
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -128,6 +129,43 @@ def test_a_resumed_run_reports_the_communication_of_every_attempt_once(job, tmp_
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["resumed"]["block"] in (2, 3)  # blocks 1..3 are saved, or not yet installed
     assert report["communication_bytes"] == whole
+
+
+def mpirun_with_rank_1_blind_to(directory, *args, timeout=120):
+    """Two ranks, rank 1 in a mount namespace of its own where `directory` is empty: a checkpoint on
+    node-local disk, seen from another node. Skips where mount namespaces are not allowed."""
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("cannot make a mount namespace here")
+    empty = directory.parent / "empty"
+    empty.mkdir(exist_ok=True)
+    line = " ".join(shlex.quote(str(a)) for a in [DIST, *args])
+    command = [MPIEXEC, "--oversubscribe", "--allow-run-as-root", "-n", "1", DIST, *map(str, args), ":", "-n", "1",
+               "unshare", "-m", "sh", "-c", f"mount --bind {shlex.quote(str(empty))} {shlex.quote(str(directory))}"
+               f" && exec {line}"]
+    env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_a_checkpoint_only_some_ranks_see_is_one_agreed_error_not_a_hang(job, tmp_path, have_mpirun):
+    """--resume auto looked for FILE and FILE.prev on each rank and went on with what it found: a rank that saw
+    none started afresh (new collectives) while the others read the checkpoint. The same with the marker
+    of a finished run: the ranks that saw it returned, the others waited for them."""
+    run_dir = tmp_path / "node0"
+    run_dir.mkdir()
+    args = [*job, *checkpoint_args(run_dir), "--resume", "auto"]
+    proc = mpirun(2, *job, *checkpoint_args(run_dir), env={"SYMPRUNE_FAULT": "block:3:abort"}, timeout=120)
+    assert proc.returncode != 0 and (run_dir / "run.h5").exists()
+    proc = mpirun_with_rank_1_blind_to(run_dir, *args)
+    assert proc.returncode == 1, proc.stderr
+    assert f"checkpoint {run_dir / 'run.h5'} is seen by rank(s) 0 but not by rank(s) 1: every rank must see " \
+        "the same checkpoint files" in proc.stderr, proc.stderr
+    assert "MPI_ABORT" not in proc.stderr
+    assert mpirun(2, *args, timeout=120).returncode == 0  # finished where every rank sees it
+    proc = mpirun_with_rank_1_blind_to(run_dir, *args)
+    assert proc.returncode == 1, proc.stderr
+    assert f"the marker of a finished run {run_dir / 'run.h5.done'} is seen by rank(s) 0 but not by rank(s) 1" \
+        in proc.stderr, proc.stderr
 
 
 def test_a_corrupt_checkpoint_is_reported_once_and_the_previous_one_used(job, reference, tmp_path, have_mpirun):
