@@ -48,8 +48,10 @@ Refinement (--refine, after the initial mask, before the pruned pass; only the m
             error e_r = sum over pruned c of W[r,c]*mu_c towards 0 (mu_c: mean per-sequence input sum);
             regrow by W*mu/var^p (--var-power), prune by the Wanda score (N:M: by the initial score of
             magnitude and wanda, as the DSnoT code) split by the sign of W*mu;
-            a row stops for good when |e_r| <= --refine-threshold, after --max-cycles swaps, or (with
-            --same-sign; always for N:M) when a swap would flip the sign of its error.
+            a row stops for good when |e_r| <= --refine-threshold, after --max-cycles swaps, (with
+            --same-sign; always for N:M) when a swap would flip the sign of its error, or when its next
+            swap would not move e_r towards 0 or a candidate list runs out (the row keeps its pruned
+            count; the reference code's pointers run on there).
   r2dsnot   R2-DSnoT: DSnoT with the relative factor 1/||W~[r,:]||1 + 1/||W~[:,c]||1 in the regrow key
             (--grow-relative) and the prune key (--prune-relative), a_c^--refine-alpha in the prune key,
             and lp regularizers gamma*||row after the move||_p (--reg-p, --gamma-grow, --gamma-prune).

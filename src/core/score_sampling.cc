@@ -61,7 +61,8 @@ void sample_without_replacement(uint64_t stream_key, int64_t population, int64_t
     out.push_back(pick);
   }
   for (int64_t index : out) marks[static_cast<size_t>(index)] = 0;
-  // Ascending order: sums run in index order, like the full norms (β = 1 then reproduces ria exactly).
+  // Ascending order: sums run in index order, like the full norms (so a sample of every index, β = 1 on a
+  // square matrix where τ = min(m, n) covers both sides, reproduces ria exactly).
   std::sort(out.begin(), out.end());
 }
 

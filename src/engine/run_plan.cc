@@ -75,6 +75,11 @@ ResolvedMask resolve_mask(const PruneConfig& c, ScoreMethod method) {
   if (c.compat != "none") {
     if (method == ScoreMethod::kMagnitude) {
       layer = true;  // magnitude is per-layer "≤ θ" in every reference repo (DSnoT's is Wanda's code)
+      if (c.group == "row")
+        log::warn_on_root(
+            "--group row is not used: under --compat {} magnitude selects per layer, as every reference "
+            "repository does (leave out --compat for per-row magnitude)",
+            c.compat);
     } else if (c.compat == "ria" && c.group.empty()) {
       layer = true;  // RIA's default (no --per_outneuron) is per-layer for every method
     }

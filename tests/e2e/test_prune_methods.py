@@ -372,3 +372,13 @@ def test_opt_output_norm_is_that_of_xwt(tmp_path, method):
             np.put_along_axis(expected, np.argsort(scores, 1, kind="stable")[:, :w.shape[1] // 2], True, 1)
         got = pruned[f"model.decoder.layers.0.{name}.weight"] == 0
         assert int((got != expected).sum()) == 0, name
+
+
+def test_compat_magnitude_names_a_group_row_it_does_not_use(stories, tmp_path):
+    """Under --compat, magnitude selects per layer as every reference repository does: an explicit
+    --group row used to be dropped without a word."""
+    report = tmp_path / "r.json"
+    proc = symprune("prune", "--model", stories.model, "--method", "magnitude", "--sparsity", "0.5", "--compat",
+                    "wanda", "--group", "row", "--out", tmp_path / "out", "--report", report)
+    assert "--group row is not used: under --compat wanda magnitude selects per layer" in proc.stderr
+    assert json.loads(report.read_text())["config"]["group"] == "layer"
