@@ -115,6 +115,13 @@ void install() {
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;  // interrupted system calls resume: the work stops at a safe point
     // SIGHUP ignored at start stays ignored: the run was started under nohup to outlive its terminal.
+    // A closed pipe on the log or the printed output (`2>&1 | head`, a tee that died) would kill the run
+    // with SIGPIPE, unfinished, leaving its lock and staging files: ignored, the writes fail (EPIPE) and the
+    // run goes on to write its outputs, which are never pipes.
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
     for (int signal : kHandledSignals) {
       struct sigaction previous {};
       if (signal == SIGHUP && ::sigaction(signal, nullptr, &previous) == 0 && previous.sa_handler == SIG_IGN)

@@ -421,6 +421,19 @@ def test_a_signal_after_the_last_block_with_a_checkpoint_exits_75_and_resumes(st
     assert (tmp_path / "run.h5.done").exists() and (out / "model.safetensors").exists()
 
 
+def test_a_closed_log_pipe_does_not_kill_the_run(stories, tmp_path):
+    """`symprune ... 2>&1 | head -1`: SIGPIPE used to end the run unfinished (exit 141), its lock file left."""
+    out = tmp_path / "out"
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads the log
+    proc = subprocess.run([BIN, *map(str, prune_args(stories, out, "--log-level", "debug"))], stdout=write_end,
+                          stderr=write_end)
+    os.close(write_end)
+    assert proc.returncode == 0
+    assert (out / "model.safetensors").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 # --- numbers and usability -------------------------------------------------------------------------
 
 def test_negative_seed_follows_python(stories, tmp_path):

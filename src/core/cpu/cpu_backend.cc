@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -27,9 +28,33 @@ int64_t rows_of(const Tensor& t) {
 
 // OpenBLAS's own thread pool must not run inside our OpenMP regions (oversubscription, and the
 // pthread build serialises concurrent callers); this pins it to one thread for a scope.
+// Under `ulimit -v`, OpenBLAS maps a 128 MiB buffer for each thread at its first product and, when the
+// mapping fails, retries forever at full CPU: even a first SIGTERM cannot stop it. prune checks the limit
+// with its memory plan; every other command (eval, logits) gets the check here, before the first product.
+constexpr double kBlasBufferBytes = 128.0 * (1 << 20);
+void check_blas_buffers_fit() {
+  static std::atomic<bool> checked{false};
+  if (checked.load(std::memory_order_acquire)) return;
+  if (const auto left = address_space_left_bytes()) {
+    const int threads = cpu_threads();
+    const double needed = static_cast<double>(threads) * kBlasBufferBytes;
+    SYMPRUNE_CHECK(
+        needed <= static_cast<double>(*left),
+        "the address-space limit (ulimit -v) leaves {} to this run, but the BLAS library maps about "
+        "{} at its first product ({} MiB for each of its {} threads): raise or remove ulimit -v (it "
+        "limits mappings, not memory in use), or give fewer --threads",
+        format_bytes(static_cast<double>(*left)), format_bytes(needed),
+        static_cast<int>(kBlasBufferBytes / (1 << 20)), threads);
+  }
+  checked.store(true, std::memory_order_release);
+}
+
 class SingleThreadedBlas {
  public:
-  SingleThreadedBlas() : saved_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
+  SingleThreadedBlas() : saved_(openblas_get_num_threads()) {
+    check_blas_buffers_fit();
+    openblas_set_num_threads(1);
+  }
   ~SingleThreadedBlas() { openblas_set_num_threads(saved_); }
   SingleThreadedBlas(const SingleThreadedBlas&) = delete;
   SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
