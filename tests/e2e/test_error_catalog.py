@@ -1449,6 +1449,61 @@ def _(env, tmp):
     return convert(env, tmp, tmp / "bad.bin")
 
 
+def llama2c_v1_header(version=1, shared=1, dim=64, hidden=172, layers=5, heads=8, kv_heads=4, vocab=512,
+                      seq_len=512):
+    """A 256-byte llama2.c version 1 header (magic "ak42", version, 7 fields, shared flag, zero padding)."""
+    head = struct.pack("<Ii7i", 0x616b3432, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len)
+    return (head + bytes([shared])).ljust(256, b"\0")
+
+
+def stories_v0(env, **fields):
+    """stories260K.bin (version 0: seven int32 fields, then the weights) with header `fields` replaced."""
+    names = ["dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"]
+    data = bytearray((env.data / "stories260K" / "stories260K.bin").read_bytes())
+    for name, value in fields.items():
+        at = 4 * names.index(name)
+        data[at:at + 4] = struct.pack("<i", value)
+    return bytes(data)
+
+
+@trigger("E-L2C-TRUNCATED-HEADER")
+def _(env, tmp):
+    (tmp / "short.bin").write_bytes(stories_v0(env)[:20])
+    return convert(env, tmp, tmp / "short.bin")
+
+
+@trigger("E-L2C-VERSION")
+def _(env, tmp):
+    (tmp / "v3.bin").write_bytes(llama2c_v1_header(version=3))
+    return convert(env, tmp, tmp / "v3.bin")
+
+
+@trigger("E-L2C-SHARED-FLAG")
+def _(env, tmp):
+    (tmp / "flag.bin").write_bytes(llama2c_v1_header(shared=7))
+    return convert(env, tmp, tmp / "flag.bin")
+
+
+@trigger("E-L2C-HEADS")
+def _(env, tmp):
+    (tmp / "heads.bin").write_bytes(stories_v0(env, n_heads=7))  # 64 is not a multiple of 7
+    return convert(env, tmp, tmp / "heads.bin")
+
+
+@trigger("E-L2C-OVERFLOW")
+def _(env, tmp):
+    (tmp / "huge.bin").write_bytes(stories_v0(env, dim=1 << 30, n_heads=1 << 20, n_kv_heads=1 << 20))
+    return convert(env, tmp, tmp / "huge.bin")
+
+
+@trigger("E-L2C-ROPE")
+def _(env, tmp):
+    data = bytearray(stories_v0(env))
+    data[-4:] = struct.pack("<f", 0.5)  # the last sin value of the RoPE table (a shared-classifier v0 file)
+    (tmp / "rope.bin").write_bytes(bytes(data))
+    return convert(env, tmp, tmp / "rope.bin")
+
+
 def convert_with_tokenizer(env, tmp, tokenizer):
     (tmp / "out").mkdir()
     return Case("convert-llama2c", "--checkpoint", env.data / "stories260K" / "stories260K.bin", "--tokenizer",
