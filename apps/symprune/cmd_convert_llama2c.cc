@@ -27,7 +27,9 @@ void add_convert_llama2c(CLI::App& app) {
                   "llama2.c tokenizer.bin or SentencePiece tokenizer.model")
       ->required();
   sub->add_option("--out", options->out, "output model directory (must not exist or be empty)")->required();
-  sub->add_flag("--force", options->force, "replace a non-empty output directory");
+  sub->add_flag(
+      "--force", options->force,
+      "replace a non-empty output directory that symprune wrote (one with symprune_provenance.json)");
   sub->callback([options] {
     const auto s = io::convert_llama2c(options->checkpoint, options->tokenizer, options->out, options->force);
     std::printf(

@@ -109,7 +109,12 @@ void run_inspect_checkpoint(const std::string& file) {
   }
   for (const auto& p : problems) fmt::print("problem: {}\n", p);
   fmt::print("checksums: {}\n", verified ? "all verify" : "FAILED");
-  SYMPRUNE_CHECK(verified, "checkpoint {} is corrupt: {}", file, problems.front());
+  // A dataset's problem names the checkpoint already ("checkpoint F: dataset D is corrupt ..."); the
+  // header's does not.
+  const std::string& first = problems.empty() ? std::string() : problems.front();
+  SYMPRUNE_CHECK(
+      verified, "{}",
+      first.starts_with("checkpoint ") ? first : fmt::format("checkpoint {} is corrupt: {}", file, first));
 }
 
 void run_inspect(const InspectOptions& options) {

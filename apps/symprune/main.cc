@@ -55,9 +55,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "symprune: error: %s\n", io::printable_message(e.what()).c_str());
     return 1;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr,
-                 "symprune: error: out of memory: the run needs more memory than this machine or job allows "
-                 "(lower --nsamples, --seqlen or --threads, or run on a larger machine)\n");
+    std::fprintf(
+        stderr,
+        "symprune: error: out of memory: the run needs more memory than this machine or job allows "
+        "(lower --nsamples, --seqlen or --threads for prune, --batch or --seqlen for eval, or run on a "
+        "larger machine)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "symprune: error: %s\n", io::printable_message(e.what()).c_str());

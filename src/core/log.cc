@@ -2,7 +2,9 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 
 #include "core/error.h"
@@ -15,13 +17,15 @@ int g_rank = 0;
 void init(int rank, std::string_view level, int size) {
   g_rank = rank;
   std::string chosen(level);
-  if (chosen.empty()) {
+  if (chosen.empty()) {  // an empty SYMPRUNE_LOG_LEVEL counts as unset, as an empty --log-level does
     const char* env = std::getenv("SYMPRUNE_LOG_LEVEL");
-    chosen = env ? env : "info";
+    chosen = env && *env ? env : "info";
   }
-  const auto parsed = spdlog::level::from_str(chosen);
-  SYMPRUNE_CHECK(parsed != spdlog::level::off || chosen == "off",
+  // The six documented names only (spdlog also takes "warning", "err" and "critical").
+  constexpr std::string_view kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
+  SYMPRUNE_CHECK(std::find(std::begin(kLevels), std::end(kLevels), chosen) != std::end(kLevels),
                  "unknown log level '{}' (use trace, debug, info, warn, error or off)", chosen);
+  const auto parsed = spdlog::level::from_str(chosen);
   // Logs go to stderr so stdout carries only results (tables, JSON).
   auto logger = spdlog::get("symprune");
   if (!logger) logger = spdlog::stderr_color_mt("symprune");

@@ -262,6 +262,8 @@ def test_a_flipped_bit_in_any_dataset_is_detected(job, reference, killed, datase
         f[dataset][...] = data
     proc = symprune("inspect", bad / "run.h5", check=False)
     assert proc.returncode == 1 and "checksums: FAILED" in proc.stdout
+    # The problem names the file once (it used to read "checkpoint F is corrupt: checkpoint F: dataset ...").
+    assert proc.stderr.count(str(bad / "run.h5")) == 1, proc.stderr
     (bad / "run.h5.prev").unlink()
     refused(job, bad, f"dataset {dataset} is corrupt: checksum mismatch", "no usable checkpoint")
 

@@ -465,6 +465,16 @@ def test_bad_numbers_are_refused_with_a_message(stories, tmp_path, args, message
     assert time.time() - start < 30 and listing(tmp_path) == []
 
 
+def test_log_levels_are_the_six_documented_names(stories, tmp_path):
+    """spdlog's own aliases (warning, err, critical) used to pass; an empty SYMPRUNE_LOG_LEVEL was an error
+    where an empty --log-level means the default."""
+    for level in ("warning", "err", "critical", "WARN"):
+        proc = symprune("--log-level", level, "info", check=False)
+        assert proc.returncode == 1 and f"unknown log level '{level}'" in proc.stderr, (level, proc.stderr)
+    proc = symprune("info", env={"SYMPRUNE_LOG_LEVEL": ""})
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_leading_zeros_are_decimal(stories, tmp_path):
     symprune(*prune_args(stories, tmp_path / "out", "--nsamples", "010", "--report", tmp_path / "r.json"))
     assert read_json(tmp_path / "r.json")["config"]["nsamples"] == 10
