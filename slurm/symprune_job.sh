@@ -179,8 +179,12 @@ symprune_job_run() {
   # stop the ranks at once, unsaved); this shell only outlives it to report the end.
   # The warning is passed on once: a second SIGUSR1 (the warning sent twice) would stop the ranks at once,
   # unsaved.
-  local warned=0 terminated=0 status pid
+  local warned=0 terminated=0 status pid=
   symprune_job_usr1() {
+    if [[ -z $pid ]]; then  # in the instant before the step starts: nothing to pass it to yet
+      symprune_job_log "SIGUSR1 before the step started: not passed on"
+      return
+    fi
     if ((warned)); then
       symprune_job_log "SIGUSR1 again: the ranks were asked already; not passed on (a second signal would stop" \
         "them at once, without saving)"

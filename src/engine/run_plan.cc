@@ -299,7 +299,8 @@ bool completed_before(const PruneConfig& c, RunPlan& r, bool root, const io::Inp
                      marker.string(), c.out.string(), file);
   }
   // Likewise its report: one asked for elsewhere (or removed since) would not be written by doing nothing.
-  if (!c.report.empty()) {
+  // Rank 0 wrote it, and only rank 0 may see it (node-local disk): rank 0 checks, and the ranks agree.
+  if (root && !c.report.empty()) {
     const nlohmann::json saved_report = saved.value("report", nlohmann::json());
     const std::string written = saved_report.is_string() ? saved_report.get<std::string>() : std::string();
     const bool same =
@@ -716,13 +717,12 @@ DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, in
 RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm) {
   RunPlan r;
   agree_on_errors(comm, [&] { plan(config, comm, r); });
-  // A rank that found the run finished returns now; one that did not would go on alone.
-  if (!config.resume.empty())
-    every_rank_sees(
-        comm, r.already_complete,
-        "the marker of a finished run " +
-            checkpoint_marker(config.resume == "auto" ? config.checkpoint : fs::path(config.resume))
-                .string());
+  // A rank that found the run finished returns now; one that did not would go on alone. Asked on every rank
+  // whatever its options (ranks given different --resume are refused after this, by the identity check).
+  const fs::path marker_of =
+      config.resume.empty() || config.resume == "auto" ? config.checkpoint : fs::path(config.resume);
+  every_rank_sees(comm, r.already_complete,
+                  "the marker of a finished run " + checkpoint_marker(marker_of).string());
   return r;
 }
 

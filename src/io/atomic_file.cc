@@ -149,10 +149,19 @@ StagedDirectory::StagedDirectory(const fs::path& target, bool replace_existing)
   }
 }
 
+void remove_directory_tree(const fs::path& dir, std::error_code& ec) {
+  // Only the top directory may carry a mode without owner write (one given from a replaced directory, e.g.
+  // 0555); what is inside it was created with ordinary modes.
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_IRWXU) != S_IRWXU)
+    ::chmod(dir.c_str(), (st.st_mode & 07777) | S_IRWXU);
+  fs::remove_all(dir, ec);
+}
+
 StagedDirectory::~StagedDirectory() {
   if (installed_) return;
   std::error_code ec;
-  fs::remove_all(path_, ec);
+  remove_directory_tree(path_, ec);
 }
 
 std::string StagedDirectory::as_target(std::string message) const {
@@ -166,18 +175,23 @@ void StagedDirectory::install() {
   std::error_code ec;
   const fs::path parent = target_.parent_path();
   const bool replacing = replace_existing_ && fs::exists(fs::symlink_status(target_, ec));
-  if (final_mode_ && ::chmod(path_.c_str(), *final_mode_) != 0)
-    log::warn("{}: could not give it the mode of the directory it replaces: {}", target_.string(),
-              std::strerror(errno));
+  // The replaced directory's mode, once the new one is in its place (given before, a mode without owner write
+  // would keep a failed install's staging directory from being removed).
+  const auto give_final_mode = [&] {
+    if (final_mode_ && ::chmod(target_.c_str(), *final_mode_) != 0)
+      log::warn("{}: could not give it the mode of the directory it replaced: {}", target_.string(),
+                std::strerror(errno));
+  };
   const unsigned flags = replacing ? RENAME_EXCHANGE : RENAME_NOREPLACE;
   if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target_.c_str(), flags) == 0) {
     installed_ = true;
     cleanup_.release();
+    give_final_mode();
     sync_directory(parent);
     if (replacing) {
       // path_ now holds the replaced directory; until it is gone a kill leaves it as a stale staging
       // directory, which the next run for this output removes.
-      fs::remove_all(path_, ec);
+      remove_directory_tree(path_, ec);
       if (ec) log::warn("could not remove the replaced directory '{}': {}", path_.string(), ec.message());
     }
     return;
@@ -193,6 +207,7 @@ void StagedDirectory::install() {
     SYMPRUNE_CHECK(!ec, "cannot move the new directory into '{}': {}", target_.string(), ec.message());
     installed_ = true;
     cleanup_.release();
+    give_final_mode();
     sync_directory(parent);
     return;
   }
@@ -210,8 +225,9 @@ void StagedDirectory::install() {
   }
   installed_ = true;
   cleanup_.release();
+  give_final_mode();
   sync_directory(parent);
-  fs::remove_all(old, ec);
+  remove_directory_tree(old, ec);
   if (ec) log::warn("could not remove the replaced directory '{}': {}", old.string(), ec.message());
 }
 

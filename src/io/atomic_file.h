@@ -27,17 +27,23 @@ std::string hidden_name(std::string_view name, std::string_view suffix);
 // fsync of a directory, so that renames and new entries in it survive a crash (best effort).
 void sync_directory(const std::filesystem::path& dir);
 
-// Calls `body(fd, path)` on a fresh temp file beside `path`, then makes it `path` (mode 0644).
+// Calls `body(fd, path)` on a fresh temp file beside `path`, then makes it `path` (mode 0666 less the umask).
 void write_file_atomically(const std::filesystem::path& path,
                            const std::function<void(int fd, const std::filesystem::path& path)>& body);
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents);
 
-// A directory built beside its final place (".NAME.tmp-XXXXXX", mode 0755) and moved there by one
-// atomic rename, so a model directory appears whole or not at all. Removed on destruction unless
-// installed, and by the interrupt watcher if the process is stopped at once (core/interrupt.h).
 // The process's file mode creation mask (umask), read without changing it: the mode bits that outputs
 // created with explicit modes (mkstemp's 0600, mkdtemp's 0700, then widened) must leave out.
 unsigned process_umask();
+
+// fs::remove_all of a directory whose own mode may lack owner write (a replaced output's mode, given to the
+// directory that replaced it): that is added first.
+void remove_directory_tree(const std::filesystem::path& dir, std::error_code& ec);
+
+// A directory built beside its final place (".NAME.tmp-XXXXXX", mode 0777 less the umask, or the mode and
+// group of the directory it replaces) and moved there by one atomic rename, so a model directory appears
+// whole or not at all. Removed on destruction unless installed, and by the interrupt watcher if the process
+// is stopped at once (core/interrupt.h).
 
 class StagedDirectory {
  public:

@@ -122,7 +122,7 @@ void pwrite_all(int fd, const void* data, size_t size, int64_t offset, const fs:
 // its final size is claimed first, and such a failure is a plain error before HDF5 has the file. (Where
 // the file system cannot preallocate, the check is skipped.)
 void reserve_file_space(const fs::path& path, int64_t bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);  // less the umask
   SYMPRUNE_CHECK(fd >= 0, "checkpoint {}: cannot create the file: {}", path.string(), std::strerror(errno));
   int err = 0;
   do {

@@ -125,7 +125,7 @@ TokenizerFile load_tokenizer_file(const fs::path& path, int64_t vocab_size) {
 }
 
 void write_file(const fs::path& path, const std::string& bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);  // less the umask
   SYMPRUNE_CHECK(fd >= 0, "cannot create '{}': {}", path.string(), std::strerror(errno));
   size_t done = 0;
   while (done < bytes.size()) {

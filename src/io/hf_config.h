@@ -2,10 +2,9 @@
 // Hugging Face config.json for the supported families: LLaMA-2/3 ("llama") and OPT ("opt").
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 namespace symprune::io {
 
@@ -57,7 +56,9 @@ struct ModelConfig {
   nlohmann::json raw;  // the file as read, written back unchanged by the pruner
   std::string source;  // where it was read from (config.json path), for error messages
 
-  bool has_project_in_out() const { return family == ModelFamily::kOpt && word_embed_proj_dim != hidden_size; }
+  bool has_project_in_out() const {
+    return family == ModelFamily::kOpt && word_embed_proj_dim != hidden_size;
+  }
 };
 
 // Parses and validates (positive sizes, heads divide hidden, kv heads divide heads, supported

@@ -1,9 +1,9 @@
 #pragma once
 // The tensors a Hugging Face checkpoint must hold for a given config.json (names and shapes), and the
-// check that a TensorSource (safetensors files, a synthetic model) provides them. Names are the canonical Hugging Face *ForCausalLM
-// names ("model.layers.0.self_attn.q_proj.weight", "model.decoder.layers.0.fc1.weight"); OPT files
-// saved from the base model omit the "model." prefix ("decoder.layers.0.fc1.weight") and are
-// accepted through stored_tensor_name / load_model_tensor.
+// check that a TensorSource (safetensors files, a synthetic model) provides them. Names are the canonical
+// Hugging Face *ForCausalLM names ("model.layers.0.self_attn.q_proj.weight",
+// "model.decoder.layers.0.fc1.weight"); OPT files saved from the base model omit the "model." prefix
+// ("decoder.layers.0.fc1.weight") and are accepted through stored_tensor_name / load_model_tensor.
 #include <cstdint>
 #include <optional>
 #include <string>

@@ -125,7 +125,7 @@ void recover_interrupted_runs(const fs::path& target, std::string_view option, c
   }
   for (const auto* list : {&staged, &replaced}) {
     for (const auto& p : *list) {
-      fs::remove_all(p, ec);
+      remove_directory_tree(p, ec);
       if (ec) {
         log::warn("{}: could not remove {} left by an interrupted run: {}", option, p.string(), ec.message());
       } else {
@@ -170,6 +170,11 @@ void OutputDirectory::check_no_running_run_inside() const {
           option_, as_given_.string(), it->path().string(), *holder, option_);
   }
 }
+
+#ifndef STATX_ATTR_MOUNT_ROOT  // Linux 5.8; older headers (glibc 2.28) lack it, the kernel then leaves it
+                               // unset
+#define STATX_ATTR_MOUNT_ROOT 0x00002000
+#endif
 
 bool is_mount_point(const fs::path& dir) {
   struct statx st {};

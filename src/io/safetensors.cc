@@ -371,6 +371,7 @@ SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
   // A link whose target is missing (a Hugging Face cache snapshot whose blob was not downloaded or was
   // removed) is named as such, not as a missing file.
   for (const fs::path& file : {single, index}) {
+    if (file == index && fs::exists(single, ec)) break;  // model.safetensors takes precedence: no index read
     if (!fs::is_symlink(file, ec) || fs::exists(file, ec)) continue;
     fail(
         "{} is a symbolic link to {}, which does not exist (an incomplete download or a removed cache "
@@ -423,11 +424,14 @@ SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
     for (size_t i = 0; i < model.files_.size(); ++i)
       for (const auto& info : model.files_[i]->tensors()) {
         const auto [it, unlisted] = model.location_.emplace(info.name, i);
-        SYMPRUNE_CHECK(it->second == i,
-                       "{}: tensor '{}' is stored in two shards, {} (where the index places it) and {}: "
-                       "which copy is the model's is ambiguous; remove one of them",
-                       index.string(), info.name, model.files_[it->second]->path().string(),
-                       model.files_[i]->path().string());
+        SYMPRUNE_CHECK(
+            it->second == i,
+            "{}: tensor '{}' is stored in two shards, {} ({}) and {}: which copy is the model's is "
+            "ambiguous; remove one of them",
+            index.string(), info.name, model.files_[it->second]->path().string(),
+            json["weight_map"].contains(info.name) ? "where the index places it"
+                                                   : "the index lists it in neither",
+            model.files_[i]->path().string());
         if (unlisted && log::is_root())
           log::warn(
               "{}: tensor '{}' is not listed in {}: read from this shard, and kept there in a pruned copy",

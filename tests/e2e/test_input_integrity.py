@@ -332,6 +332,18 @@ def test_files_of_the_model_directory_that_cannot_be_copied_are_named(stories, t
     assert not (tmp_path / "pruned" / "README.md").exists() and not (tmp_path / "pruned" / "events").exists()
 
 
+def test_a_dangling_index_link_beside_model_safetensors_is_not_read(stories, tmp_path):
+    """model.safetensors takes precedence: a dangling index link beside it is never read, so not an error."""
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    (model / "model.safetensors.index.json").symlink_to("../blobs/missing")
+    proc = prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model)
+    assert proc.returncode == 0, proc.stderr
+    (model / "model.safetensors").unlink()
+    (model / "model.safetensors").symlink_to("../blobs/gone")
+    expect_error(prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", "--force", model=model),
+                 f"{model / 'model.safetensors'} is a symbolic link to ../blobs/gone, which does not exist")
+
+
 def test_an_index_naming_a_shard_two_ways_writes_it_once(stories, tmp_path):
     """"x" and "./x" in an index are one file: it used to be opened twice and written twice (the second
     write counting its zeros again), so the report gave 70 % written zeros for a 50 % prune."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from prune_support import (BIN, PROVENANCE, Stories, head_overflowing_model, output_digest, read_json, symprune,
+from prune_support import (BIN, DATA, PROVENANCE, Stories, head_overflowing_model, output_digest, read_json, symprune,
                            tree_digest)
 
 SMALL = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "8", "--seqlen", "64"]
@@ -218,6 +218,13 @@ def test_outputs_follow_the_umask(stories, tmp_path):
     assert stat.S_IMODE(out.stat().st_mode) == 0o700
     for path in [report, *out.iterdir()]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    converted = tmp_path / "converted"
+    proc = subprocess.run([BIN, "convert-llama2c", "--checkpoint", DATA / "stories260K" / "stories260K.bin",
+                           "--tokenizer", DATA / "stories260K" / "tok512.bin", "--out", converted],
+                          capture_output=True, text=True, preexec_fn=lambda: os.umask(0o077))
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(converted.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in converted.iterdir())
     proc = subprocess.run([BIN, *map(str, prune_args(stories, tmp_path / "default"))], capture_output=True,
                           text=True, preexec_fn=lambda: os.umask(0o022))
     assert proc.returncode == 0, proc.stderr
@@ -229,20 +236,24 @@ def test_a_prepared_output_directory_keeps_its_mode_and_group(stories, tmp_path)
     """An empty --out made for the run (a group's setgid directory, say) is replaced by the new directory:
     that one now takes its mode and group, and its files the group, as if written into it."""
     import grp
-    group = next((g for g in grp.getgrall() if g.gr_gid != os.getgid()), None)
-    if group is None:
+    # A group this user may give a file: any as root, else one of its own.
+    gids = [g.gr_gid for g in grp.getgrall()] if os.geteuid() == 0 else os.getgroups()
+    gid = next((g for g in gids if g != os.getgid()), None)
+    if gid is None:
         pytest.skip("no second group to give the directory")
     out = tmp_path / "shared"
     out.mkdir()
-    os.chown(out, -1, group.gr_gid)
+    os.chown(out, -1, gid)
     os.chmod(out, 0o2750)
     symprune(*prune_args(stories, out))
-    assert stat.S_IMODE(out.stat().st_mode) == 0o2750 and out.stat().st_gid == group.gr_gid
-    assert all(p.stat().st_gid == group.gr_gid for p in out.iterdir())
-    # A read-only mode is given last (the files are written first).
+    assert stat.S_IMODE(out.stat().st_mode) == 0o2750 and out.stat().st_gid == gid
+    assert all(p.stat().st_gid == gid for p in out.iterdir())
+    # A read-only mode is given last (the files are written first), and the replaced directory of that mode
+    # is removed all the same.
     os.chmod(out, 0o555)
     symprune(*prune_args(stories, out, "--force", "--sparsity", "0.6"))
     assert stat.S_IMODE(out.stat().st_mode) == 0o555
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shared"]
     os.chmod(out, 0o755)
 
 

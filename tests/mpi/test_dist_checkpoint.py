@@ -134,11 +134,11 @@ def test_a_resumed_run_reports_the_communication_of_every_attempt_once(job, tmp_
 def mpirun_with_rank_1_blind_to(directory, *args, timeout=120):
     """Two ranks, rank 1 in a mount namespace of its own where `directory` is empty: a checkpoint on
     node-local disk, seen from another node. Skips where mount namespaces are not allowed."""
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip("cannot make a mount namespace here")
     empty = directory.parent / "empty"
     empty.mkdir(exist_ok=True)
+    probe = subprocess.run(["unshare", "-m", "mount", "--bind", empty, directory], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("cannot bind-mount in a mount namespace here")
     line = " ".join(shlex.quote(str(a)) for a in [DIST, *args])
     command = [MPIEXEC, "--oversubscribe", "--allow-run-as-root", "-n", "1", DIST, *map(str, args), ":", "-n", "1",
                "unshare", "-m", "sh", "-c", f"mount --bind {shlex.quote(str(empty))} {shlex.quote(str(directory))}"

@@ -220,6 +220,20 @@ def test_ranks_started_with_other_options_or_data_are_refused(stories, tmp_path,
     assert listing(tmp_path) == [], listing(tmp_path)
 
 
+def test_ranks_with_and_without_resume_are_refused_by_the_identity_check(stories, tmp_path, have_mpirun):
+    """Whether the run had finished is asked on every rank before the ranks compare their options: asked only
+    where --resume was given, it met the other ranks' comparison (a hang or MPI_ERR_TRUNCATE)."""
+    base = ["--model", stories.model, *RUN, "--calib", stories.first, "--out", tmp_path / "o", "--checkpoint",
+            tmp_path / "c.h5"]
+    command = [MPIEXEC, "--oversubscribe", "--allow-run-as-root", "-n", "1", DIST, *map(str, base), ":", "-n", "1",
+               DIST, *map(str, base), "--resume", "auto"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1"})
+    assert proc.returncode == 1, proc.stderr
+    assert "config.resume: rank 0 has null, rank 1 has \"auto\"" in proc.stderr, proc.stderr
+    assert "MPI_ERR" not in proc.stderr
+
+
 def test_comm_nccl_on_cpus_is_a_clear_error(stories, tmp_path, have_mpirun):
     proc = mpirun(2, "--model", stories.model, "--calib", stories.first, *RUN, "--out", tmp_path / "o",
                   "--device", "cpu", "--comm", "nccl", timeout=60)
