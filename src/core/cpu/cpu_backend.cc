@@ -30,21 +30,23 @@ int64_t rows_of(const Tensor& t) {
 // pthread build serialises concurrent callers); this pins it to one thread for a scope.
 // Under `ulimit -v`, OpenBLAS maps a 128 MiB buffer for each thread at its first product and, when the
 // mapping fails, retries forever at full CPU: even a first SIGTERM cannot stop it. prune checks the limit
-// with its memory plan; every other command (eval, logits) gets the check here, before the first product.
-constexpr double kBlasBufferBytes = 128.0 * (1 << 20);
+// with its memory plan; every other command (eval, logits) gets the check here, before the first product,
+// with prune's allowance: kBlasThreadAddressSpace per thread (buffer and heap arena) and 64 MiB more.
+// Measured with eval on stories260K and 2 threads, a limit that leaves about 280 MiB here still hung in one
+// try of two: the buffers alone (256 MiB) are not enough.
 void check_blas_buffers_fit() {
   static std::atomic<bool> checked{false};
   if (checked.load(std::memory_order_acquire)) return;
   if (const auto left = address_space_left_bytes()) {
     const int threads = cpu_threads();
-    const double needed = static_cast<double>(threads) * kBlasBufferBytes;
+    const double needed = static_cast<double>(threads) * kBlasThreadAddressSpace + (64 << 20);
     SYMPRUNE_CHECK(
         needed <= static_cast<double>(*left),
-        "the address-space limit (ulimit -v) leaves {} to this run, but the BLAS library maps about "
-        "{} at its first product ({} MiB for each of its {} threads): raise or remove ulimit -v (it "
-        "limits mappings, not memory in use), or give fewer --threads",
+        "the address-space limit (ulimit -v) leaves {} to this run, but the BLAS library's buffers and "
+        "the threads' heaps take about {} ({} MiB for each of its {} threads, and 64 MiB): raise or "
+        "remove ulimit -v (it limits mappings, not memory in use), or give fewer --threads",
         format_bytes(static_cast<double>(*left)), format_bytes(needed),
-        static_cast<int>(kBlasBufferBytes / (1 << 20)), threads);
+        static_cast<int>(kBlasThreadAddressSpace / (1 << 20)), threads);
   }
   checked.store(true, std::memory_order_release);
 }
