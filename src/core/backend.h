@@ -225,6 +225,12 @@ Backend& cpu_backend();
 // Address space one CPU thread takes under `ulimit -v`: OpenBLAS's 128 MiB buffer (mapped when the
 // thread starts, or at the first product for the calling thread) and a 64 MiB malloc arena.
 inline constexpr double kBlasThreadAddressSpace = 192.0 * (1 << 20);
+// What a run of `threads` CPU threads maps for BLAS and heaps beyond its data under `ulimit -v`: a
+// kBlasThreadAddressSpace per thread and 64 MiB of helper threads' stacks and heaps (the allowance of prune's
+// memory plan and of the CPU backend's check before its first product).
+inline double blas_address_space_bytes(int threads) {
+  return static_cast<double>(threads) * kBlasThreadAddressSpace + (64 << 20);
+}
 // Threads used by the CPU backend (OpenMP and OpenBLAS); 0 leaves the defaults (one per CPU). Throws
 // symprune::Error (naming --threads) outside 0..max_cpu_threads().
 void set_cpu_threads(int n);

@@ -107,7 +107,7 @@ void check_memory(int64_t nsamples, int64_t seqlen, int64_t calib_tokens, int64_
     // Measured on stories260K: a run maps about 160 MiB (1 thread) and 430 MiB (2 threads) after this point:
     // buffers of the threads calling BLAS, heaps of the threads allocating, and the helper threads'.
     const int threads = cpu_threads();
-    const double blas = static_cast<double>(threads) * kBlasThreadAddressSpace + (64 << 20);
+    const double blas = blas_address_space_bytes(threads);
     if (needed + blas > static_cast<double>(*left))
       fail(
           "the address-space limit (ulimit -v) leaves {} to this run, but it needs about {}: {} of hidden "

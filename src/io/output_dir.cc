@@ -171,8 +171,8 @@ void OutputDirectory::check_no_running_run_inside() const {
   }
 }
 
-#ifndef STATX_ATTR_MOUNT_ROOT  // Linux 5.8; older headers (glibc 2.28) lack it, the kernel then leaves it
-                               // unset
+// Linux 5.8; older headers (glibc 2.28) lack the name, and older kernels leave the bit unset.
+#ifndef STATX_ATTR_MOUNT_ROOT
 #define STATX_ATTR_MOUNT_ROOT 0x00002000
 #endif
 
@@ -182,8 +182,8 @@ bool is_mount_point(const fs::path& dir) {
       (st.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0)
     return (st.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
   // Kernels before 5.8: a mount of another file system (a bind mount of the same one goes unseen).
-  struct stat self {
-  }, parent{};
+  struct stat self {};
+  struct stat parent {};
   return ::stat(dir.c_str(), &self) == 0 && ::stat((dir / "..").c_str(), &parent) == 0 &&
          (self.st_dev != parent.st_dev || self.st_ino == parent.st_ino);
 }

@@ -39,7 +39,7 @@ void check_blas_buffers_fit() {
   if (checked.load(std::memory_order_acquire)) return;
   if (const auto left = address_space_left_bytes()) {
     const int threads = cpu_threads();
-    const double needed = static_cast<double>(threads) * kBlasThreadAddressSpace + (64 << 20);
+    const double needed = blas_address_space_bytes(threads);
     SYMPRUNE_CHECK(
         needed <= static_cast<double>(*left),
         "the address-space limit (ulimit -v) leaves {} to this run, but the BLAS library's buffers and "
