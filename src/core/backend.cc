@@ -126,6 +126,14 @@ std::vector<double> Backend::initial_column_l1(const Tensor& weight, const Mask&
   return symprune::initial_column_l1(host_view(weight, copy), mask);
 }
 
+std::optional<NonFiniteEntry> Backend::first_non_finite(const Tensor& tensor) {
+  Tensor copy;
+  const Tensor& host = host_view(tensor, copy);  // host tensors are fp32
+  const int64_t index = symprune::first_non_finite(host);
+  if (index < 0) return std::nullopt;
+  return NonFiniteEntry{index, host.data()[index]};
+}
+
 std::vector<double> Backend::row_nll(const Tensor& logits, std::span<const int32_t> targets) {
   const int64_t vocab = logits.dim(-1), rows = logits.numel() / std::max<int64_t>(vocab, 1);
   SYMPRUNE_ASSERT(static_cast<int64_t>(targets.size()) == rows, "row_nll: {} targets for logits {}",

@@ -51,6 +51,12 @@ enum class MaskedPart { kKept, kPruned };
 // backend's own allocations held at once since the last reset_device_memory_peak; peak_reserved: the most
 // device memory its allocator held for them then (at least peak_used: a pool's unused and fragmented
 // memory). What libraries allocate on their own, the cuBLAS workspaces and NCCL's buffers, is in none.
+// Where Backend::first_non_finite found a NaN or ±Inf: the flat index and the value.
+struct NonFiniteEntry {
+  int64_t index = 0;
+  float value = 0.0f;
+};
+
 struct DeviceMemory {
   int64_t free = 0, total = 0, held = 0, peak_used = 0, peak_reserved = 0;
   // false: the device has no stream-ordered pools (some virtualized GPUs), so every free of device memory
@@ -210,6 +216,9 @@ class Backend {
   // −log softmax(logits[r])[targets[r]] in fp64 for every row of logits [rows, vocab] (this backend's
   // memory); targets are in [0, vocab) (checked by the caller).
   virtual std::vector<double> row_nll(const Tensor& logits, std::span<const int32_t> targets);
+  // The first NaN or ±Inf of `tensor` (this backend's memory, any dtype it stores) in row-major order, with
+  // its value; nothing when every entry is finite.
+  virtual std::optional<NonFiniteEntry> first_non_finite(const Tensor& tensor);
   // Free and total memory of a device backend; nullopt for a host backend (host memory is the system's).
   virtual std::optional<DeviceMemory> device_memory() { return std::nullopt; }
   // Starts DeviceMemory::peak_used again from the memory in use now (nothing for a host backend).

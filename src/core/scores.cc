@@ -51,6 +51,15 @@ std::string label(const ScoreOptions& options) {
   return options.matrix_name.empty() ? std::string("<unnamed matrix>") : options.matrix_name;
 }
 
+}  // namespace
+
+void fail_non_finite_weight(const std::string& matrix, int64_t index, int64_t cols, float value) {
+  fail("{}: weight [{}, {}] is {} (NaN/Inf weights cannot be scored)", matrix, index / cols, index % cols,
+       value);
+}
+
+namespace {
+
 // 1/x with a zero norm contributing nothing (every |W| it would divide is 0 then, see scores.h).
 inline double inverse(double x) {
   return x > 0.0 ? 1.0 / x : 0.0;
@@ -214,10 +223,7 @@ void check_weight(const Tensor& weight, const ScoreOptions& options) {
   SYMPRUNE_CHECK(weight.dim(0) > 0 && weight.dim(1) > 0, "{}: scores need a non-empty weight, got shape {}",
                  label(options), weight.shape_string());
   const int64_t i = first_non_finite(weight);
-  if (i < 0) return;
-  const int64_t n = weight.dim(1);
-  fail("{}: weight [{}, {}] is {} (NaN/Inf weights cannot be scored)", label(options), i / n, i % n,
-       weight.data()[i]);
+  if (i >= 0) fail_non_finite_weight(label(options), i, weight.dim(1), weight.data()[i]);
 }
 
 // RIA repository arithmetic (reference-implementations.md §3.3), see scores.h.

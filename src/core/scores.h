@@ -125,6 +125,10 @@ bool score_method_needs_stats(ScoreMethod method, const ScoreOptions& options);
 // α, p not in {0, 1, 2, 3, 4, ∞}, strategy outside 1..4, β outside (0, 1].
 void validate_score_options(ScoreMethod method, const ScoreOptions& options);
 
+// The Error for a NaN or ±Inf weight (entry `index` of a matrix with `cols` columns, named `matrix`), one
+// message wherever it is found: scoring on either backend, or the pipeline's check before the ranks score.
+[[noreturn]] void fail_non_finite_weight(const std::string& matrix, int64_t index, int64_t cols, float value);
+
 // Scores of W [m, n] (fp32) → S [rows, n] fp32 for the rows options.row_begin..row_end (all by default).
 // `stats` may be null only when score_method_needs_stats() is false; otherwise its input widths must be n
 // (and output widths m for owanda/symwanda/symwanda-sq). Errors name options.matrix_name.

@@ -15,6 +15,7 @@
 #include "core/fault.h"
 #include "core/interrupt.h"
 #include "core/log.h"
+#include "core/scores.h"
 #include "dist/partition.h"
 #include "engine/block_statistics.h"
 #include "engine/checkpoint.h"
@@ -77,6 +78,22 @@ void check_finite_stats(const ActivationStats& stats, const std::string& linear,
                    "non-finite activations (NaN or Inf) in the output of {} (output channel {}) in the dense "
                    "pass of block {}",
                    linear, r, block);
+}
+
+// NaN/Inf in a block's linear weights or in their reduced statistics, named before any linear is scored and
+// under the ranks' agreement: every rank holds the same weights and statistics and finds the same first one,
+// and would otherwise throw alone inside the scores (each rank ending the job through MPI_Abort).
+void check_block_is_finite(dist::Communicator& comm, model::DecoderModel& model,
+                           const model::BlockWeights& block, const BlockStatistics* stats, int64_t b) {
+  agree_on_errors(comm, [&] {
+    for (const auto& name : model.linear_names()) {
+      const std::string linear = model::LinearId{b, name}.to_string();
+      if (stats) check_finite_stats(stats->stats(name), linear, b);
+      const Tensor& weight = block.linears.at(name).weight;
+      if (const auto bad = model.backend().first_non_finite(weight))
+        fail_non_finite_weight(linear, bad->index, weight.dim(1), bad->value);
+    }
+  });
 }
 
 std::string block_prefix(const io::ModelConfig& config, int64_t block) {
@@ -774,13 +791,13 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     // Scores, masks and refinement of every linear, all from the dense block; then the block is pruned.
     const auto ts = Clock::now();
     const model::BlockWeights& block = model.block_weights(b);
+    check_block_is_finite(comm, model, block, stats.get(), b);
     std::vector<std::pair<model::LinearId, Tensor>> pruned_weights;
     double refine_seconds = 0.0;
     for (const auto& name : model.linear_names()) {
       const model::LinearId id{b, name};
       const Tensor& w = block.linears.at(name).weight;
       const ActivationStats* linear_stats = stats ? &stats->stats(name) : nullptr;
-      if (linear_stats) check_finite_stats(*linear_stats, id.to_string(), b);
       LinearMask lm =
           prune_linear(comm, plan.mask, b, name, w, linear_stats, stats ? stats->gram(name) : nullptr,
                        stats ? stats->samples(name) : nullptr);

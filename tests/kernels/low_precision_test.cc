@@ -20,6 +20,7 @@
 #include <cmath>
 #include <functional>
 #include <future>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -482,6 +483,31 @@ TEST_F(LowPrecisionTest, FusedResidualStepsEqualTheOpsTheyJoin) {
               expected.values().begin() + dst_row * width);
     expect_bits_equal(cpu_dst, expected, "the CPU's add_into_rows");
   }
+}
+
+// Backend::first_non_finite on a device tensor of each dtype: the first NaN or ±Inf in row-major order and
+// its value, as the CPU finds it on the same (rounded) values; nothing for a finite tensor.
+TEST_F(LowPrecisionTest, FirstNonFiniteEntryIsTheCpusInEveryDtype) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const Tensor finite({37, 29}, uniform_values(37 * 29, 11, -0.2f, 0.2f));
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    EXPECT_FALSE(device().first_non_finite(device().to_backend(finite, dtype)).has_value())
+        << dtype_name(dtype);
+    for (const auto& [index, value] :
+         std::vector<std::pair<int64_t, float>>{{0, nan}, {500, -inf}, {1072, inf}}) {
+      Tensor poisoned = finite;
+      poisoned[1072] = nan;  // the last entry: a later one is not the first
+      poisoned[index] = value;
+      const auto found = device().first_non_finite(device().to_backend(poisoned, dtype));
+      const auto expected = cpu_backend().first_non_finite(poisoned);
+      ASSERT_TRUE(found.has_value() && expected.has_value()) << dtype_name(dtype);
+      EXPECT_EQ(found->index, index) << dtype_name(dtype);
+      EXPECT_EQ(found->index, expected->index) << dtype_name(dtype);
+      EXPECT_EQ(std::isnan(found->value), std::isnan(value)) << dtype_name(dtype);
+      if (!std::isnan(value)) EXPECT_EQ(found->value, value) << dtype_name(dtype);
+    }
+  }
+  EXPECT_FALSE(cpu_backend().first_non_finite(finite).has_value());
 }
 
 TEST_F(LowPrecisionTest, ScoresMasksAndMaskedWeightsOfA16BitWeightAreThoseOfItsValues) {

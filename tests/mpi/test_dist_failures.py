@@ -65,9 +65,27 @@ def test_nan_weights_name_the_tensor_and_stop_all_ranks(stories, tmp_path, have_
     save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
     start = time.time()
     proc = mpirun(2, "--model", model, "--calib", stories.first, *RUN, "--out", tmp_path / "o", timeout=60)
-    assert proc.returncode != 0
-    assert "1.mlp.up_proj" in proc.stderr and "NaN" in proc.stderr
+    # One agreed error, said once by rank 0 (each rank used to throw it alone inside scoring and end the
+    # job through MPI_Abort, every rank printing it).
+    assert proc.returncode == 1, proc.stderr
+    assert "error: 1.mlp.up_proj: weight [100, 7] is nan (NaN/Inf weights cannot be scored)" in proc.stderr
+    assert proc.stderr.count("symprune_dist: error: ") == 1 and "MPI_ABORT" not in proc.stderr, proc.stderr
     assert time.time() - start < 30 and not (tmp_path / "o").exists()
+
+
+def test_non_finite_activations_are_one_agreed_error(stories, tmp_path, have_mpirun):
+    model = tmp_path / "model"
+    shutil.copytree(stories.model, model)
+    tensors = load_file(str(model / "model.safetensors"))
+    norm = tensors["model.layers.0.input_layernorm.weight"].copy()
+    norm[0] = np.inf  # every rank's windows reach q/k/v with Inf: the reduced statistics are Inf on every rank
+    tensors["model.layers.0.input_layernorm.weight"] = norm
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    proc = mpirun(2, "--model", model, "--calib", stories.first, *RUN, "--out", tmp_path / "o", timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "non-finite activations (NaN or Inf) reach the input of 0.self_attn.q_proj" in proc.stderr
+    assert proc.stderr.count("symprune_dist: error: ") == 1 and "MPI_ABORT" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_non_finite_evaluation_is_one_agreed_error_and_removes_the_written_model(stories, tmp_path,

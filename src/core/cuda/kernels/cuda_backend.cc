@@ -28,6 +28,7 @@
 #include "core/cuda/kernels/linear.h"
 #include "core/cuda/kernels/loss_kernels.h"
 #include "core/cuda/kernels/mask_kernels.h"
+#include "core/cuda/kernels/score_kernels.h"
 #include "core/error.h"
 
 namespace symprune::cuda {
@@ -617,6 +618,21 @@ class CudaBackend final : public Backend {
     compute_scores_on_device(method, in(wide, "score weight"), m, n, needs_host ? &host_weight : nullptr,
                              stats, options, scores.data());
     return select_mask_on_device(scores.data(), rows, n, spec, options.matrix_name, part);
+  }
+
+  std::optional<NonFiniteEntry> first_non_finite(const Tensor& tensor) override {
+    const OpTimer timer("first_non_finite");
+    if (!tensor.on_device()) return Backend::first_non_finite(tensor);
+    if (tensor.numel() == 0) return std::nullopt;
+    Tensor widened;  // a bf16/fp16 entry is NaN or infinite exactly when its fp32 widening is
+    const Tensor& wide = fp32_view(tensor, widened);
+    const float* values = in(wide, "first_non_finite values");
+    const int64_t index = first_index_on_device(
+        [&](int64_t* first) { launch_first_nonfinite(values, wide.numel(), first, {}); });
+    if (index < 0) return std::nullopt;
+    float value = 0.0f;
+    copy_to_host(&value, values + index, sizeof value);
+    return NonFiniteEntry{index, value};
   }
 
   Tensor mask_weight(const Tensor& weight, const Mask& mask, MaskedPart keep) override {

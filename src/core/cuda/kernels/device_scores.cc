@@ -85,8 +85,7 @@ void compute_scores_on_device(ScoreMethod method, const float* weight, int64_t m
     if (index >= 0) {
       float value = 0.0f;
       copy_to_host(&value, weight + index, sizeof value);
-      fail("{}: weight [{}, {}] is {} (NaN/Inf weights cannot be scored)", label(options), index / n,
-           index % n, value);
+      fail_non_finite_weight(label(options), index, n, value);
     }
   }
   if (options.compat_ria_fp16 && (method == ScoreMethod::kRI || method == ScoreMethod::kRIA)) {
