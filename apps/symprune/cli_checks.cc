@@ -1,11 +1,16 @@
 #include "cli_checks.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cfloat>
 #include <charconv>
 #include <cmath>
 #include <set>
+#include <string_view>
+#include <vector>
 
 namespace symprune::app {
 namespace {
@@ -71,7 +76,143 @@ CLI::Validator finite_check(bool allow_infinity) {
       "");
 }
 
+// Optimal string alignment distance: insertions, deletions, substitutions and swaps of neighbours cost 1
+// ("modle" is 1 from "model").
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] =
+          std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// The known words near `word`: those it begins (3 characters at least), else those at the smallest edit
+// distance when that is small for its length. Empty when none is near.
+std::vector<std::string> near_words(const std::string& word, const std::vector<std::string>& known) {
+  std::vector<std::string> begun;
+  if (word.size() >= 3)
+    for (const auto& k : known)
+      if (k.size() > word.size() && k.compare(0, word.size(), word) == 0) begun.push_back(k);
+  if (!begun.empty()) return begun;
+  // Short words are near too many others: a word of 2 characters gets no guess, one of 3 or 4 one edit.
+  const size_t reach = word.size() <= 2 ? 0 : word.size() <= 4 ? 1 : std::max<size_t>(2, word.size() / 3);
+  size_t best = reach + 1;
+  std::vector<std::string> nearest;
+  for (const auto& k : known) {
+    const size_t distance = edit_distance(word, k);
+    if (distance < best) {
+      best = distance;
+      nearest.clear();
+    }
+    if (distance == best && distance <= reach) nearest.push_back(k);
+  }
+  return nearest;
+}
+
+// " (did you mean 'prune'?)": each near word between `before` and `after`.
+std::string did_you_mean(const std::vector<std::string>& near, const char* before, const char* after) {
+  if (near.empty()) return {};
+  std::vector<std::string> quoted;
+  for (const auto& n : near) quoted.push_back(before + n + after);
+  return fmt::format(" (did you mean {}?)", fmt::join(quoted, " or "));
+}
+
+// The command's full name as a user types it ("symprune prune").
+std::string command_path(const CLI::App& app) {
+  std::string path = app.get_name();
+  for (const CLI::App* up = app.get_parent(); up != nullptr; up = up->get_parent())
+    path = up->get_name() + " " + path;
+  return path;
+}
+
+// The option named by `word` ("--name", "--name=value", "-n") in `app` or a command above it (their
+// options may follow a subcommand: fallthrough), or null.
+const CLI::Option* find_option(const CLI::App& app, const std::string& word) {
+  const bool is_long = word.rfind("--", 0) == 0;
+  const std::string name = word.substr(is_long ? 2 : 1, is_long ? word.find('=') - 2 : 1);
+  for (const CLI::App* scope = &app; scope != nullptr; scope = scope->get_parent())
+    for (const CLI::Option* option : scope->get_options()) {
+      const auto& names = is_long ? option->get_lnames() : option->get_snames();
+      if (std::find(names.begin(), names.end(), name) != names.end()) return option;
+    }
+  return nullptr;
+}
+
+bool looks_like_option(const std::string& word) {
+  if (word.size() < 2 || word[0] != '-') return false;
+  return word[1] == '-' ? word.size() > 2 : std::isalpha(static_cast<unsigned char>(word[1])) != 0;
+}
+
 }  // namespace
+
+std::optional<std::string> unknown_command_line_word(const CLI::App& app, int argc, const char* const* argv) {
+  const std::vector<std::string> words(argv + std::min(argc, 1), argv + argc);
+  for (const auto& word : words) {
+    if (word == "--") break;
+    if (word == "--help" || word == "-h" || word == "--version") return std::nullopt;
+  }
+  const CLI::App* command = &app;
+  const auto subcommands = [](const CLI::App& a) {
+    return a.get_subcommands([](const CLI::App*) { return true; });
+  };
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& word = words[i];
+    if (word == "--") break;
+    if (looks_like_option(word)) {
+      const CLI::Option* option = find_option(*command, word);
+      if (option == nullptr) {
+        const bool is_long = word[1] == '-';
+        const std::string name = is_long ? word.substr(0, word.find('=')) : word.substr(0, 2);
+        const std::string bare = name.substr(is_long ? 2 : 1);
+        std::vector<std::string> known;
+        for (const CLI::App* scope = command; scope != nullptr; scope = scope->get_parent())
+          for (const CLI::Option* o : scope->get_options())
+            for (const auto& l : o->get_lnames()) known.push_back(l);
+        std::sort(known.begin(), known.end());
+        const std::string hint = did_you_mean(near_words(bare, known), "--", "");
+        return fmt::format(
+            "{}: unknown option {}{}", command_path(*command), name,
+            hint.empty() ? fmt::format(" ('{} --help' lists the options)", command_path(*command)) : hint);
+      }
+      // Its values are words too: skip them (none given as --name=value).
+      if (word.find('=') == std::string::npos) {
+        const int values = option->get_items_expected_max();
+        for (int taken = 0; taken < values && i + 1 < words.size() && !looks_like_option(words[i + 1]) &&
+                            words[i + 1] != "--";
+             ++taken)
+          ++i;
+      }
+      continue;
+    }
+    const auto below = subcommands(*command);
+    if (below.empty()) continue;  // a positional argument of the command
+    const auto found =
+        std::find_if(below.begin(), below.end(), [&](const CLI::App* sub) { return sub->check_name(word); });
+    if (found != below.end()) {
+      command = *found;
+      continue;
+    }
+    std::vector<std::string> names;
+    for (const CLI::App* sub : below) names.push_back(sub->get_name());
+    std::sort(names.begin(), names.end());
+    return fmt::format("{}: unknown command '{}'{}; the commands are: {}", command_path(*command), word,
+                       did_you_mean(near_words(word, names), "'", "'"), fmt::join(names, ", "));
+  }
+  if (command == &app && !subcommands(app).empty() && app.get_require_subcommand_min() > 0) {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : subcommands(app)) names.push_back(sub->get_name());
+    std::sort(names.begin(), names.end());
+    return fmt::format("{}: a command is required: {} ('{} --help' describes them)", app.get_name(),
+                       fmt::join(names, ", "), app.get_name());
+  }
+  return std::nullopt;
+}
 
 void add_numeric_checks(CLI::App& app) {
   for (CLI::Option* opt : app.get_options()) {

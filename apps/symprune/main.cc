@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
   app::add_numeric_checks(app);
   app.parse_complete_callback([&] { log::init(0, log_level); });
   try {
+    if (const auto unknown = app::unknown_command_line_word(app, argc, argv))
+      throw CLI::ValidationError(*unknown);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help/--version exit 0; every command-line error exits 1 like any other bad input.

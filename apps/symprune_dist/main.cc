@@ -119,6 +119,8 @@ int main(int argc, char** argv) {
   int64_t parse_end = 0;  // 0: go on; 1: ends with exit code 0 (--help, --version); 2: an error
   std::function<void()> say_why = [] {};
   try {
+    if (const auto unknown = app::unknown_command_line_word(app, argc, argv))
+      throw CLI::ValidationError(*unknown);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     parse_end = e.get_exit_code() == 0 ? 1 : 2;
@@ -144,10 +146,11 @@ int main(int argc, char** argv) {
         for (int r = 0; r < size; ++r)
           if (ends[static_cast<size_t>(r)] != ends[static_cast<size_t>(speaker)])
             others += fmt::format("{}{}", others.empty() ? "" : ", ", r);
-        std::fprintf(stderr,
-                     "symprune_dist: [rank %d/%d] the ranks got different command lines: this rank's ends the "
-                     "run, and not as that of rank %s does (every rank must get the same options):\n",
-                     rank, size, others.c_str());
+        std::fprintf(
+            stderr,
+            "symprune_dist: [rank %d/%d] the ranks got different command lines: this rank's ends the "
+            "run, and not as that of rank %s does (every rank must get the same options):\n",
+            rank, size, others.c_str());
       }
       say_why();
     }

@@ -131,6 +131,38 @@ def test_unknown_option(stories, tmp_path):
                     [("--bogus-option",)], rc_is_one=False)
 
 
+# A misspelled word is named with its nearest known one, before CLI11 parses: CLI11 said "A subcommand is
+# required" for a misspelled command, and "--model is required" for `prune --modle M`.
+@pytest.mark.parametrize("args,message", [
+    (["prnue", "--model", "m"], "symprune: unknown command 'prnue' (did you mean 'prune'?); the commands are: calib, "
+                                "convert-llama2c, eval, info, inspect, logits, prune, tokenize"),
+    (["--log-level", "debug", "evl"], "unknown command 'evl' (did you mean 'eval'?)"),
+    (["prune", "--modle", "m", "--sparsity", "0.5"], "symprune prune: unknown option --modle (did you mean --model?)"),
+    (["prune", "--model=m", "--nsample=4"], "symprune prune: unknown option --nsample (did you mean --nsamples?)"),
+    (["eval", "--model", "m", "--log-level", "info", "--batchh", "2"], "symprune eval: unknown option --batchh "
+                                                                       "(did you mean --batch?)"),
+    (["prune", "--model", "m", "--frobnicate", "3"], "symprune prune: unknown option --frobnicate ('symprune prune "
+                                                     "--help' lists the options)"),
+    (["--log-level", "info"], "symprune: a command is required: calib, convert-llama2c, eval, info, inspect, "
+                              "logits, prune, tokenize ('symprune --help' describes them)"),
+], ids=["command", "command-after-top-level-option", "option", "option-with-equals", "option-after-top-level-option",
+        "option-far-from-any", "no-command"])
+def test_misspelled_words_are_named_with_the_nearest_known_one(args, message):
+    proc = symprune(*args, check=False)
+    assert proc.returncode == 1
+    assert message in proc.stderr.splitlines()[0], proc.stderr
+    assert "Run with --help for more information." in proc.stderr
+
+
+def test_values_and_help_are_not_taken_for_misspelled_words(stories, tmp_path):
+    # Values that look like words (a negative number, a command's name) are the options' values; --help
+    # still answers with a misspelled option beside it.
+    proc = symprune("prune", "--model", stories.model, "--method", "magnitude", "--sparsity", "0.5", "--alpha",
+                    "-1", "--out", tmp_path / "prune", check=False)
+    assert "unknown" not in proc.stderr and "--alpha" in proc.stderr, proc.stderr
+    assert symprune("prune", "--bogus", "--help").stdout.startswith("Prune a model")
+
+
 def test_out_equal_to_input(stories, tmp_path):
     _expect_failure(stories, tmp_path, ["--method", "magnitude", "--sparsity", "0.5", "--out", "{model}"],
                     [("{model}",), ("--out", "output")])

@@ -36,6 +36,14 @@ def test_bad_options_are_refused_on_every_rank_with_prunes_message(stories, tmp_
     assert time.time() - start < 30 and listing(tmp_path) == []
 
 
+def test_a_misspelled_option_is_named_once_with_the_nearest_known_one(stories, tmp_path, have_mpirun):
+    proc = mpirun(2, "--modle", stories.model, "--calib", stories.first, *RUN, "--out", tmp_path / "o", timeout=60)
+    assert proc.returncode == 1
+    message = "symprune_dist: unknown option --modle (did you mean --model?)"
+    assert proc.stderr.count(message) == 1, proc.stderr
+    assert listing(tmp_path) == []
+
+
 def test_a_missing_calibration_file_is_a_clean_error(stories, tmp_path, have_mpirun):
     proc = mpirun(2, "--model", stories.model, "--calib", tmp_path / "nope.txt", *RUN, "--out", tmp_path / "o",
                   timeout=60)
