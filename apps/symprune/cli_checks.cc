@@ -191,7 +191,16 @@ std::optional<std::string> unknown_command_line_word(const CLI::App& app, int ar
       continue;
     }
     const auto below = subcommands(*command);
-    if (below.empty()) continue;  // a positional argument of the command
+    if (below.empty()) {
+      const auto options = command->get_options();
+      if (std::any_of(options.begin(), options.end(),
+                      [](const CLI::Option* o) { return o->get_positional(); }))
+        continue;  // a positional argument of the command
+      return fmt::format(
+          "{0}: unexpected argument '{1}': '{0}' takes options only (a value whose option name is missing or "
+          "misspelled? '{0} --help' lists the options)",
+          command_path(*command), word);
+    }
     const auto found =
         std::find_if(below.begin(), below.end(), [&](const CLI::App* sub) { return sub->check_name(word); });
     if (found != below.end()) {

@@ -21,10 +21,11 @@ CLI::Option* add_python_seed_option(CLI::App* sub, const std::string& name, uint
                                     const std::string& description);
 
 // CLI11 2.1.2 misleads on a misspelled word: an unknown subcommand gives "A subcommand is required", and an
-// unknown option is reported only after every required option is present (`prune --modle M` says "--model
-// is required"). Checked before CLI11 parses argv[1..argc): the first word that is neither a subcommand of
-// `app`, nor an option of the (sub)command it follows or of a command above it, nor an option's value,
-// gives a message that names the closest known word when one is near, or what lists them; nullopt when
+// unknown option or argument is reported only after every required option is present (`prune --modle M`
+// says "--model is required"). Checked before CLI11 parses argv[1..argc): the first word that is neither a
+// subcommand of `app`, nor an option of the (sub)command it follows or of a command above it, nor an
+// option's value, nor an argument of a command that takes positional ones, gives a message that names the
+// closest known word when one is near, or what lists them; so does a missing subcommand. nullopt when
 // every word is known, after `--`, and when --help/-h or --version is given (CLI11 answers those).
 std::optional<std::string> unknown_command_line_word(const CLI::App& app, int argc, const char* const* argv);
 

@@ -78,7 +78,7 @@ void run_eval(const EvalOptions& o) {
   const std::vector<int32_t> tokens = tokenizer->encode(text, /*add_bos=*/true);
   SYMPRUNE_CHECK(static_cast<int64_t>(tokens.size()) >= o.seqlen,
                  "{}: {} tokens, fewer than one chunk of {}{}", o.text, tokens.size(), o.seqlen,
-                 text.empty() ? " (the file is empty: the one token is the BOS)" : "");
+                 io::empty_text_note(text));
   for (size_t i = 0; i < tokens.size(); ++i)
     SYMPRUNE_CHECK(
         tokens[i] >= 0 && tokens[i] < model.vocab_size(),

@@ -518,7 +518,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
     r.eval_tokens = r.tokenizer->encode(eval_text, /*add_bos=*/true);
     SYMPRUNE_CHECK(static_cast<int64_t>(r.eval_tokens.size()) >= eval_seqlen,
                    "--eval {}: {} tokens, fewer than one chunk of {}{}", c.eval, r.eval_tokens.size(),
-                   eval_seqlen, eval_text.empty() ? " (the file is empty: the one token is the BOS)" : "");
+                   eval_seqlen, io::empty_text_note(eval_text));
     for (size_t i = 0; i < r.eval_tokens.size(); ++i)
       SYMPRUNE_CHECK(r.eval_tokens[i] >= 0 && r.eval_tokens[i] < model.vocab_size(),
                      "--eval {}: token id {} at position {} is outside the model vocabulary of {}", c.eval,

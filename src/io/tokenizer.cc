@@ -86,4 +86,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& path) {
       path.string());
 }
 
+std::string_view empty_text_note(std::string_view text) {
+  return text.empty() ? " (the file is empty: the one token is the BOS)" : "";
+}
+
 }  // namespace symprune::io

@@ -33,6 +33,10 @@ class Tokenizer {
 // config.json's vocab_size when present). A directory with none of them: error listing what was looked for.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& path);
 
+// Why a text encoded with BOS has fewer tokens than one evaluation chunk, for the message that says so:
+// " (the file is empty: the one token is the BOS)" for an empty text, else "".
+std::string_view empty_text_note(std::string_view text);
+
 // Whether tokenizer_config.json in `dir` sets "add_bos_token": false (transformers then prepends no BOS).
 bool tokenizer_config_disables_bos(const std::filesystem::path& dir);
 

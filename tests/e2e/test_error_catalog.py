@@ -898,6 +898,21 @@ def _(env, tmp):
     return prune(env, tmp, "--bogus-option", "3")
 
 
+@trigger("E-OPT-UNEXPECTED-ARGUMENT")
+def _(env, tmp):
+    return prune(env, tmp, "0.5")  # a value without its option
+
+
+@trigger("E-CMD-UNKNOWN")
+def _(env, tmp):
+    return Case("prnue", "--model", env.model)
+
+
+@trigger("E-CMD-REQUIRED")
+def _(env, tmp):
+    return Case("--log-level", "info")
+
+
 @trigger("E-OPT-NOT-A-NUMBER")
 def _(env, tmp):
     return prune(env, tmp, method=("--method", "magnitude", "--sparsity", "half"))

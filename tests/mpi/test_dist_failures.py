@@ -216,7 +216,7 @@ def test_sigterm_while_the_output_is_written_stops_every_rank_without_output(sto
     # Rank 0's own command line is the one refused: it names the other rank, then its error.
     (0, {"--bogus": None}, "[rank 0/2] the ranks got different command lines: this rank's ends the run, and not "
                            "as that of rank 1 does (every rank must get the same options):\n"
-                           "The following argument was not expected: --bogus"),
+                           "symprune_dist: unknown option --bogus ('symprune_dist --help' lists the options)"),
 ])
 def test_ranks_started_with_other_options_or_data_are_refused(stories, tmp_path, have_mpirun, rank, options,
                                                              differing):
