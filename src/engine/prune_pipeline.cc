@@ -69,8 +69,8 @@ void check_finite_stats(const ActivationStats& stats, const std::string& linear,
     SYMPRUNE_CHECK(
         std::isfinite(stats.in_sumsq[c]) && std::isfinite(stats.in_sum[c]),
         "non-finite activations (NaN or Inf) reach the input of {} (input channel {}) in the dense "
-        "pass of block {}: the weights of the blocks before it or the calibration data make the "
-        "fp32 forward overflow",
+        "pass of block {}: the weights of this block or of the blocks before it, or the calibration data, "
+        "make the fp32 forward overflow",
         linear, c, block);
   }
   for (size_t r = 0; r < stats.out_sumsq.size(); ++r)
@@ -80,12 +80,30 @@ void check_finite_stats(const ActivationStats& stats, const std::string& linear,
                    linear, r, block);
 }
 
-// NaN/Inf in a block's linear weights or in their reduced statistics, named before any linear is scored and
+std::string block_prefix(const io::ModelConfig& config, int64_t block) {
+  return config.family == io::ModelFamily::kLlama ? "model.layers." + std::to_string(block) + "."
+                                                  : "model.decoder.layers." + std::to_string(block) + ".";
+}
+
+// NaN/Inf in a block's tensors or in its linears' reduced statistics, named before any linear is scored and
 // under the ranks' agreement: every rank holds the same weights and statistics and finds the same first one,
-// and would otherwise throw alone inside the scores (each rank ending the job through MPI_Abort).
+// and would otherwise throw alone inside the scores (each rank ending the job through MPI_Abort). The norms
+// and biases too: a method without a forward pass (magnitude) would copy a NaN norm into the pruned model.
 void check_block_is_finite(dist::Communicator& comm, model::DecoderModel& model,
                            const model::BlockWeights& block, const BlockStatistics* stats, int64_t b) {
   agree_on_errors(comm, [&] {
+    const std::string prefix = block_prefix(model.config(), b);
+    const bool llama = model.config().family == io::ModelFamily::kLlama;
+    const auto check_tensor = [&](const Tensor& t, const std::string& name) {
+      if (t.numel() == 0) return;
+      if (const auto bad = model.backend().first_non_finite(t))
+        model::fail_non_finite_tensor(prefix + name, t.shape(), bad->index, bad->value);
+    };
+    check_tensor(block.norm1_weight, llama ? "input_layernorm.weight" : "self_attn_layer_norm.weight");
+    check_tensor(block.norm1_bias, "self_attn_layer_norm.bias");
+    check_tensor(block.norm2_weight, llama ? "post_attention_layernorm.weight" : "final_layer_norm.weight");
+    check_tensor(block.norm2_bias, "final_layer_norm.bias");
+    for (const auto& name : model.linear_names()) check_tensor(block.linears.at(name).bias, name + ".bias");
     for (const auto& name : model.linear_names()) {
       const std::string linear = model::LinearId{b, name}.to_string();
       if (stats) check_finite_stats(stats->stats(name), linear, b);
@@ -94,11 +112,6 @@ void check_block_is_finite(dist::Communicator& comm, model::DecoderModel& model,
         fail_non_finite_weight(linear, bad->index, weight.dim(1), bad->value);
     }
   });
-}
-
-std::string block_prefix(const io::ModelConfig& config, int64_t block) {
-  return config.family == io::ModelFamily::kLlama ? "model.layers." + std::to_string(block) + "."
-                                                  : "model.decoder.layers." + std::to_string(block) + ".";
 }
 
 // The name under which the model's files store the weight of linear `name` of `block` (OPT files may omit

@@ -36,16 +36,21 @@ constexpr float kOptLayerNormEps = 1e-5f;  // nn.LayerNorm default; OPT configs 
 // run (and not at all in a prune without evaluation, which would copy them): named when the model opens.
 void check_finite(const Tensor& t, std::string_view name) {
   const int64_t i = first_non_finite(t);
-  if (i < 0) return;
-  const int64_t width = t.dim(-1);
-  fail(
-      "{}: entry {} is {}: the model's weights hold NaN or Inf (a damaged checkpoint, or one saved after a "
-      "diverged training step); use a good checkpoint",
-      name, t.shape().size() == 1 ? fmt::format("[{}]", i) : fmt::format("[{}, {}]", i / width, i % width),
-      t.data()[i]);
+  if (i >= 0) fail_non_finite_tensor(name, t.shape(), i, t.data()[i]);
 }
 
 }  // namespace
+
+void fail_non_finite_tensor(std::string_view name, const std::vector<int64_t>& shape, int64_t index,
+                            float value) {
+  const int64_t width = shape.empty() ? 1 : shape.back();
+  fail(
+      "{}: entry {} is {}: the model's weights hold NaN or Inf (a damaged checkpoint, or one saved after a "
+      "diverged training step); use a good checkpoint",
+      name,
+      shape.size() == 1 ? fmt::format("[{}]", index) : fmt::format("[{}, {}]", index / width, index % width),
+      value);
+}
 
 DecoderModel::DecoderModel(DecoderModel&&) noexcept = default;
 DecoderModel& DecoderModel::operator=(DecoderModel&&) noexcept = default;

@@ -68,6 +68,11 @@ struct BlockWeights {
 BlockWeights assemble_block_weights(const io::ModelConfig& config, int64_t block,
                                     const std::function<Tensor(const io::ExpectedTensor&)>& tensor);
 
+// The Error for a NaN or ±Inf entry of a model tensor (entry `index` in row-major order of `shape`), one
+// message for the tensors checked when the model opens and the block tensors the pipeline checks.
+[[noreturn]] void fail_non_finite_tensor(std::string_view name, const std::vector<int64_t>& shape,
+                                         int64_t index, float value);
+
 // What --dtype NAME means for a model whose files store the linear weights in `stored`: "fp32", "bf16",
 // "fp16", or "auto" (the stored dtype where the backend keeps it, else fp32: fp32 on the CPU). Throws for
 // an unknown name and for a dtype the backend does not store (Backend::supports_dtype).

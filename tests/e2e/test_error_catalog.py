@@ -456,7 +456,8 @@ def _(env, tmp):
 
 @trigger("E-ACTIVATION-NONFINITE")
 def _(env, tmp):
-    model = poisoned_model(env, tmp, "model.layers.0.input_layernorm.weight", 0, np.inf)
+    # Finite but huge (a NaN/Inf norm is E-TENSOR-NONFINITE): the attention output, o_proj's input, overflows.
+    model = edit_tensors(env, tmp, lambda t: t["model.layers.0.self_attn.v_proj.weight"].fill(3e38))
     return prune(env, tmp, "--calib", env.first, *CALIB, model=model,
                  method=("--method", "wanda", "--sparsity", "0.5"))
 
@@ -896,6 +897,16 @@ def _(env, tmp):
 @trigger("E-OPT-UNKNOWN")
 def _(env, tmp):
     return prune(env, tmp, "--bogus-option", "3")
+
+
+@trigger("E-OPT-NM-POSITIVE")
+def _(env, tmp):
+    return prune(env, tmp, method=("--method", "magnitude", "--nm", "0:4"))
+
+
+@trigger("E-OPT-ALPHA-RANGE")
+def _(env, tmp):
+    return calib_prune(env, tmp, env.first, *CALIB, "--alpha", "-1")
 
 
 @trigger("E-OPT-UNEXPECTED-ARGUMENT")

@@ -228,6 +228,27 @@ def test_non_finite_activations_are_named(stories, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("tensor,index", [("model.layers.1.input_layernorm.weight", 3),
+                                           ("model.layers.4.post_attention_layernorm.weight", 0)])
+def test_non_finite_block_norms_are_named_by_a_method_without_a_forward_pass(stories, tmp_path, tensor, index):
+    """magnitude runs no forward pass: a NaN in a block's norm used to be copied into the pruned model, exit 0."""
+    import shutil
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    model = tmp_path / "model"
+    shutil.copytree(stories.model, model)
+    tensors = load_file(str(model / "model.safetensors"))
+    norm = tensors[tensor].copy()
+    norm[index] = np.nan
+    tensors[tensor] = norm
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    proc = symprune("prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                    tmp_path / "out", check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert f"error: {tensor}: entry [{index}] is nan: the model's weights hold NaN or Inf" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_report_directory_is_checked_before_pruning(stories, tmp_path):
     # Checked up front (io::check_output_file_directory, the atomic writer's own check), so the run stops
     # before any pruning and leaves no model behind.

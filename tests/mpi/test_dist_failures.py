@@ -85,13 +85,14 @@ def test_non_finite_activations_are_one_agreed_error(stories, tmp_path, have_mpi
     model = tmp_path / "model"
     shutil.copytree(stories.model, model)
     tensors = load_file(str(model / "model.safetensors"))
-    norm = tensors["model.layers.0.input_layernorm.weight"].copy()
-    norm[0] = np.inf  # every rank's windows reach q/k/v with Inf: the reduced statistics are Inf on every rank
-    tensors["model.layers.0.input_layernorm.weight"] = norm
+    # Finite but huge: every rank's windows overflow in the attention, so the reduced statistics of o_proj's
+    # input are not finite on every rank.
+    tensors["model.layers.0.self_attn.v_proj.weight"] = np.full_like(
+        tensors["model.layers.0.self_attn.v_proj.weight"], 3e38)
     save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
     proc = mpirun(2, "--model", model, "--calib", stories.first, *RUN, "--out", tmp_path / "o", timeout=60)
     assert proc.returncode == 1, proc.stderr
-    assert "non-finite activations (NaN or Inf) reach the input of 0.self_attn.q_proj" in proc.stderr
+    assert "non-finite activations (NaN or Inf) reach the input of 0.self_attn.o_proj" in proc.stderr
     assert proc.stderr.count("symprune_dist: error: ") == 1 and "MPI_ABORT" not in proc.stderr, proc.stderr
     assert not (tmp_path / "o").exists()
 
