@@ -67,7 +67,8 @@ inline double inverse(double x) {
 inline double ratio(double numerator, double denominator) {
   return denominator > 0.0 ? numerator / denominator : 0.0;
 }
-// fp64 → fp32, clamping an overflow to the largest finite float.
+// fp64 → fp32, clamping an overflow to the largest finite float (fill_scores then refuses it:
+// score_saturates).
 inline float to_score(double value) {
   return value > static_cast<double>(FLT_MAX) ? FLT_MAX : static_cast<float>(value);
 }
@@ -204,16 +205,22 @@ RowRange rows_of(const Tensor& weight, const ScoreOptions& options) {
 }
 
 // S[r,c] = f(r, c, |W[r,c]|) in fp64 for r in `rows` (S row 0 = weight row rows.begin), rows in parallel.
+// Sets *first_saturated to the lowest index r·n + c whose score saturates (score_saturates), else -1.
 template <typename F>
-Tensor fill_scores(const Tensor& weight, RowRange rows, F f) {
+Tensor fill_scores(const Tensor& weight, RowRange rows, F f, int64_t* first_saturated) {
   const int64_t n = weight.dim(1);
   Tensor scores({rows.size(), n});
   const float* w = weight.data();
   float* s = scores.data();  // row r of the weight is row r - rows.begin of the scores
-#pragma omp parallel for schedule(static) if (rows.size() * n >= kParallelMin)
+  int64_t first = INT64_MAX;
+#pragma omp parallel for schedule(static) reduction(min : first) if (rows.size() * n >= kParallelMin)
   for (int64_t r = rows.begin; r < rows.end; ++r)
-    for (int64_t c = 0; c < n; ++c)
-      s[(r - rows.begin) * n + c] = to_score(f(r, c, std::fabs(static_cast<double>(w[r * n + c]))));
+    for (int64_t c = 0; c < n; ++c) {
+      const double x = f(r, c, std::fabs(static_cast<double>(w[r * n + c])));
+      if (score_saturates(x)) first = std::min(first, r * n + c);
+      s[(r - rows.begin) * n + c] = to_score(x);
+    }
+  *first_saturated = first == INT64_MAX ? -1 : first;
   return scores;
 }
 
@@ -341,20 +348,33 @@ void check_score_stats(ScoreMethod method, int64_t m, int64_t n, const Activatio
 // The plan's element formula (scores.h) over the rows of `part`; the form is fixed per call so the
 // inner loop has no branch on it.
 template <ScorePlan::Form kForm>
-Tensor fill_plan(const Tensor& weight, RowRange part, const ScorePlan& plan) {
+double plan_element(const double* u, const double* v, const double* f, int64_t r, int64_t c, double w) {
+  double x;
+  if constexpr (kForm == ScorePlan::kProduct)
+    x = w * (u[r] + v[c]);
+  else if constexpr (kForm == ScorePlan::kHypot)
+    x = w * std::sqrt(u[r] * u[r] + v[c] * v[c]);
+  else
+    x = ratio(w, u[r] + v[c]);
+  return f != nullptr ? x * f[c] : x;
+}
+
+template <ScorePlan::Form kForm>
+Tensor fill_plan(ScoreMethod method, const Tensor& weight, RowRange part, const ScorePlan& plan,
+                 const ScoreOptions& options) {
   const double* u = plan.row_term.data();
   const double* v = plan.column_term.data();
   const double* f = plan.column_factor.empty() ? nullptr : plan.column_factor.data();
-  return fill_scores(weight, part, [&](int64_t r, int64_t c, double w) {
-    double x;
-    if constexpr (kForm == ScorePlan::kProduct)
-      x = w * (u[r] + v[c]);
-    else if constexpr (kForm == ScorePlan::kHypot)
-      x = w * std::sqrt(u[r] * u[r] + v[c] * v[c]);
-    else
-      x = ratio(w, u[r] + v[c]);
-    return f != nullptr ? x * f[c] : x;
-  });
+  int64_t first_saturated = -1;
+  Tensor scores = fill_scores(
+      weight, part, [&](int64_t r, int64_t c, double w) { return plan_element<kForm>(u, v, f, r, c, w); },
+      &first_saturated);
+  if (first_saturated >= 0) {
+    const int64_t n = weight.dim(1);
+    fail_saturated_score(method, options, plan, first_saturated / n, first_saturated % n,
+                         weight.data()[first_saturated]);
+  }
+  return scores;
 }
 
 class HostWeightReductions final : public WeightReductions {
@@ -520,6 +540,40 @@ ScorePlan plan_scores(ScoreMethod method, int64_t m, int64_t n, const Activation
   return plan;
 }
 
+double plan_score(const ScorePlan& plan, int64_t row, int64_t column, double magnitude) {
+  const double* u = plan.row_term.data();
+  const double* v = plan.column_term.data();
+  const double* f = plan.column_factor.empty() ? nullptr : plan.column_factor.data();
+  switch (plan.form) {
+    case ScorePlan::kProduct:
+      return plan_element<ScorePlan::kProduct>(u, v, f, row, column, magnitude);
+    case ScorePlan::kHypot:
+      return plan_element<ScorePlan::kHypot>(u, v, f, row, column, magnitude);
+    case ScorePlan::kRatio:
+      return plan_element<ScorePlan::kRatio>(u, v, f, row, column, magnitude);
+  }
+  SYMPRUNE_ASSERT(false, "unhandled score form {}", static_cast<int>(plan.form));
+  return 0.0;
+}
+
+void fail_saturated_score(ScoreMethod method, const ScoreOptions& options, const ScorePlan& plan, int64_t row,
+                          int64_t column, float weight) {
+  const double score = plan_score(plan, row, column, std::fabs(static_cast<double>(weight)));
+  const bool alpha = score_method_uses_alpha(method) && resolved_alpha(method, options) != 0.0;
+  fail(
+      "{}: the {} score of weight [{}, {}] = {:g} is {:g}, {} the range of fp32 scores: such scores would "
+      "all "
+      "tie at {} and the mask would be an arbitrary choice among them; the weights' magnitudes{} are far "
+      "outside the usual range ({})",
+      label(options), score_method_name(method), row, column, weight, score,
+      score > static_cast<double>(FLT_MAX) ? "above" : "below",
+      score > static_cast<double>(FLT_MAX) ? "the maximum" : "0",
+      alpha ? fmt::format(" or the activations to the power --alpha {}", resolved_alpha(method, options))
+            : "",
+      alpha ? "use a smaller --alpha, or a good checkpoint"
+            : "a damaged checkpoint? ri, ria and magnitude do not depend on the weights' scale");
+}
+
 Tensor compute_scores(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
                       const ScoreOptions& options) {
   validate_score_options(method, options);
@@ -535,11 +589,11 @@ Tensor compute_scores(ScoreMethod method, const Tensor& weight, const Activation
   const ScorePlan plan = plan_scores(method, m, n, stats, options, reductions);
   switch (plan.form) {
     case ScorePlan::kProduct:
-      return fill_plan<ScorePlan::kProduct>(weight, part, plan);
+      return fill_plan<ScorePlan::kProduct>(method, weight, part, plan, options);
     case ScorePlan::kHypot:
-      return fill_plan<ScorePlan::kHypot>(weight, part, plan);
+      return fill_plan<ScorePlan::kHypot>(method, weight, part, plan, options);
     case ScorePlan::kRatio:
-      return fill_plan<ScorePlan::kRatio>(weight, part, plan);
+      return fill_plan<ScorePlan::kRatio>(method, weight, part, plan, options);
   }
   SYMPRUNE_ASSERT(false, "unhandled score form {}", static_cast<int>(plan.form));
   return Tensor();

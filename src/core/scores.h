@@ -41,7 +41,8 @@
 //     with both norms zero give 0. In stochria a sampled sum can be 0 while |W[r,c]| ≠ 0 (all sampled
 //     entries zero): that side's term is then 0, the same rule.
 //   * α = 0 gives factor 1 even for a zero activation norm (0⁰ = 1).
-//   * A score beyond the fp32 range is clamped to the largest finite float.
+//   * A score beyond the fp32 range (above FLT_MAX, or positive and rounding to 0) is an Error
+//     (score_saturates): such scores would tie, and the mask among them be the lowest indices.
 //   * A NaN/Inf weight, or non-finite/negative statistics, is an Error naming ScoreOptions::matrix_name.
 // Scores are computed in fp64 (norms and products) and rounded once to fp32; every reduction runs in a
 // fixed order, so results do not depend on the thread count.
@@ -54,6 +55,7 @@
 //   (PyTorch's x**0.5 is a sqrt), else sqrt(s_c)^α with x, x·x, x·x·x for α = 1, 2, 3 and powf otherwise;
 //   ri: S = float(ri). Zero sums give q = 0 as above (the reference would give NaN); |W| beyond the
 //   fp16 range is an Error.
+#include <cfloat>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -149,6 +151,22 @@ struct ScorePlan {
   std::vector<double> column_term;    // v [n]
   std::vector<double> column_factor;  // f [n], or empty for none
 };
+
+// The plan's score of entry [row, column] with |W| = magnitude, in fp64 (before rounding to the fp32 score).
+double plan_score(const ScorePlan& plan, int64_t row, int64_t column, double magnitude);
+
+// Whether a score computed in fp64 leaves the range of fp32 scores: above FLT_MAX (it would be clamped
+// there) or positive but rounding to 0. Scores of either kind tie, and the mask among them would be an
+// arbitrary choice (the lowest index), so scoring refuses them (fail_saturated_score), as --alpha's check
+// refuses a factor above FLT_MAX. Denormal scores keep their order to within rounding, as all others do.
+inline bool score_saturates(double score) {
+  return score > static_cast<double>(FLT_MAX) || (score > 0.0 && static_cast<float>(score) == 0.0f);
+}
+
+// The Error for the saturated score of weight [row, column] (score_saturates), naming the method, the
+// score and what to change.
+[[noreturn]] void fail_saturated_score(ScoreMethod method, const ScoreOptions& options, const ScorePlan& plan,
+                                       int64_t row, int64_t column, float weight);
 
 // The reductions of W a plan needs, computed by the backend that holds W. Norms follow scores.h's p rules
 // (p = 0 counts nonzeros, ∞ is the max; each row summed in column order, each column in row order).

@@ -909,6 +909,13 @@ def _(env, tmp):
     return calib_prune(env, tmp, env.first, *CALIB, "--alpha", "-1")
 
 
+@trigger("E-SCORE-SATURATED")
+def _(env, tmp):
+    def scale(tensors):
+        tensors["model.layers.2.self_attn.q_proj.weight"] *= 1e20
+    return prune(env, tmp, model=edit_tensors(env, tmp, scale), method=("--method", "symmetric", "--sparsity", "0.5"))
+
+
 @trigger("E-OPT-UNEXPECTED-ARGUMENT")
 def _(env, tmp):
     return prune(env, tmp, "0.5")  # a value without its option

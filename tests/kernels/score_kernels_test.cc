@@ -203,14 +203,32 @@ TEST_F(KernelTest, RowRangesAndCompatRiaScoreLikeTheHost) {
   }
 }
 
-TEST_F(KernelTest, LargeProductsClampLikeTheHost) {
-  std::vector<float> values(8 * 8, 3.0e38f);
-  values[5] = -3.0e38f;
-  const Tensor weight({8, 8}, values);
+// Scores beyond fp32's range (above FLT_MAX, or positive and rounding to 0) are refused with the host's
+// message naming the first such entry, on the device as on the host; scores just inside are bit-identical.
+TEST_F(KernelTest, SaturatedScoresAreRefusedLikeTheHost) {
+  const auto same_error = [&](ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
+                              const char* expected) {
+    ScoreOptions options;
+    options.matrix_name = "0.self_attn.q_proj";
+    const std::string host = error_of([&] { (void)compute_scores(method, weight, stats, options); });
+    EXPECT_THAT(host, HasSubstr(expected));
+    EXPECT_EQ(error_of([&] { (void)device_scores(method, weight, stats, options); }), host);
+  };
+  std::vector<float> values(8 * 8, 1.0f);
+  values[13] = -3.0e38f;
+  values[50] = 3.0e38f;
   ActivationStats stats = test_stats(8, 8, 9);
   for (double& v : stats.in_sumsq) v = 1.0e30;
-  expect_bit_identical(ScoreMethod::kWanda, weight, &stats, ScoreOptions{}, "wanda clamp");
-  expect_bit_identical(ScoreMethod::kSymmetricSq, weight, &stats, ScoreOptions{}, "symmetric-sq clamp");
+  same_error(ScoreMethod::kWanda, Tensor({8, 8}, values), &stats,
+             "the wanda score of weight [1, 5] = -3e+38 is 1.73205e+53, above the range of fp32 scores");
+  same_error(ScoreMethod::kSymmetricSq, Tensor({8, 8}, values), nullptr, "weight [1, 2] = 1 is 4.24264e+38");
+  std::vector<float> tiny(8 * 8, 1.0e-25f);
+  tiny[3] = 0.0f;  // a zero weight's zero score is exact, not an underflow
+  same_error(ScoreMethod::kSymmetric, Tensor({8, 8}, tiny), nullptr,
+             "the symmetric score of weight [0, 0] = 1e-25 is 5.47418e-50, below the range of fp32 scores");
+  for (float& v : values) v = std::min(std::fabs(v), 1.0e30f);  // scores up to 1e45: refused
+  for (double& v : stats.in_sumsq) v = 1.0e14;                  // norms 1e7: scores up to 1e37, inside
+  expect_bit_identical(ScoreMethod::kWanda, Tensor({8, 8}, values), &stats, ScoreOptions{}, "wanda near max");
 }
 
 TEST_F(KernelTest, ScoreErrorsAreTheHostErrors) {

@@ -604,25 +604,62 @@ TEST(Scores, StochRiaZeroSampledSumDropsThatTerm) {
   }
 }
 
-TEST(Scores, HugeScoresAreClampedToFiniteFloat) {
-  const Tensor w({1, 2}, {3.0e38f, 1.0f});
+// A score beyond fp32's range would tie with every other such score (at FLT_MAX, or at 0), and the mask among
+// them would be the lowest indices: refused, naming the first one, whether the weights or --alpha cause it.
+TEST(ScoreErrors, ScoresBeyondTheFloatRangeAreRefusedNotTied) {
   ActivationStats st;
   st.n_seqs = 1;
   st.in_sumsq = {100.0, 100.0};
-  const Tensor s = score(ScoreMethod::kWanda, w, &st);  // 3e39 does not fit fp32
-  EXPECT_EQ(s[0], std::numeric_limits<float>::max());
-  EXPECT_FLOAT_EQ(s[1], 10.0f);
+  const auto error = [](ScoreMethod method, const Tensor& w, const ActivationStats* stats, double alpha) {
+    ScoreOptions o;
+    o.matrix_name = "1.mlp.up_proj";
+    o.alpha = alpha;
+    try {
+      score(method, w, stats, o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const double kDefault = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(
+      error(ScoreMethod::kWanda, Tensor({1, 2}, {1.0f, 3.0e38f}), &st, kDefault),
+      "1.mlp.up_proj: the wanda score of weight [0, 1] = 3e+38 is 3e+39, above the range of fp32 scores: "
+      "such scores would all tie at the maximum and the mask would be an arbitrary choice among them; the "
+      "weights' magnitudes or the activations to the power --alpha 1 are far outside the usual range (use "
+      "a smaller --alpha, or a good checkpoint)");
+  // Weight-only scores that grow with the square of the weights: too large, and too small.
+  EXPECT_THAT(error(ScoreMethod::kSymmetric, Tensor({2, 2}, {1e20f, 2e20f, 3e20f, 4e20f}), nullptr, kDefault),
+              HasSubstr("the symmetric score of weight [0, 0] = 1e+20 is 5.39835e+40, above the range"));
+  EXPECT_THAT(
+      error(ScoreMethod::kSymmetric, Tensor({2, 2}, {1e-25f, 0.0f, 3e-25f, 4e-25f}), nullptr, kDefault),
+      HasSubstr("weight [0, 0] = 1e-25 is 4.16228e-50, below the range of fp32 scores: such scores would "
+                "all tie at 0"));
+  EXPECT_THAT(
+      error(ScoreMethod::kSymmetric, Tensor({2, 2}, {1e-25f, 0.0f, 3e-25f, 4e-25f}), nullptr, kDefault),
+      HasSubstr("the weights' magnitudes are far outside the usual range (a damaged checkpoint? ri, ria "
+                "and magnitude do not depend on the weights' scale)"));
+  // a_c^α underflowing: 0.01^25 · 0.5 = 5e-51 rounds to 0.
+  st.in_sumsq = {1.0e-4, 100.0};
+  EXPECT_THAT(error(ScoreMethod::kWanda, Tensor({1, 2}, {0.5f, 0.5f}), &st, 25.0),
+              HasSubstr("the wanda score of weight [0, 0] = 0.5 is 5e-51, below the range"));
+  EXPECT_EQ(error(ScoreMethod::kWanda, Tensor({1, 2}, {0.5f, 0.5f}), &st, 20.0),
+            "no error");  // 5e-41: denormal
+  // What stays exact: magnitude of denormal weights, the zero score of a zero weight or a dead channel.
+  EXPECT_EQ(error(ScoreMethod::kMagnitude, Tensor({1, 2}, {1e-44f, 0.0f}), nullptr, kDefault), "no error");
+  st.in_sumsq = {0.0, 100.0};
+  EXPECT_EQ(error(ScoreMethod::kWanda, Tensor({1, 2}, {0.5f, 0.0f}), &st, kDefault), "no error");
 }
 
 TEST(ScoreErrors, AnAlphaBeyondTheFloatRangeIsRefusedNotTied) {
   const Tensor w = fixture_weight();
   ActivationStats st;
   st.n_seqs = 1;
-  st.in_sumsq = {100.0, 100.0, 1.0e-4, 100.0};  // norms 10, 10, 0.01, 10
-  st.out_sumsq = {4.0, 4.0, 4.0};               // norms 2
+  st.in_sumsq = {100.0, 100.0, 0.25, 100.0};  // norms 10, 10, 0.5, 10 (0.5^38 · |W| still fits)
+  st.out_sumsq = {4.0, 4.0, 4.0};             // norms 2
   ScoreOptions o;
   o.matrix_name = "model.layers.0.mlp.up_proj";
-  o.alpha = 38.0;  // 10^38 fits fp32
+  o.alpha = 37.0;  // 10^37 · |W| fits fp32 (10^38 · 4 would not: ScoresBeyondTheFloatRangeAreRefusedNotTied)
   EXPECT_NO_THROW(score(ScoreMethod::kWanda, w, &st, o));
   o.alpha = 39.0;  // 10^39 does not: every score of columns 0, 1 and 3 would tie at FLT_MAX
   try {

@@ -98,9 +98,15 @@ void compute_scores_on_device(ScoreMethod method, const float* weight, int64_t m
   DeviceWeightReductions reductions(weight, m, n);
   const ScorePlan plan = plan_scores(method, m, n, stats, options, reductions);
   const DeviceArray<double> u(plan.row_term), v(plan.column_term), f(plan.column_factor);
-  launch_plan_scores(weight, n, row_begin, row_end, static_cast<int>(plan.form), u.data(), v.data(),
-                     plan.column_factor.empty() ? nullptr : f.data(), scores, {});
-  synchronize();  // u, v, f are freed on return
+  const int64_t saturated = first_index_on_device([&](int64_t* first) {
+    launch_plan_scores(weight, n, row_begin, row_end, static_cast<int>(plan.form), u.data(), v.data(),
+                       plan.column_factor.empty() ? nullptr : f.data(), scores, first, {});
+  });  // waits for the scores: u, v, f are freed on return
+  if (saturated >= 0) {
+    float value = 0.0f;
+    copy_to_host(&value, weight + saturated, sizeof value);
+    fail_saturated_score(method, options, plan, saturated / n, saturated % n, value);
+  }
 }
 
 }  // namespace symprune::cuda

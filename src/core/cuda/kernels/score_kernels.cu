@@ -133,7 +133,8 @@ __global__ void line_norm_sums_kernel(const float* __restrict__ weight, const ui
 __global__ void plan_scores_kernel(const float* __restrict__ weight, int64_t n, int64_t row_begin,
                                    int64_t rows, int64_t rows_per_block, int form,
                                    const double* __restrict__ u, const double* __restrict__ v,
-                                   const double* __restrict__ f, float* __restrict__ scores) {
+                                   const double* __restrict__ f, float* __restrict__ scores,
+                                   unsigned long long* __restrict__ first_saturated) {
   // A block takes consecutive rows, its threads a row's columns: no 64-bit division per element (it costs
   // more than the element's fp64 arithmetic).
   const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
@@ -152,7 +153,11 @@ __global__ void plan_scores_kernel(const float* __restrict__ weight, int64_t n, 
       else
         x = sum_uv > 0.0 ? __ddiv_rn(w, sum_uv) : 0.0;
       if (f != nullptr) x = __dmul_rn(x, f[c]);
-      scores[local_row * n + c] = x > static_cast<double>(FLT_MAX) ? FLT_MAX : static_cast<float>(x);
+      const float rounded = x > static_cast<double>(FLT_MAX) ? FLT_MAX : static_cast<float>(x);
+      // Saturated (scores.h's score_saturates): above FLT_MAX, or positive and rounded to 0.
+      if (x > static_cast<double>(FLT_MAX) || (x > 0.0 && rounded == 0.0f))
+        atomicMin(first_saturated, static_cast<unsigned long long>(r * n + c));
+      scores[local_row * n + c] = rounded;
     }
   }
 }
@@ -231,7 +236,7 @@ void launch_column_norm_sums(const float* weight, int64_t m, int64_t n, double p
 
 void launch_plan_scores(const float* weight, int64_t n, int64_t row_begin, int64_t row_end, int form,
                         const double* u, const double* v, const double* f, float* scores,
-                        DeviceStream stream) {
+                        int64_t* first_saturated, DeviceStream stream) {
   const int64_t rows = row_end - row_begin;
   if (rows <= 0 || n <= 0) return;
   // As many blocks as a grid-stride loop over the elements would have, each with whole rows.
@@ -239,7 +244,7 @@ void launch_plan_scores(const float* weight, int64_t n, int64_t row_begin, int64
   const int64_t rows_per_block = (rows + blocks - 1) / blocks;
   SYMPRUNE_LAUNCH(plan_scores_kernel, static_cast<int>((rows + rows_per_block - 1) / rows_per_block),
                   kThreads, 0, native(stream), weight, n, row_begin, rows, rows_per_block, form, u, v, f,
-                  scores);
+                  scores, reinterpret_cast<unsigned long long*>(first_saturated));
   SYMPRUNE_CHECK_LAUNCH();
 }
 

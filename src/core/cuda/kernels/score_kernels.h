@@ -24,9 +24,10 @@ void launch_column_norm_sums(const float* weight, int64_t m, int64_t n, double p
 void launch_sampled_abs_sums(const float* weight, int64_t n, const int32_t* picks, int64_t begin, int64_t end,
                              int64_t tau, bool columns, double* sums, DeviceStream stream);
 // scores[r - row_begin, c] for r in [row_begin, row_end): ScorePlan's formula of form `form`
-// (ScorePlan::Form as an int) with u [m], v [n] and f [n] (null: no factor).
+// (ScorePlan::Form as an int) with u [m], v [n] and f [n] (null: no factor). *first_saturated (device
+// memory, set to INT64_MAX before) becomes the lowest r·n + c whose score saturates (score_saturates).
 void launch_plan_scores(const float* weight, int64_t n, int64_t row_begin, int64_t row_end, int form,
                         const double* u, const double* v, const double* f, float* scores,
-                        DeviceStream stream);
+                        int64_t* first_saturated, DeviceStream stream);
 
 }  // namespace symprune::cuda
