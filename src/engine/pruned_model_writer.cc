@@ -306,7 +306,7 @@ WrittenModel write_pruned_model(dist::Communicator& comm, const io::TensorSource
       written.files.push_back(io::kProvenanceFile);
       fault::at("before_install");
       interrupt::check();
-      out->check_no_running_run_inside();
+      out->check_replaceable(/*again=*/true);
       out->check_inputs_unchanged();
       staging->install();
     } catch (const interrupt::Interrupted&) {

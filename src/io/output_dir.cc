@@ -324,7 +324,7 @@ void check_output_parent_writable(const fs::path& out, std::string_view option) 
 
 OutputDirectory::OutputDirectory(const fs::path& out, const InputFootprint& inputs, bool force,
                                  std::string option)
-    : option_(option), as_given_(out), inputs_(inputs) {
+    : option_(option), as_given_(out), force_(force), inputs_(inputs) {
   SYMPRUNE_CHECK(!out.empty(), "{}: no output directory given", option);
   check_not_dangling(out, option);
   path_ = resolved_path(out);
@@ -338,30 +338,38 @@ OutputDirectory::OutputDirectory(const fs::path& out, const InputFootprint& inpu
   std::error_code ec;
   if (!fs::exists(path_, ec)) return;
   existed_ = true;
-  SYMPRUNE_CHECK(fs::is_directory(path_, ec), "{} {} exists and is not a directory", option, out.string());
-  // The finished model takes the directory's place by a rename, which cannot move a mount point, and which
-  // would leave a shell standing in the directory (a run with --out .) in a removed one, seeing nothing.
-  SYMPRUNE_CHECK(
-      !is_mount_point(path_),
-      "{} {} is a mount point: the pruned model is moved into place by a rename, which cannot replace "
-      "a mount point; give a directory inside it",
-      option, out.string());
-  if (!fs::is_empty(path_, ec)) {
-    had_content_ = true;
-    SYMPRUNE_CHECK(force, "{} {} exists and is not empty (use --force to replace it)", option, out.string());
-    SYMPRUNE_CHECK(is_symprune_output(path_),
-                   "{} {} exists and was not written by symprune (it has no {} that symprune wrote): --force "
-                   "replaces only "
-                   "symprune outputs; remove it yourself or choose another {}",
-                   option, out.string(), kProvenanceFile, option);
-    check_no_running_run_inside();
-  }
+  had_content_ = fs::is_directory(path_, ec) && !fs::is_empty(path_, ec);
+  check_replaceable(false);
   const fs::path cwd = fs::current_path(ec);
   SYMPRUNE_CHECK(
       ec || !is_within(resolved_path(cwd), path_),
       "{} {} is (or holds) the current directory: the pruned model replaces it by a rename, which "
       "would leave this shell in a removed directory; run from another directory or choose another {}",
       option, out.string(), option);
+}
+
+void OutputDirectory::check_replaceable(bool again) const {
+  // Someone may have put their own data in its place while the run worked: say so, and keep it.
+  const std::string changed = again ? " (it changed while this run was working)" : "";
+  const std::string out = as_given_.string();
+  std::error_code ec;
+  if (again && !fs::exists(fs::symlink_status(path_, ec))) return;  // gone: nothing to replace
+  SYMPRUNE_CHECK(fs::is_directory(path_, ec), "{} {} exists and is not a directory{}", option_, out, changed);
+  // The finished model takes the directory's place by a rename, which cannot move a mount point, and which
+  // would leave a shell standing in the directory (a run with --out .) in a removed one, seeing nothing.
+  SYMPRUNE_CHECK(
+      !is_mount_point(path_),
+      "{} {} is a mount point: the pruned model is moved into place by a rename, which cannot replace "
+      "a mount point; give a directory inside it{}",
+      option_, out, changed);
+  if (fs::is_empty(path_, ec)) return;
+  SYMPRUNE_CHECK(force_, "{} {} exists and is not empty (use --force to replace it){}", option_, out,
+                 changed);
+  SYMPRUNE_CHECK(is_symprune_output(path_),
+                 "{} {} exists and was not written by symprune (it has no {} that symprune wrote): --force "
+                 "replaces only symprune outputs; remove it yourself or choose another {}{}",
+                 option_, out, kProvenanceFile, option_, changed);
+  check_no_running_run_inside();
 }
 
 std::unique_ptr<StagedDirectory> OutputDirectory::stage() const {

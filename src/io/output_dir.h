@@ -114,6 +114,11 @@ class OutputDirectory {
   // Throws when the directory to be replaced holds the lock of a running run (e.g. its checkpoint was
   // placed there): checked when the run starts and again just before installing.
   void check_no_running_run_inside() const;
+  // Throws unless what is at path() may be replaced by the new output: nothing, or a directory that is
+  // empty, or (with force) a symprune output holding no running run's lock. Checked when the run starts,
+  // and again (again = true) just before installing: another process may have put its own data there in
+  // the meantime, which is kept, never replaced.
+  void check_replaceable(bool again) const;
   // InputFootprint::check_model_unchanged of the inputs given to the constructor (before installing).
   void check_inputs_unchanged() const { inputs_.check_model_unchanged(); }
 
@@ -121,6 +126,7 @@ class OutputDirectory {
   std::string option_;
   std::filesystem::path as_given_;
   std::filesystem::path path_;
+  bool force_ = false;
   bool existed_ = false, had_content_ = false;
   InputFootprint inputs_;
   std::unique_ptr<PathLock> lock_;

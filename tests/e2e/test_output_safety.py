@@ -356,6 +356,33 @@ def test_a_model_changed_during_the_run_is_not_written_mixed(stories, tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 
+@pytest.mark.parametrize("force,before,replacement", [
+    (True, "earlier-output", "directory"), (True, "earlier-output", "file"), (False, "empty", "directory")])
+def test_data_put_in_place_of_the_output_during_the_run_is_kept(stories, tmp_path, force, before, replacement):
+    """What --out is checked to be when the run starts (an earlier symprune output with --force, an empty
+    directory) may be replaced by someone's own data while the run works: that is refused before installing,
+    and kept (it used to be replaced, and removed, with exit 0)."""
+    out = tmp_path / "out"
+    if before == "earlier-output":
+        symprune("prune", *prune_args(stories, out)[1:])
+    else:
+        out.mkdir()
+    run = Run(prune_args(stories, out, *(["--force"] if force else [])),
+              env={"SYMPRUNE_FAULT": "before_install:sleep=3"})
+    run.wait_for("block 5/5 done")
+    shutil.rmtree(out)
+    if replacement == "directory":
+        out.mkdir()
+        (out / "precious.txt").write_text("someone's data")
+    else:
+        out.write_text("someone's data")
+    assert run.finish() == 1, run.stderr
+    assert "(it changed while this run was working)" in run.stderr, run.stderr
+    data = out / "precious.txt" if replacement == "directory" else out
+    assert data.read_text() == "someone's data"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "staging directories left behind"
+
+
 def test_sigkill_leaves_a_staging_directory_that_the_next_run_removes(stories, tmp_path):
     out = tmp_path / "out"
     run = Run(prune_args(stories, out), env={"SYMPRUNE_FAULT": "before_install:sleep=60"})
