@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/ranges.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -373,6 +374,11 @@ void check_checkpoint_space(const fs::path& file, int64_t checkpoint_bytes) {
   } else if (struct statvfs st{}; ::statvfs(dir.c_str(), &st) == 0) {
     available = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
   }
+  // A killed run's FILE.tmp (killed while writing a checkpoint) is replaced by the next one: its space is
+  // this run's to use, or a run killed while writing could never resume on a disk sized for it.
+  if (struct stat st{};
+      available && fs::is_regular_file(staging_status) && ::lstat(staging.c_str(), &st) == 0)
+    *available += static_cast<uint64_t>(st.st_blocks) * 512;
   // Peak: the newest, the previous and the one being written; existing ones are among them.
   int existing = 0;
   for (const auto& f : {file, previous_checkpoint(file)}) existing += fs::exists(f, ec) ? 1 : 0;

@@ -392,6 +392,19 @@ def test_impossible_checkpoint_places_fail_before_the_first_block(job, tmp_path)
     assert "block 1/" not in proc.stderr and not out.exists()
 
 
+def test_a_killed_writes_checkpoint_staging_file_counts_as_free_space(job, tmp_path):
+    """A run killed while writing a checkpoint leaves FILE.tmp, which the next checkpoint replaces: its space
+    is the resumed run's (it was refused for ever on a disk sized for the run)."""
+    small = {"SYMPRUNE_DISK_AVAILABLE": "100000"}
+    refused = symprune("prune", *job, "--out", tmp_path / "out", "--checkpoint", tmp_path / "c.h5", check=False,
+                       env=small)
+    assert refused.returncode == 1 and "free, but has 97.7 KiB" in refused.stderr, refused.stderr
+    with open(tmp_path / "c.h5.tmp", "wb") as stale:
+        stale.write(b"\1" * (64 << 20))
+    symprune("prune", *job, "--out", tmp_path / "out", "--checkpoint", tmp_path / "c.h5", env=small)
+    assert not (tmp_path / "c.h5.tmp").exists() and (tmp_path / "c.h5.done").exists()
+
+
 def test_checkpoint_option_errors(job, tmp_path):
     cases = [
         (["--checkpoint-every", "0", "--checkpoint", tmp_path / "c.h5"], "--checkpoint-every must be at least 1"),
