@@ -71,11 +71,13 @@ void add_calib(CLI::App& app) {
     SYMPRUNE_CHECK(options->vocab_size >= 0, "--vocab-size must be >= 0 (0: the tokenizer's), got {}",
                    options->vocab_size);
     options->calib.file = options->calib_file;
+    std::unique_ptr<io::PathLock> out_lock;
     if (!options->out.empty()) {
       io::InputFootprint inputs;
       inputs.add_file(options->calib_file);
       inputs.add_file(options->tokenizer);
       io::check_output_file(options->out, inputs, "--out");
+      out_lock = io::lock_output_file(options->out, "--out", inputs);
     }
     const auto tokenizer = io::load_tokenizer(options->tokenizer);
     const io::CalibrationSet set = io::load_calibration(options->calib, *tokenizer, options->vocab_size);

@@ -50,12 +50,14 @@ void run_eval(const EvalOptions& o) {
   SYMPRUNE_CHECK(!synthetic || !o.tokenizer.empty(),
                  "{} has no tokenizer: give one with --tokenizer (its vocabulary must fit the model's)",
                  o.model);
+  std::unique_ptr<io::PathLock> report_lock;
   if (!o.report.empty()) {
     io::InputFootprint inputs;
     if (!synthetic) inputs.add_model_directory(resolved.dir);
     inputs.add_file(o.text);
     inputs.add_file(o.tokenizer);
     io::check_output_file(o.report, inputs, "--report");
+    report_lock = io::lock_output_file(o.report, "--report", inputs);
   }
   SYMPRUNE_CHECK(o.seqlen >= 2, "--seqlen must be at least 2, got {}", o.seqlen);
   SYMPRUNE_CHECK(o.max_chunks >= 0, "--max-chunks must be >= 0 (0 = all), got {}", o.max_chunks);

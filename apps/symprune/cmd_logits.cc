@@ -52,6 +52,7 @@ void run_logits(const LogitsOptions& o) {
   io::InputFootprint inputs;
   if (!resolved.is_synthetic()) inputs.add_model_directory(resolved.dir);
   io::check_output_file(o.out, inputs, "--out");
+  const auto out_lock = io::lock_output_file(o.out, "--out", inputs);
   model::DecoderModel model = model::DecoderModel::open(resolved);
   const int64_t T = static_cast<int64_t>(ids.size());
   const Tensor logits = model.forward(ids, 1, T);

@@ -650,7 +650,10 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
                  : 0;
   if (comm.rank() == 0) {
     if (r.writes_model) r.out.emplace(c.out, inputs, c.force || written_by_this_run(c));
-    if (!c.report.empty()) io::check_output_file(c.report, inputs, "--report", r.out ? &*r.out : nullptr);
+    if (!c.report.empty()) {
+      io::check_output_file(c.report, inputs, "--report", r.out ? &*r.out : nullptr);
+      r.report_lock = io::lock_output_file(c.report, "--report", inputs);
+    }
     if (!c.checkpoint.empty()) {
       io::check_output_file(c.checkpoint, inputs, "--checkpoint", r.out ? &*r.out : nullptr,
                             checkpoint_companions(c.checkpoint));

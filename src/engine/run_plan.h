@@ -88,6 +88,7 @@ struct RunPlan {
 
   std::optional<io::OutputDirectory> out;         // rank 0, when an output is written
   std::unique_ptr<io::PathLock> checkpoint_lock;  // rank 0, with --checkpoint: one run per checkpoint
+  std::unique_ptr<io::PathLock> report_lock;      // rank 0, with --report (io::lock_output_file)
   bool writes_model = false;
   nlohmann::json config;  // the resolved configuration, for the report and the provenance file
 

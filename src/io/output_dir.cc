@@ -411,6 +411,31 @@ void check_output_file(const fs::path& file, const InputFootprint& inputs, std::
   check_output_file_directory(file);
 }
 
+std::unique_ptr<PathLock> lock_output_file(const fs::path& file, std::string_view option,
+                                           const InputFootprint& inputs) {
+  const fs::path resolved = resolved_path(file);
+  auto lock = std::make_unique<PathLock>(resolved, option);
+  std::error_code ec;
+  const std::string name = resolved.filename().string();
+  std::vector<fs::path> left;
+  for (const auto& entry : fs::directory_iterator(resolved.parent_path(), ec))
+    if (is_temporary_sibling(entry.path().filename().string(), name, ".tmp.") &&
+        fs::is_regular_file(fs::symlink_status(entry.path(), ec))) {
+      inputs.check_written(
+          resolved_path(entry.path()),
+          fmt::format("{} {}: {}, named like the temporary files that symprune removes beside it,", option,
+                      file.string(), entry.path().string()));
+      left.push_back(entry.path());
+    }
+  for (const auto& p : left) {
+    if (fs::remove(p, ec))
+      log::warn("{}: removed {} left by an interrupted run", option, p.string());
+    else if (ec)
+      log::warn("{}: could not remove {} left by an interrupted run: {}", option, p.string(), ec.message());
+  }
+  return lock;
+}
+
 void write_provenance(const fs::path& dir, const nlohmann::json& provenance) {
   write_file_atomically(dir / kProvenanceFile, provenance.dump(2) + "\n");
 }

@@ -383,6 +383,23 @@ def test_data_put_in_place_of_the_output_during_the_run_is_kept(stories, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "staging directories left behind"
 
 
+def test_the_temporary_file_of_a_report_killed_while_written_is_removed_by_the_next_run(stories, tmp_path):
+    """A kill while the report (or calib's and logits' --out) is written leaves its .NAME.tmp.XXXXXX: the next
+    run for that file removes it, under the file's lock (it stayed for good)."""
+    stale = tmp_path / ".r.json.tmp.k1LL3d"
+    stale.write_text("{ half a report")
+    other = tmp_path / ".r.json.tmp.notmine"  # not a mkstemp name of this file: left alone
+    other.write_text("x")
+    proc = symprune(*prune_args(stories, tmp_path / "out"), "--report", tmp_path / "r.json")
+    assert f"--report: removed {stale} left by an interrupted run" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".r.json.tmp.notmine", "out", "r.json"]
+    stale_tokens = tmp_path / ".ids.bin.tmp.AbC123"
+    stale_tokens.write_bytes(b"\0" * 8)
+    symprune("calib", "--calib", stories.first, "--tokenizer", stories.model, "--nsamples", "2", "--seqlen", "16",
+             "--out", tmp_path / "ids.bin")
+    assert not stale_tokens.exists() and (tmp_path / "ids.bin").stat().st_size == 2 * 16 * 4
+
+
 def test_sigkill_leaves_a_staging_directory_that_the_next_run_removes(stories, tmp_path):
     out = tmp_path / "out"
     run = Run(prune_args(stories, out), env={"SYMPRUNE_FAULT": "before_install:sleep=60"})
