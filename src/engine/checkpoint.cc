@@ -264,6 +264,7 @@ double Checkpointer::finish() {
 
 void Checkpointer::mark_complete(const nlohmann::json& marker) {
   if (comm_.rank() != 0) return;
+  fault::at("marker");
   io::write_file_atomically(checkpoint_marker(file_), marker.dump(2) + "\n");
   fault::at("marker_written");
   std::error_code ignored;

@@ -76,6 +76,21 @@ def finish_and_compare(job, tmp_path, reference, *extra):
     return proc, report
 
 
+def test_a_completion_marker_that_cannot_be_written_keeps_the_outputs_and_the_checkpoint(job, reference,
+                                                                                         tmp_path):
+    """The marker is written after the model and the report: failing to write it (a full disk) used to end the
+    run with exit 1 and the complete outputs left behind. The run has finished: exit 0 with a warning, the
+    checkpoint kept, from which the same command writes the same outputs again."""
+    proc = symprune("prune", *job, "--out", tmp_path / "out", "--checkpoint", tmp_path / "run.h5", "--report",
+                    tmp_path / "report.json", env={"SYMPRUNE_FAULT": "marker:error"})
+    assert "the run is complete, but its completion marker could not be written (injected fault at marker" \
+        in proc.stderr, proc.stderr
+    assert output_digest(tmp_path / "out") == reference[0]
+    assert (tmp_path / "run.h5").exists() and not (tmp_path / "run.h5.done").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "report.json", "run.h5", "run.h5.prev"]
+    finish_and_compare(job, tmp_path, reference)
+
+
 @pytest.mark.parametrize("block", [2, 3, 4])
 def test_a_run_killed_at_a_block_resumes_to_the_same_bytes(job, reference, tmp_path, block):
     killed_run(job, tmp_path, f"block:{block}")
