@@ -362,12 +362,16 @@ void check_checkpoint_space(const fs::path& file, int64_t checkpoint_bytes) {
   ::close(fd);
   std::error_code ec;
   fs::remove(probe, ec);
-  // FILE.tmp is replaced by each checkpoint (a killed run's is harmless), but only if it is a file.
+  // FILE.tmp is replaced by each checkpoint (a killed run's is harmless), and FILE.prev by FILE, but only if
+  // they are files: found now, not after the first block.
   const fs::path staging = checkpoint_staging(file);
   const auto staging_status = fs::symlink_status(staging, ec);
-  SYMPRUNE_CHECK(!fs::exists(staging_status) || fs::is_regular_file(staging_status),
-                 "--checkpoint {}: cannot write checkpoints there ({}: {})", file.string(), staging.string(),
-                 fs::is_directory(staging_status) ? "Is a directory" : "not a regular file");
+  for (const fs::path& kept : {staging, previous_checkpoint(file)}) {
+    const auto status = fs::symlink_status(kept, ec);
+    SYMPRUNE_CHECK(!fs::exists(status) || fs::is_regular_file(status),
+                   "--checkpoint {}: cannot write checkpoints there ({}: {})", file.string(), kept.string(),
+                   fs::is_directory(status) ? "Is a directory" : "not a regular file");
+  }
   std::optional<uint64_t> available;
   if (const char* forced = std::getenv("SYMPRUNE_DISK_AVAILABLE")) {
     available = std::strtoull(forced, nullptr, 10);

@@ -43,10 +43,11 @@ void check_output_file_directory(const fs::path& path) {
   // /dev/null (as root) or of a FIFO.
   std::error_code ec;
   const fs::file_status status = fs::symlink_status(path, ec);
-  SYMPRUNE_CHECK(!fs::exists(status) || fs::is_regular_file(status) || fs::is_symlink(status),
-                 "{} exists and is not a regular file (a device, FIFO or socket); symprune replaces the file "
-                 "it writes, so give the path of a regular file or of a new one",
-                 path.string());
+  SYMPRUNE_CHECK(
+      !fs::exists(status) || fs::is_regular_file(status) || fs::is_symlink(status),
+      "{} exists and is not a regular file ({}); symprune replaces the file it writes, so give the "
+      "path of a regular file or of a new one",
+      path.string(), fs::is_directory(status) ? "a directory" : "a device, FIFO or socket");
 }
 
 std::string hidden_name(std::string_view name, std::string_view suffix) {

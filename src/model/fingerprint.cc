@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <string_view>
 #include <vector>
@@ -16,7 +18,7 @@ namespace {
 
 std::string read_prefix(const std::filesystem::path& path, uint64_t max_bytes) {
   std::ifstream in(path, std::ios::binary);
-  SYMPRUNE_CHECK(in.good(), "{}: cannot open for fingerprinting", path.string());
+  SYMPRUNE_CHECK(in.good(), "{}: cannot open for fingerprinting: {}", path.string(), std::strerror(errno));
   std::string data(static_cast<size_t>(max_bytes), '\0');
   in.read(data.data(), static_cast<std::streamsize>(max_bytes));
   data.resize(static_cast<size_t>(in.gcount()));
@@ -33,7 +35,7 @@ void hash_data_samples(const std::filesystem::path& path, uint64_t begin, uint64
   const uint64_t sample_bytes = whole ? uint64_t{1} << 20 : 4096;
   const uint64_t stride = whole ? sample_bytes : uint64_t{16} << 20;
   std::ifstream in(path, std::ios::binary);
-  SYMPRUNE_CHECK(in.good(), "{}: cannot open for fingerprinting", path.string());
+  SYMPRUNE_CHECK(in.good(), "{}: cannot open for fingerprinting: {}", path.string(), std::strerror(errno));
   std::vector<char> sample(sample_bytes);
   const auto hash_at = [&](uint64_t offset) {
     const uint64_t bytes = std::min(sample_bytes, end - offset);
