@@ -161,14 +161,30 @@ std::optional<std::string> unknown_command_line_word(const CLI::App& app, int ar
   const auto subcommands = [](const CLI::App& a) {
     return a.get_subcommands([](const CLI::App*) { return true; });
   };
+  const auto takes_positionals = [](const CLI::App& a) {
+    const auto options = a.get_options();
+    return std::any_of(options.begin(), options.end(),
+                       [](const CLI::Option* o) { return o->get_positional(); });
+  };
+  const auto unexpected = [&](const std::string& word) {
+    return fmt::format(
+        "{0}: unexpected argument '{1}': '{0}' takes options only (a value whose option name is missing or "
+        "misspelled? '{0} --help' lists the options)",
+        command_path(*command), word);
+  };
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& word = words[i];
-    if (word == "--") break;
+    if (word == "--") {  // what follows is positional
+      if (i + 1 < words.size() && subcommands(*command).empty() && !takes_positionals(*command))
+        return unexpected(words[i + 1]);
+      break;
+    }
     if (looks_like_option(word)) {
       const CLI::Option* option = find_option(*command, word);
       if (option == nullptr) {
+        // "-model" is named whole, and compared with the long names.
         const bool is_long = word[1] == '-';
-        const std::string name = is_long ? word.substr(0, word.find('=')) : word.substr(0, 2);
+        const std::string name = is_long ? word.substr(0, word.find('=')) : word;
         const std::string bare = name.substr(is_long ? 2 : 1);
         std::vector<std::string> known;
         for (const CLI::App* scope = command; scope != nullptr; scope = scope->get_parent())
@@ -180,11 +196,14 @@ std::optional<std::string> unknown_command_line_word(const CLI::App& app, int ar
             "{}: unknown option {}{}", command_path(*command), name,
             hint.empty() ? fmt::format(" ('{} --help' lists the options)", command_path(*command)) : hint);
       }
-      // Its values are words too: skip them (none given as --name=value).
+      // Its values are words too: skip them (none given as --name=value). CLI11 takes the values an option
+      // requires whatever they look like (--text -Hello), and further ones while they look like no option.
       if (word.find('=') == std::string::npos) {
-        const int values = option->get_items_expected_max();
-        for (int taken = 0; taken < values && i + 1 < words.size() && !looks_like_option(words[i + 1]) &&
-                            words[i + 1] != "--";
+        const int required = option->get_items_expected_min(), most = option->get_items_expected_max();
+        int taken = 0;
+        for (; taken < required && i + 1 < words.size(); ++taken) ++i;
+        for (;
+             taken < most && i + 1 < words.size() && !looks_like_option(words[i + 1]) && words[i + 1] != "--";
              ++taken)
           ++i;
       }
@@ -192,14 +211,8 @@ std::optional<std::string> unknown_command_line_word(const CLI::App& app, int ar
     }
     const auto below = subcommands(*command);
     if (below.empty()) {
-      const auto options = command->get_options();
-      if (std::any_of(options.begin(), options.end(),
-                      [](const CLI::Option* o) { return o->get_positional(); }))
-        continue;  // a positional argument of the command
-      return fmt::format(
-          "{0}: unexpected argument '{1}': '{0}' takes options only (a value whose option name is missing or "
-          "misspelled? '{0} --help' lists the options)",
-          command_path(*command), word);
+      if (takes_positionals(*command)) continue;  // a positional argument of the command
+      return unexpected(word);
     }
     const auto found =
         std::find_if(below.begin(), below.end(), [&](const CLI::App* sub) { return sub->check_name(word); });

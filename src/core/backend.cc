@@ -82,9 +82,22 @@ ActivationStats Backend::activation_stats(const Tensor& input, const Tensor* out
   return stats;
 }
 
+void score_part_agreed(const MatrixPart* part, const std::function<void()>& score) {
+  if (part == nullptr || !part->agree_on_scores) return score();
+  std::string error;
+  try {
+    score();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  part->agree_on_scores(error);
+}
+
 Mask Backend::score_and_select(ScoreMethod method, const Tensor& weight, const ActivationStats* stats,
                                const ScoreOptions& options, const MaskSpec& spec, const MatrixPart* part) {
-  return select_mask(compute_scores(method, weight, stats, options), spec, options.matrix_name, part);
+  Tensor scores;
+  score_part_agreed(part, [&] { scores = compute_scores(method, weight, stats, options); });
+  return select_mask(scores, spec, options.matrix_name, part);
 }
 
 Tensor Backend::gram(const Tensor& x) {

@@ -9,6 +9,7 @@
 // reused output tensor causes no allocation).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -51,12 +52,6 @@ enum class MaskedPart { kKept, kPruned };
 // backend's own allocations held at once since the last reset_device_memory_peak; peak_reserved: the most
 // device memory its allocator held for them then (at least peak_used: a pool's unused and fragmented
 // memory). What libraries allocate on their own, the cuBLAS workspaces and NCCL's buffers, is in none.
-// Where Backend::first_non_finite found a NaN or ±Inf: the flat index and the value.
-struct NonFiniteEntry {
-  int64_t index = 0;
-  float value = 0.0f;
-};
-
 struct DeviceMemory {
   int64_t free = 0, total = 0, held = 0, peak_used = 0, peak_reserved = 0;
   // false: the device has no stream-ordered pools (some virtualized GPUs), so every free of device memory
@@ -87,6 +82,16 @@ struct SequenceBatch {
   int64_t seq_len = 0;
   int64_t rows() const { return n_seqs * seq_len; }
 };
+
+// Where Backend::first_non_finite found a NaN or ±Inf: the flat index and the value.
+struct NonFiniteEntry {
+  int64_t index = 0;
+  float value = 0.0f;
+};
+
+// Runs `score` (the scores of a part of a matrix) and then MatrixPart::agree_on_scores with its error, if
+// `part` has one: how each backend's score_and_select scores before selecting.
+void score_part_agreed(const MatrixPart* part, const std::function<void()>& score);
 
 class Backend {
  public:

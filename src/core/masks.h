@@ -159,6 +159,10 @@ struct MatrixPart {
   int64_t row_begin = 0;   // first row of the scores in the whole matrix
   int64_t total_rows = 0;  // rows of the whole matrix
   std::function<void(std::span<int64_t>)> sum_over_parts;
+  // Called by Backend::score_and_select once this part's scores are computed, before any selection, with the
+  // error they gave ("" when none): throws on every part when any part failed, so that an error of some
+  // ranks' rows only (a saturated score) ends every rank alike. Null: an error is thrown as it is.
+  std::function<void(const std::string& error)> agree_on_scores;
 };
 
 // The mask for a rank-2 score matrix. Validates the spec first. Exact-count modes (row, layer without

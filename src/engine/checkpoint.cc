@@ -264,8 +264,19 @@ double Checkpointer::finish() {
 
 void Checkpointer::mark_complete(const nlohmann::json& marker) {
   if (comm_.rank() != 0) return;
-  fault::at("marker");
-  io::write_file_atomically(checkpoint_marker(file_), marker.dump(2) + "\n");
+  // One that cannot be written (a full disk) leaves a finished run: its outputs are complete and stay, and
+  // so do its checkpoints, from which the same command writes them again instead of doing nothing.
+  try {
+    fault::at("marker");
+    io::write_file_atomically(checkpoint_marker(file_), marker.dump(2) + "\n");
+  } catch (const Error& e) {
+    log::warn(
+        "the run is complete, but its completion marker could not be written ({}): the outputs are kept, and "
+        "so is checkpoint {}, from which the same command with --resume auto writes them again (with the "
+        "marker it would do nothing)",
+        e.what(), file_.string());
+    return;
+  }
   fault::at("marker_written");
   std::error_code ignored;
   fs::remove(file_, ignored);

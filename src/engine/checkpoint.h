@@ -100,6 +100,7 @@ class Checkpointer {
   double install_if_written();
 
   // Rank 0, after the run's outputs are complete: writes FILE.done (marker) and removes FILE and FILE.prev.
+  // A marker that cannot be written is a warning, and FILE and FILE.prev stay: the run has finished.
   void mark_complete(const nlohmann::json& marker);
 
   double write_seconds() const { return write_seconds_; }   // background writing, summed

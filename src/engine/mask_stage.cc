@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "dist/partition.h"
+#include "engine/collective_errors.h"
 #include "engine/ordered_reduce.h"
 
 namespace symprune::engine {
@@ -145,7 +146,12 @@ LinearMask prune_linear(dist::Communicator& comm, const MaskSettings& settings, 
   options.row_begin = rows.begin;
   options.row_end = rows.end;
   Backend& backend = *settings.backend;
-  const MatrixPart part{rows.begin, m, [&comm](std::span<int64_t> v) { comm.all_reduce_sum(v); }};
+  const MatrixPart part{rows.begin, m, [&comm](std::span<int64_t> v) { comm.all_reduce_sum(v); },
+                        [&comm](const std::string& error) {
+                          agree_on_errors(comm, [&] {
+                            if (!error.empty()) throw Error(error);
+                          });
+                        }};
   Mask own = backend.score_and_select(settings.method, weight, settings.scores_need_stats ? stats : nullptr,
                                       options, settings.spec, &part);
 

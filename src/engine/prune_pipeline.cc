@@ -992,26 +992,16 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     }
     log::info("wrote {}{}", c.report.string(), result.incomplete ? " (marked incomplete)" : "");
   });
-  // A finished run leaves a marker, so that running the same command again does nothing. One that cannot
-  // (a full disk) has still finished: its outputs are complete and stay, and its checkpoints too, from which
-  // the same command writes them again instead of doing nothing.
+  // A finished run leaves a marker, so that running the same command again does nothing.
   if (checkpointer && !interrupted)
     agree_on_errors(comm, [&] {
-      try {
-        checkpointer->mark_complete(
-            {{"identity", identity},
-             {"run_id", run_id},
-             {"out", c.out.string()},
-             {"report", c.report.empty() ? nlohmann::json() : nlohmann::json(c.report.string())},
-             {"finished", utc_timestamp()},
-             {"symprune", io::build_provenance()}});
-      } catch (const Error& e) {
-        log::warn(
-            "the run is complete, but its completion marker could not be written ({}): the outputs are kept, "
-            "and so is checkpoint {}, from which the same command with --resume auto writes them again (with "
-            "the marker it would do nothing)",
-            e.what(), c.checkpoint.string());
-      }
+      checkpointer->mark_complete(
+          {{"identity", identity},
+           {"run_id", run_id},
+           {"out", c.out.string()},
+           {"report", c.report.empty() ? nlohmann::json() : nlohmann::json(c.report.string())},
+           {"finished", utc_timestamp()},
+           {"symprune", io::build_provenance()}});
     });
   if (interrupted) {
     throw interrupt::Interrupted(

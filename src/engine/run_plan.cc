@@ -326,6 +326,7 @@ bool completed_before(const PruneConfig& c, RunPlan& r, bool root, const io::Inp
     if (!c.out.empty()) io::check_output_directory_not_input(c.out, inputs, "--out");
     const io::PathLock checkpoint_lock(c.checkpoint, "--checkpoint");
     if (!c.out.empty()) io::release_stale_output_lock(c.out, "--out");
+    if (!c.report.empty()) (void)io::lock_output_file(c.report, "--report", inputs);  // taken and released
     const std::string finished = saved.value("run_id", std::string());
     for (const auto& f :
          {c.checkpoint, previous_checkpoint(c.checkpoint), checkpoint_staging(c.checkpoint)}) {
@@ -380,9 +381,9 @@ void check_checkpoint_space(const fs::path& file, int64_t checkpoint_bytes) {
   }
   // A killed run's FILE.tmp (killed while writing a checkpoint) is replaced by the next one: its space is
   // this run's to use, or a run killed while writing could never resume on a disk sized for it.
-  if (struct stat st{};
-      available && fs::is_regular_file(staging_status) && ::lstat(staging.c_str(), &st) == 0)
-    *available += static_cast<uint64_t>(st.st_blocks) * 512;
+  if (struct stat st{}; available && fs::is_regular_file(staging_status) &&
+                        ::lstat(staging.c_str(), &st) == 0 && st.st_nlink == 1)
+    *available += static_cast<uint64_t>(st.st_blocks) * 512;  // (another link to it would keep its blocks)
   // Peak: the newest, the previous and the one being written; existing ones are among them.
   int existing = 0;
   for (const auto& f : {file, previous_checkpoint(file)}) existing += fs::exists(f, ec) ? 1 : 0;

@@ -413,7 +413,10 @@ void check_output_file(const fs::path& file, const InputFootprint& inputs, std::
 
 std::unique_ptr<PathLock> lock_output_file(const fs::path& file, std::string_view option,
                                            const InputFootprint& inputs) {
-  const fs::path resolved = resolved_path(file);
+  // Where write_file_atomically writes: beside `file` itself, also when it is a symbolic link (replaced, not
+  // written through), so the lock and the temporaries are beside the link, not its target.
+  const fs::path parent = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  const fs::path resolved = resolved_path(parent) / file.filename();
   auto lock = std::make_unique<PathLock>(resolved, option);
   std::error_code ec;
   const std::string name = resolved.filename().string();

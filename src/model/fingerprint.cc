@@ -1,6 +1,8 @@
 #include "model/fingerprint.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -16,9 +18,19 @@
 namespace symprune::model {
 namespace {
 
+// Names why `path` cannot be read (ifstream keeps no reason: asked again of open(2)).
+void check_opened(const std::ifstream& in, const std::filesystem::path& path) {
+  if (in.good()) return;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  fail("{}: cannot open for fingerprinting: {}", path.string(),
+       fd >= 0 ? std::string("read error") : std::string(std::strerror(err)));
+}
+
 std::string read_prefix(const std::filesystem::path& path, uint64_t max_bytes) {
   std::ifstream in(path, std::ios::binary);
-  SYMPRUNE_CHECK(in.good(), "{}: cannot open for fingerprinting: {}", path.string(), std::strerror(errno));
+  check_opened(in, path);
   std::string data(static_cast<size_t>(max_bytes), '\0');
   in.read(data.data(), static_cast<std::streamsize>(max_bytes));
   data.resize(static_cast<size_t>(in.gcount()));
@@ -35,7 +47,7 @@ void hash_data_samples(const std::filesystem::path& path, uint64_t begin, uint64
   const uint64_t sample_bytes = whole ? uint64_t{1} << 20 : 4096;
   const uint64_t stride = whole ? sample_bytes : uint64_t{16} << 20;
   std::ifstream in(path, std::ios::binary);
-  SYMPRUNE_CHECK(in.good(), "{}: cannot open for fingerprinting: {}", path.string(), std::strerror(errno));
+  check_opened(in, path);
   std::vector<char> sample(sample_bytes);
   const auto hash_at = [&](uint64_t offset) {
     const uint64_t bytes = std::min(sample_bytes, end - offset);

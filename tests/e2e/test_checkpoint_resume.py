@@ -415,9 +415,20 @@ def test_a_killed_writes_checkpoint_staging_file_counts_as_free_space(job, tmp_p
                        env=small)
     assert refused.returncode == 1 and "free, but has 97.7 KiB" in refused.stderr, refused.stderr
     with open(tmp_path / "c.h5.tmp", "wb") as stale:
-        stale.write(b"\1" * (64 << 20))
+        stale.write(os.urandom(64 << 20))  # incompressible: its blocks are its size on any file system
     symprune("prune", *job, "--out", tmp_path / "out", "--checkpoint", tmp_path / "c.h5", env=small)
     assert not (tmp_path / "c.h5.tmp").exists() and (tmp_path / "c.h5.done").exists()
+
+
+def test_a_previous_checkpoint_that_is_not_a_file_is_refused_before_the_first_block(job, killed):
+    """It used to be found only when the first checkpoint was kept, a block later, leaving a whole FILE.tmp."""
+    run = copy_state(killed, "prev-dir")
+    (run / "run.h5.prev").unlink(missing_ok=True)
+    (run / "run.h5.prev").mkdir()
+    proc = resume(job, run, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert f"cannot write checkpoints there ({run / 'run.h5.prev'}: Is a directory)" in proc.stderr
+    assert "block 5/" not in proc.stderr and not (run / "out").exists() and not (run / "run.h5.tmp").exists()
 
 
 def test_checkpoint_option_errors(job, tmp_path):

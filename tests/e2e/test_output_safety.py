@@ -393,6 +393,32 @@ def test_the_temporary_file_of_a_report_killed_while_written_is_removed_by_the_n
     proc = symprune(*prune_args(stories, tmp_path / "out"), "--report", tmp_path / "r.json")
     assert f"--report: removed {stale} left by an interrupted run" in proc.stderr, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [".r.json.tmp.notmine", "out", "r.json"]
+    # While a run writes it, another run for the same report is refused.
+    run = Run(prune_args(stories, tmp_path / "out-a", "--report", tmp_path / "r.json"),
+              env={"SYMPRUNE_FAULT": "report:sleep=5"})
+    run.wait_for("block 5/5 done")
+    second = symprune(*prune_args(stories, tmp_path / "out-b"), "--report", tmp_path / "r.json", check=False)
+    assert second.returncode == 1 and "is being written by another symprune run (pid" in second.stderr, second.stderr
+    assert run.finish() == 0, run.stderr
+    # A report replaced by a directory while the run works is called a directory when it is written.
+    run = Run(prune_args(stories, tmp_path / "out-c", "--report", tmp_path / "late.json"),
+              env={"SYMPRUNE_FAULT": "report:sleep=3"})
+    run.wait_for("block 5/5 done")
+    (tmp_path / "late.json").mkdir()
+    assert run.finish() == 1
+    assert "late.json exists and is not a regular file (a directory)" in run.stderr, run.stderr
+    shutil.rmtree(tmp_path / "out-a")
+    # Beside a symbolic link, not its target: the write replaces the link (the lock goes there too).
+    target_dir = tmp_path / "elsewhere"
+    target_dir.mkdir()
+    (target_dir / "r.json").write_text("the link's target")
+    (tmp_path / "linked.json").symlink_to(target_dir / "r.json")
+    beside_link = tmp_path / ".linked.json.tmp.Zz9yX8"
+    beside_link.write_text("{")
+    symprune(*prune_args(stories, tmp_path / "out2"), "--report", tmp_path / "linked.json")
+    assert not beside_link.exists() and [p.name for p in target_dir.iterdir()] == ["r.json"]
+    assert (target_dir / "r.json").read_text() == "the link's target"
+    assert (tmp_path / "linked.json").is_file() and not (tmp_path / "linked.json").is_symlink()
     stale_tokens = tmp_path / ".ids.bin.tmp.AbC123"
     stale_tokens.write_bytes(b"\0" * 8)
     symprune("calib", "--calib", stories.first, "--tokenizer", stories.model, "--nsamples", "2", "--seqlen", "16",

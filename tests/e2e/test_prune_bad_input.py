@@ -161,6 +161,18 @@ def test_values_and_help_are_not_taken_for_misspelled_words(stories, tmp_path):
                     "-1", "--out", tmp_path / "prune", check=False)
     assert "unknown" not in proc.stderr and "--alpha" in proc.stderr, proc.stderr
     assert symprune("prune", "--bogus", "--help").stdout.startswith("Prune a model")
+    # A required value is taken whatever it looks like, as CLI11 takes it.
+    tokens = symprune("tokenize", "--tokenizer", stories.model, "--text", "-Hello").stdout
+    assert tokens.strip(), tokens
+
+
+@pytest.mark.parametrize("args,message", [
+    (["prune", "-model", "m"], "symprune prune: unknown option -model (did you mean --model?)"),
+    (["prune", "--model", "m", "--", "extra"], "symprune prune: unexpected argument 'extra'"),
+], ids=["single-dash-long-name", "after-double-dash"])
+def test_single_dash_names_and_words_after_double_dash(args, message):
+    proc = symprune(*args, check=False)
+    assert proc.returncode == 1 and message in proc.stderr.splitlines()[0], proc.stderr
 
 
 def test_out_equal_to_input(stories, tmp_path):

@@ -97,6 +97,26 @@ def test_non_finite_activations_are_one_agreed_error(stories, tmp_path, have_mpi
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("group", ["row", "layer"])
+def test_a_saturated_score_in_one_ranks_rows_is_one_agreed_error(stories, tmp_path, have_mpirun, group):
+    """Weights of 1e20 in rank 1's rows of one matrix: only rank 1's symmetric scores leave fp32's range. Every
+    rank agrees before selecting (with --group layer, rank 0 would otherwise wait in the selection's
+    all-reduce)."""
+    model = tmp_path / "model"
+    shutil.copytree(stories.model, model)
+    tensors = load_file(str(model / "model.safetensors"))
+    w = tensors["model.layers.2.self_attn.q_proj.weight"].copy()
+    w[40:] *= 1e20  # rows 32.. are rank 1's of 2
+    tensors["model.layers.2.self_attn.q_proj.weight"] = w
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    proc = mpirun(2, "--model", model, "--method", "symmetric", "--sparsity", "0.5", "--group", group,
+                  "--threads", "1", "--out", tmp_path / "o", timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "error: 2.self_attn.q_proj: the symmetric score of weight [40, " in proc.stderr, proc.stderr
+    assert proc.stderr.count("symprune_dist: error: ") == 1 and "MPI_ABORT" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_non_finite_evaluation_is_one_agreed_error_and_removes_the_written_model(stories, tmp_path,
                                                                                      have_mpirun):
     model = head_overflowing_model(stories.model, tmp_path / "model")  # every rank's chunks overflow

@@ -615,8 +615,10 @@ class CudaBackend final : public Backend {
     Tensor widened;
     const Tensor& wide = fp32_view(weight, widened);
     DeviceArray<float> scores(rows * n);
-    compute_scores_on_device(method, in(wide, "score weight"), m, n, needs_host ? &host_weight : nullptr,
-                             stats, options, scores.data());
+    score_part_agreed(part, [&] {
+      compute_scores_on_device(method, in(wide, "score weight"), m, n, needs_host ? &host_weight : nullptr,
+                               stats, options, scores.data());
+    });
     return select_mask_on_device(scores.data(), rows, n, spec, options.matrix_name, part);
   }
 
