@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
@@ -108,10 +109,16 @@ std::string Tensor::shape_string() const {
 int64_t first_non_finite(const Tensor& t) {
   const float* v = t.data();
   const int64_t count = t.numel();
-  bool finite = true;
-#pragma omp parallel for schedule(static) reduction(&& : finite) if (count >= (int64_t{1} << 15))
-  for (int64_t i = 0; i < count; ++i) finite = finite && std::isfinite(v[i]);
-  if (finite) return -1;
+  // NaN and ±Inf are the values whose exponent bits are all set: tested on the bits with an OR reduction,
+  // which vectorizes (a short-circuit && of std::isfinite did not, and cost 5 % of a weight-only 7B prune).
+  uint32_t non_finite = 0;
+#pragma omp parallel for schedule(static) reduction(| : non_finite) if (count >= (int64_t{1} << 15))
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, sizeof bits);
+    non_finite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  if (non_finite == 0) return -1;
   for (int64_t i = 0; i < count; ++i)
     if (!std::isfinite(v[i])) return i;
   return -1;
