@@ -144,6 +144,15 @@ const CLI::Option* find_option(const CLI::App& app, const std::string& word) {
   return nullptr;
 }
 
+// The names of `app`'s subcommands, sorted.
+std::vector<std::string> command_names(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    names.push_back(sub->get_name());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 bool looks_like_option(const std::string& word) {
   if (word.size() < 2 || word[0] != '-') return false;
   return word[1] == '-' ? word.size() > 2 : std::isalpha(static_cast<unsigned char>(word[1])) != 0;
@@ -220,18 +229,13 @@ std::optional<std::string> unknown_command_line_word(const CLI::App& app, int ar
       command = *found;
       continue;
     }
-    std::vector<std::string> names;
-    for (const CLI::App* sub : below) names.push_back(sub->get_name());
-    std::sort(names.begin(), names.end());
+    const std::vector<std::string> names = command_names(*command);
     return fmt::format("{}: unknown command '{}'{}; the commands are: {}", command_path(*command), word,
                        did_you_mean(near_words(word, names), "'", "'"), fmt::join(names, ", "));
   }
   if (command == &app && !subcommands(app).empty() && app.get_require_subcommand_min() > 0) {
-    std::vector<std::string> names;
-    for (const CLI::App* sub : subcommands(app)) names.push_back(sub->get_name());
-    std::sort(names.begin(), names.end());
     return fmt::format("{}: a command is required: {} ('{} --help' describes them)", app.get_name(),
-                       fmt::join(names, ", "), app.get_name());
+                       fmt::join(command_names(app), ", "), app.get_name());
   }
   return std::nullopt;
 }

@@ -96,6 +96,26 @@ bool is_temporary_sibling(const std::string& entry, const std::string& name, std
   return true;
 }
 
+// `entry`, named like the temporary files or directories (`what`) that symprune removes beside the output
+// `as_given`: refused when it is one of the run's inputs, which is never removed.
+void check_temporary_not_input(const InputFootprint& inputs, const fs::path& entry, std::string_view option,
+                               const fs::path& as_given, std::string_view what) {
+  inputs.check_written(resolved_path(entry),
+                       fmt::format("{} {}: {}, named like the temporary {} that symprune "
+                                   "removes beside it,",
+                                   option, as_given.string(), entry.string(), what));
+}
+
+// Removes a file or directory tree that an interrupted run left beside an output, saying so.
+void remove_left_by_interrupted_run(const fs::path& p, std::string_view option) {
+  std::error_code ec;
+  remove_directory_tree(p, ec);
+  if (ec)
+    log::warn("{}: could not remove {} left by an interrupted run: {}", option, p.string(), ec.message());
+  else
+    log::warn("{}: removed {} left by an interrupted run", option, p.string());
+}
+
 // Under the lock no other run writes beside `target`, so what is there was left by an interrupted one,
 // unless it is an input that happens to carry such a name: that is refused, never renamed or removed.
 void recover_interrupted_runs(const fs::path& target, std::string_view option, const fs::path& as_given,
@@ -108,10 +128,7 @@ void recover_interrupted_runs(const fs::path& target, std::string_view option, c
     const bool is_staged = is_temporary_sibling(entry_name, name, ".tmp-");
     const bool is_replaced = is_temporary_sibling(entry_name, name, ".old-");
     if (!is_staged && !is_replaced) continue;
-    inputs.check_written(resolved_path(entry.path()),
-                         fmt::format("{} {}: {}, named like the temporary directories that symprune removes "
-                                     "beside it,",
-                                     option, as_given.string(), entry.path().string()));
+    check_temporary_not_input(inputs, entry.path(), option, as_given, "directories");
     (is_staged ? staged : replaced).push_back(entry.path());
   }
   if (!fs::exists(fs::symlink_status(target, ec)) && !replaced.empty()) {
@@ -123,16 +140,8 @@ void recover_interrupted_runs(const fs::path& target, std::string_view option, c
       replaced.erase(replaced.begin());
     }
   }
-  for (const auto* list : {&staged, &replaced}) {
-    for (const auto& p : *list) {
-      remove_directory_tree(p, ec);
-      if (ec) {
-        log::warn("{}: could not remove {} left by an interrupted run: {}", option, p.string(), ec.message());
-      } else {
-        log::warn("{}: removed {} left by an interrupted run", option, p.string());
-      }
-    }
-  }
+  for (const auto* list : {&staged, &replaced})
+    for (const auto& p : *list) remove_left_by_interrupted_run(p, option);
 }
 
 std::string read_small_file(const fs::path& p) {
@@ -424,18 +433,10 @@ std::unique_ptr<PathLock> lock_output_file(const fs::path& file, std::string_vie
   for (const auto& entry : fs::directory_iterator(resolved.parent_path(), ec))
     if (is_temporary_sibling(entry.path().filename().string(), name, ".tmp.") &&
         fs::is_regular_file(fs::symlink_status(entry.path(), ec))) {
-      inputs.check_written(
-          resolved_path(entry.path()),
-          fmt::format("{} {}: {}, named like the temporary files that symprune removes beside it,", option,
-                      file.string(), entry.path().string()));
+      check_temporary_not_input(inputs, entry.path(), option, file, "files");
       left.push_back(entry.path());
     }
-  for (const auto& p : left) {
-    if (fs::remove(p, ec))
-      log::warn("{}: removed {} left by an interrupted run", option, p.string());
-    else if (ec)
-      log::warn("{}: could not remove {} left by an interrupted run: {}", option, p.string(), ec.message());
-  }
+  for (const auto& p : left) remove_left_by_interrupted_run(p, option);
   return lock;
 }
 
