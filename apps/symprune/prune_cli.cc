@@ -134,6 +134,7 @@ engine::PruneConfig parsed_prune_config(PruneCliOptions& o, int local_rank, int 
   if (o.recipe_option->count() > 0) c.input_files.push_back(o.recipe_option->as<std::string>());
   c.backend = &accel::backend_for_device(o.device, local_rank);
   if (c.backend->device_resident()) c.ranks_per_device = accel::ranks_sharing_device(local_rank, local_size);
+  c.ranks_per_node = std::max(local_size, 1);
   if (log::is_root()) warn_about_unread_options(*o.command, c);
   return c;
 }

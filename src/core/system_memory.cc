@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 namespace symprune {
 namespace {
@@ -48,6 +49,19 @@ std::optional<uint64_t> cgroup_remaining() {
                    read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes"));
 }
 
+// A "Key:   N kB" line of /proc/self/status, in bytes.
+std::optional<uint64_t> own_status_bytes(std::string_view key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.starts_with(key) || line.size() <= key.size() || line[key.size()] != ':') continue;
+    std::istringstream fields(line.substr(key.size() + 1));
+    uint64_t kib = 0;
+    if (fields >> kib) return kib * 1024;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<uint64_t> available_memory_bytes() {
@@ -63,17 +77,17 @@ std::optional<uint64_t> address_space_left_bytes() {
     return static_cast<uint64_t>(std::strtoull(forced, nullptr, 10));
   struct rlimit limit {};
   if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  uint64_t mapped = 0;
-  while (std::getline(in, line)) {
-    if (!line.starts_with("VmSize:")) continue;
-    std::istringstream fields(line.substr(7));
-    uint64_t kib = 0;
-    if (fields >> kib) mapped = kib * 1024;
-  }
+  const uint64_t mapped = own_status_bytes("VmSize").value_or(0);
   const uint64_t cap = static_cast<uint64_t>(limit.rlim_cur);
   return cap > mapped ? cap - mapped : 0;
+}
+
+std::optional<uint64_t> resident_bytes() {
+  return own_status_bytes("VmRSS");
+}
+
+std::optional<uint64_t> peak_resident_bytes() {
+  return own_status_bytes("VmHWM");
 }
 
 std::string format_bytes(double bytes) {

@@ -17,6 +17,11 @@ std::optional<uint64_t> available_memory_bytes();
 // overrides it, for tests.
 std::optional<uint64_t> address_space_left_bytes();
 
+// This process's resident size (VmRSS) and its high-water mark (VmHWM) from /proc/self/status; nullopt
+// where it cannot be read.
+std::optional<uint64_t> resident_bytes();
+std::optional<uint64_t> peak_resident_bytes();
+
 // "12.3 GiB"
 std::string format_bytes(double bytes);
 

@@ -16,6 +16,7 @@
 #include "core/interrupt.h"
 #include "core/log.h"
 #include "core/scores.h"
+#include "core/system_memory.h"
 #include "dist/partition.h"
 #include "engine/block_statistics.h"
 #include "engine/checkpoint.h"
@@ -182,7 +183,7 @@ Calibration load_calibration_windows(const PruneConfig& c, RunPlan& plan, dist::
   out.tokens.assign(set.tokens.begin() + out.first_window * set.seqlen,
                     set.tokens.begin() + (out.first_window + out.windows) * set.seqlen);
   log::info("calibration: {} windows of {} tokens from {} ({}), {} per forward pass{}", set.nsamples,
-            set.seqlen, c.calib, set.format, plan.micro_batch,
+            set.seqlen, c.calib, set.format, std::min(plan.micro_batch, set.nsamples),
             comm.size() > 1 ? fmt::format(", {} chunks over {} ranks", chunks, comm.size()) : std::string());
   return out;
 }
@@ -454,7 +455,7 @@ nlohmann::json device_memory_json(dist::Communicator& comm, const RunPlan& plan,
     worst.peak_reserved = std::max(worst.peak_reserved, r.peak_reserved);
   }
   nlohmann::json terms = nlohmann::json::object();
-  for (const DeviceMemoryTerm& term : kDeviceMemoryTerms) terms[term.key] = (*plan.device_plan).*term.bytes;
+  for (const MemoryTerm& term : kMemoryTerms) terms[term.key] = (*plan.device_plan).*term.bytes;
   return {
       {"planned", worst.planned},
       {"available_at_start", worst.available},
@@ -464,6 +465,37 @@ nlohmann::json device_memory_json(dist::Communicator& comm, const RunPlan& plan,
       {"total", local.total},
       {"allocator", now && !now->pooled ? "cudaMalloc/cudaFree (no memory pools)" : "stream-ordered pool"},
       {"plan", terms}};
+}
+
+// The report's "host_memory" (collective): the largest plan, resident size at the plan's check and peak
+// resident size (VmHWM: the whole process, its libraries included) over the ranks, the smallest available
+// memory the plan was checked against (null when it could not be read), and rank 0's plan by term.
+nlohmann::json host_memory_json(dist::Communicator& comm, const RunPlan& plan) {
+  struct RankMemory {  // bytes; available -1 when unknown
+    int64_t planned = 0, available = -1, resident_at_plan = 0, peak_resident = 0;
+  };
+  const RankMemory local{static_cast<int64_t>(plan.host_plan.total()),
+                         plan.host_available ? static_cast<int64_t>(*plan.host_available) : -1,
+                         static_cast<int64_t>(plan.host_resident_at_plan),
+                         static_cast<int64_t>(peak_resident_bytes().value_or(0))};
+  std::vector<RankMemory> ranks(static_cast<size_t>(comm.size()));
+  comm.all_gather(std::as_bytes(std::span<const RankMemory>(&local, 1)),
+                  std::as_writable_bytes(std::span<RankMemory>(ranks)));
+  RankMemory worst = local;
+  for (const RankMemory& r : ranks) {
+    worst.planned = std::max(worst.planned, r.planned);
+    if (r.available >= 0 && (worst.available < 0 || r.available < worst.available))
+      worst.available = r.available;
+    worst.resident_at_plan = std::max(worst.resident_at_plan, r.resident_at_plan);
+    worst.peak_resident = std::max(worst.peak_resident, r.peak_resident);
+  }
+  nlohmann::json terms = nlohmann::json::object();
+  for (const MemoryTerm& term : kMemoryTerms) terms[term.key] = plan.host_plan.*term.bytes;
+  return {{"planned", worst.planned},
+          {"available_at_start", worst.available >= 0 ? nlohmann::json(worst.available) : nlohmann::json()},
+          {"resident_at_plan", worst.resident_at_plan},
+          {"peak_resident", worst.peak_resident},
+          {"plan", terms}};
 }
 
 // What a checkpoint saves besides the masks and hidden states: the identity and the report so far.
@@ -560,6 +592,7 @@ nlohmann::json PruneResult::report() const {
       {"block_timings", block_timings_json(block_timings)},
       {"communication_bytes", communication_json(communication)},
       {"device_memory", device_memory},
+      {"host_memory", host_memory},
       {"symprune", io::build_provenance()},
   };
   if (incomplete) j["incomplete"] = *incomplete;
@@ -801,11 +834,12 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       install_written_checkpoint();
     }
 
-    // Scores, masks and refinement of every linear, all from the dense block; then the block is pruned.
+    // Scores, masks and refinement of every linear, each from its dense weight and the dense pass's
+    // statistics. A linear's pruned weight replaces its dense one at once (no other linear's mask reads it),
+    // so the block is held once, not dense and pruned side by side (the host memory plan counts it so).
     const auto ts = Clock::now();
     const model::BlockWeights& block = model.block_weights(b);
     check_block_is_finite(comm, model, block, stats.get(), b);
-    std::vector<std::pair<model::LinearId, Tensor>> pruned_weights;
     double refine_seconds = 0.0;
     for (const auto& name : model.linear_names()) {
       const model::LinearId id{b, name};
@@ -828,10 +862,9 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       result.pruned_total += layer.pruned;
       result.params_total += w.numel();
       result.layers.push_back(layer);
-      pruned_weights.emplace_back(id, model.backend().mask_weight(w, lm.mask, MaskedPart::kKept));
+      model.set_linear_weight(id, model.backend().mask_weight(w, lm.mask, MaskedPart::kKept));  // w is gone
       masks.emplace(stored_weight_name(model, b, name), PackedMask::of(std::move(lm.mask)));
     }
-    for (auto& [id, w] : pruned_weights) model.set_linear_weight(id, std::move(w));
     result.timings.refine += refine_seconds;
     result.timings.scores_masks += seconds_since(ts) - refine_seconds;
     stage_done(refine_seconds > 0 ? "scores, masks and refinement" : "scores and masks", ts);
@@ -976,6 +1009,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
   }
   result.timings.total = earlier_total + seconds_since(start);  // all attempts, like the other timings
   result.device_memory = device_memory_json(comm, plan, model.backend());
+  result.host_memory = host_memory_json(comm, plan);
 
   // --- Report (rank 0).
   agree_on_errors(comm, [&] {

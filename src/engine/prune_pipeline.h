@@ -108,6 +108,8 @@ struct PruneConfig {
   // Ranks of this node that use this rank's device (accel::ranks_sharing_device): the memory plan is checked
   // against its share of the device's free memory.
   int ranks_per_device = 1;
+  // Ranks on this rank's node: the host memory plan is checked against its share of the node's memory.
+  int ranks_per_node = 1;
   // --dtype: what the linear weights and the hidden states between blocks are kept in on the backend
   // ("auto", "bf16", "fp16", "fp32"; model::resolve_storage_dtype). Lower precision needs a GPU.
   std::string dtype = "auto";
@@ -185,6 +187,9 @@ struct PruneResult {
   // A device-resident run (this attempt): the memory plan against what the run held at its peak, worst
   // rank (device_memory_json in prune_pipeline.cc); null on a host backend.
   nlohmann::json device_memory;
+  // The host memory plan, what it was checked against and the resident sizes the ranks reached
+  // (host_memory_json in prune_pipeline.cc).
+  nlohmann::json host_memory;
   nlohmann::json config;  // the resolved configuration (defaults filled in)
   // Set when the run was interrupted after the model was written (during the pruned evaluation): what
   // was not finished. The report then carries "incomplete".

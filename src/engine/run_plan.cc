@@ -45,6 +45,14 @@ std::string recon_error_description(const PruneConfig& c, const RunPlan& r) {
 }
 
 constexpr int64_t kDefaultSeqlen = 2048;
+// Host memory no term of the plan counts (the libraries' pages, allocator slack), kept free.
+constexpr double kHostMemoryMargin = 256.0 * (1 << 20);
+// Resident memory per CPU thread beyond the plan's data: the part of OpenBLAS's 128 MiB buffer a product
+// touches, the thread's heap arena and stack.
+constexpr double kHostThreadBytes = 64.0 * (1 << 20);
+// Query rows per attention work item of the CPU backend, each thread with a score buffer of them by the
+// sequence's length (cpu_backend.cc).
+constexpr double kCpuAttentionQueryRows = 128.0;
 constexpr int64_t kDefaultTokensPerPass = 16384;  // calibration tokens per forward pass by default
 
 struct ResolvedMask {
@@ -91,54 +99,72 @@ ResolvedMask resolve_mask(const PruneConfig& c, ScoreMethod method) {
   return r;
 }
 
-// The hidden states dominate memory: this rank's calibration windows (H and the dense pass's copy of it)
-// and its evaluation chunks (a dense and a pruned stream), d floats per token each, and the inputs the
-// reconstruction error samples (sample_bytes; all of them with --recon-tokens 0). Checked before any work,
-// so an impossible --nsamples is a message, not a bad_alloc. A device run checks its samples only (its
-// hidden states are in device memory).
-void check_memory(int64_t nsamples, int64_t seqlen, int64_t calib_tokens, int64_t eval_tokens,
-                  int64_t hidden_size, double sample_bytes, int64_t recon_tokens) {
-  const double d = static_cast<double>(hidden_size);
-  const double calib_bytes = static_cast<double>(calib_tokens) * (2.0 * d + 1.0) * sizeof(float);
-  const double eval_bytes = static_cast<double>(eval_tokens) * 2.0 * d * sizeof(float);
-  const double needed = calib_bytes + eval_bytes + sample_bytes;
-  // Under `ulimit -v` mappings count: OpenBLAS maps a 128 MiB buffer per thread at its first product and,
-  // when that fails, retries forever at full CPU. So the limit is checked here, with room for them.
+// The options that lower a plan's large terms, for its error message.
+std::vector<std::string> plan_remedies(const MemoryPlan& p, int64_t nsamples, int64_t seqlen,
+                                       int64_t micro_batch, int64_t recon_tokens) {
+  std::vector<std::string> lower;
+  if (p.calibration > 0)
+    lower.push_back(fmt::format("--nsamples {} or --seqlen {} (calibration states {})", nsamples, seqlen,
+                                format_bytes(p.calibration)));
+  if (p.activations > 0)
+    lower.push_back(
+        fmt::format("--micro-batch {} (activations {})", micro_batch, format_bytes(p.activations)));
+  if (p.evaluation > 0)
+    lower.push_back(fmt::format("--eval-max-chunks (evaluation {})", format_bytes(p.evaluation)));
+  if (p.gram > 0)
+    lower.push_back(fmt::format("--refine dsnot or r2dsnot without --refine-guard (Gram matrix {})",
+                                format_bytes(p.gram)));
+  if (p.samples > 0)
+    lower.push_back(fmt::format("--recon-tokens {} or --no-recon-error (reconstruction samples {})",
+                                recon_tokens, format_bytes(p.samples)));
+  return lower;
+}
+
+std::string plan_terms(const MemoryPlan& p) {  // "weights and head 1.0 GiB, ..." (the terms not 0)
+  std::vector<std::string> terms;
+  for (const MemoryTerm& term : kMemoryTerms)
+    if (p.*term.bytes > 0) terms.push_back(fmt::format("{} {}", term.label, format_bytes(p.*term.bytes)));
+  return fmt::format("{}", fmt::join(terms, ", "));
+}
+
+// Before any work: the host memory plan against this rank's share of the memory available (the node's
+// ranks share it), less what the run holds already and the plan counts (`held`: the globals, loaded with
+// the model). Returns what it was checked against (nullopt: the available memory is unknown). Under
+// `ulimit -v` mappings count, and OpenBLAS maps a 128 MiB buffer per thread at its first product and, when
+// that fails, retries forever at full CPU: that limit is checked too, with room for the buffers.
+std::optional<double> check_host_memory(const MemoryPlan& p, double held, double margin, const PruneConfig& c,
+                                        int64_t seqlen, int64_t micro_batch) {
+  const double to_allocate = std::max(p.total() - held, 0.0);
   if (const auto left = address_space_left_bytes()) {
     // Measured on stories260K: a run maps about 160 MiB (1 thread) and 430 MiB (2 threads) after this point:
-    // buffers of the threads calling BLAS, heaps of the threads allocating, and the helper threads'.
+    // buffers of the threads calling BLAS, heaps of the threads allocating, and the helper threads'. They
+    // replace the plan's resident allowance for them (its buffers).
     const int threads = cpu_threads();
     const double blas = blas_address_space_bytes(threads);
-    if (needed + blas > static_cast<double>(*left))
+    const double data = std::max(to_allocate - p.buffers, 0.0);
+    if (data + blas > static_cast<double>(*left))
       fail(
-          "the address-space limit (ulimit -v) leaves {} to this run, but it needs about {}: {} of hidden "
-          "states and {} of BLAS buffers and heaps for its {} threads: raise or remove ulimit -v (it limits "
-          "mappings, not memory in use), or lower --threads, --nsamples or --seqlen",
-          format_bytes(static_cast<double>(*left)), format_bytes(needed + blas), format_bytes(needed),
-          format_bytes(blas), threads);
+          "the address-space limit (ulimit -v) leaves {} to this run, but it needs about {}: {} of data "
+          "still to allocate ({}) and {} of BLAS buffers and heaps for its {} threads: raise or remove "
+          "ulimit -v (it limits mappings, not memory in use), or lower --threads, --nsamples or --seqlen",
+          format_bytes(static_cast<double>(*left)), format_bytes(data + blas), format_bytes(data),
+          plan_terms(p), format_bytes(blas), threads);
   }
-  const auto available = available_memory_bytes();
-  if (!available || needed <= static_cast<double>(*available)) return;
-  // Blame the first term that does not fit beside the ones before it.
-  if (calib_bytes > static_cast<double>(*available))
-    fail(
-        "--nsamples {} x --seqlen {} needs about {} for the calibration hidden states ({} tokens x {} values "
-        "x "
-        "4 bytes, twice), but only {} of memory is available: lower --nsamples or --seqlen",
-        nsamples, seqlen, format_bytes(calib_bytes), calib_tokens, hidden_size,
-        format_bytes(static_cast<double>(*available)));
-  if (calib_bytes + eval_bytes <= static_cast<double>(*available))
-    fail(
-        "the run needs about {}, {} of it for the inputs the reconstruction error reads (--recon-tokens {}), "
-        "but only {} of memory is available: lower --recon-tokens (default 1024), or --no-recon-error",
-        format_bytes(needed), format_bytes(sample_bytes), recon_tokens,
-        format_bytes(static_cast<double>(*available)));
+  const auto free = available_memory_bytes();
+  if (!free) return std::nullopt;
+  const int ranks = std::max(c.ranks_per_node, 1);
+  const double available = static_cast<double>(*free) / ranks + held - margin;
+  log::debug("host memory plan: {} of {} available ({})", format_bytes(p.total()), format_bytes(available),
+             plan_terms(p));
+  if (p.total() <= available) return available;
+  std::vector<std::string> lower = plan_remedies(p, c.nsamples, seqlen, micro_batch, c.recon_tokens);
+  if (ranks > 1) lower.push_back("the ranks per node");
   fail(
-      "the run needs about {}: the calibration hidden states and, for --eval, {} tokens x {} values x 4 "
-      "bytes "
-      "twice (dense and pruned), but only {} of memory is available: lower --eval-max-chunks, --nsamples or "
-      "--seqlen",
-      format_bytes(needed), eval_tokens, hidden_size, format_bytes(static_cast<double>(*available)));
+      "the run needs about {} of host memory ({}), but only {} are available to it ({} kept free{}): lower "
+      "{}",
+      format_bytes(p.total()), plan_terms(p), format_bytes(std::max(available, 0.0)), format_bytes(margin),
+      ranks > 1 ? fmt::format("; {} ranks of this node share its memory", ranks) : std::string(),
+      fmt::join(lower, ", or "));
 }
 
 // What the plan is checked against: this rank's share of the device's free memory (ranks_per_device ranks
@@ -155,39 +181,22 @@ double device_memory_available(const DeviceMemory& memory, int ranks_per_device)
 
 // Before any work on a device: the plan against the memory available to it, with the option that lowers
 // each large term. Returns the device's memory as read for the check.
-std::optional<DeviceMemory> check_device_memory(Backend& backend, const DeviceMemoryPlan& p, int64_t nsamples,
+std::optional<DeviceMemory> check_device_memory(Backend& backend, const MemoryPlan& p, int64_t nsamples,
                                                 int64_t seqlen, int64_t micro_batch, int64_t recon_tokens,
                                                 int ranks_per_device) {
   const auto memory = backend.device_memory();
   if (!memory) return memory;
   const double available = device_memory_available(*memory, ranks_per_device);
-  std::vector<std::string> terms;  // "weights and head 1.0 GiB", ...
-  for (const DeviceMemoryTerm& term : kDeviceMemoryTerms)
-    terms.push_back(fmt::format("{} {}", term.label, format_bytes(p.*term.bytes)));
   log::info("device memory plan: {} of {} available ({})", format_bytes(p.total()), format_bytes(available),
-            fmt::join(terms, ", "));
+            plan_terms(p));
   if (p.total() <= available) return memory;
-  std::vector<std::string> lower;
-  if (p.calibration > 0)
-    lower.push_back(fmt::format("--nsamples {} or --seqlen {} (calibration states {})", nsamples, seqlen,
-                                format_bytes(p.calibration)));
-  if (p.activations > 0)
-    lower.push_back(
-        fmt::format("--micro-batch {} (activations {})", micro_batch, format_bytes(p.activations)));
-  if (p.evaluation > 0)
-    lower.push_back(fmt::format("--eval-max-chunks (evaluation {})", format_bytes(p.evaluation)));
-  if (p.gram > 0)
-    lower.push_back(fmt::format("--refine dsnot or r2dsnot without --refine-guard (Gram matrix {})",
-                                format_bytes(p.gram)));
-  if (p.samples > 0)
-    lower.push_back(fmt::format("--recon-tokens {} or --no-recon-error (reconstruction samples {})",
-                                recon_tokens, format_bytes(p.samples)));
+  std::vector<std::string> lower = plan_remedies(p, nsamples, seqlen, micro_batch, recon_tokens);
   if (ranks_per_device > 1) lower.push_back("the ranks per node (or give each its own device)");
   lower.push_back("--device cpu");
   fail(
       "the run needs about {} of {} memory ({}), but only {} of its {} are free for it ({} kept free{}): "
       "lower {}",
-      format_bytes(p.total()), backend.name(), fmt::join(terms, ", "), format_bytes(std::max(available, 0.0)),
+      format_bytes(p.total()), backend.name(), plan_terms(p), format_bytes(std::max(available, 0.0)),
       format_bytes(static_cast<double>(memory->total)), format_bytes(device_memory_margin(*memory)),
       ranks_per_device > 1 ? fmt::format("; {} ranks of this node share the device", ranks_per_device)
                            : std::string(),
@@ -559,25 +568,54 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       static_cast<double>(2 * mc.hidden_size + mc.num_heads * mc.head_dim + mc.intermediate_size);
   const double host_sample_bytes =
       static_cast<double>(sample_rows + local_windows * per_window) * sampled_widths * sizeof(float);
-  // A pass runs micro-batches of whole windows, and evaluation sequences one at least; methods without
-  // activations and without --eval run none.
-  const int64_t tokens_per_pass =
-      r.needs_stats || r.evaluate ? std::max(r.micro_batch * r.seqlen, r.evaluate ? eval_seqlen : int64_t{0})
-                                  : 0;
+  // A pass runs a micro-batch of this rank's windows, or an evaluation batch's sequences (a micro-batch's
+  // tokens at most, one sequence at least); methods without activations and without --eval run none.
+  const int64_t pass_windows = std::max<int64_t>(1, std::min(r.micro_batch, local_windows));  // the messages'
+  const int64_t calib_pass = r.needs_stats ? std::min(r.micro_batch, local_windows) * r.seqlen : 0;
+  const int64_t eval_pass =
+      eval_tokens > 0 ? std::min({std::max<int64_t>(1, r.micro_batch * r.seqlen / eval_seqlen),
+                                  model::default_batch_sequences(eval_seqlen), eval_tokens / eval_seqlen}) *
+                            eval_seqlen
+                      : 0;
+  const int64_t tokens_per_pass = std::max(calib_pass, eval_pass);
+  // The host memory plan, checked on every backend (a device run's host keeps the samples only).
+  HostMemoryShape host;
+  host.device_resident = backend.device_resident();
+  host.ranks = comm.size();
+  host.threads = cpu_threads();
+  host.calib_tokens = calib_tokens;
+  host.tokens_per_pass = tokens_per_pass;
+  host.attention_length = std::max(r.seqlen, r.evaluate ? eval_seqlen : int64_t{0});
+  host.eval_tokens = eval_tokens;
+  if (r.collect_gram) {
+    const auto shapes = model.linear_shapes();
+    for (const auto& group : model.linear_input_groups())
+      for (const auto& shape : shapes)
+        if (shape.name == group.front()) host.gram_widths.push_back(shape.in);
+  }
+  host.sample_rows = sample_rows;
+  host.sample_bytes = host_sample_bytes;
+  host.recon_error = per_window > 0;
+  host.refine = refining;
+  host.compat_ria = mask.compat_ria_fp16;
+  host.checkpoint = !c.checkpoint.empty();
+  r.host_plan = plan_host_memory(mc, model.stored_weight_dtype(), host);
+  r.host_resident_at_plan = static_cast<double>(resident_bytes().value_or(0));
+  // The globals are loaded with the model: the memory available now no longer counts them. A device run's
+  // host plan counts its samples only, and keeps no margin for what the terms leave out.
+  r.host_available =
+      check_host_memory(r.host_plan, r.host_plan.globals, host.device_resident ? 0.0 : kHostMemoryMargin, c,
+                        r.seqlen, pass_windows);
   if (backend.device_resident()) {
-    check_memory(c.nsamples, r.seqlen, 0, 0, model.hidden_size(), host_sample_bytes, c.recon_tokens);
     r.device_plan =
         plan_device_memory(mc, model.storage_dtype(), calib_tokens, tokens_per_pass, eval_tokens,
                            comm.size() == 1 ? std::optional(model.stored_weight_dtype()) : std::nullopt,
                            r.collect_gram, sample_rows);
-    r.device_at_start = check_device_memory(backend, *r.device_plan, c.nsamples, r.seqlen, r.micro_batch,
+    r.device_at_start = check_device_memory(backend, *r.device_plan, c.nsamples, r.seqlen, pass_windows,
                                             c.recon_tokens, c.ranks_per_device);
     if (r.device_at_start)
       r.device_available = device_memory_available(*r.device_at_start, c.ranks_per_device);
     backend.reset_device_memory_peak();  // the report's peak is this run's
-  } else {
-    check_memory(c.nsamples, r.seqlen, calib_tokens, eval_tokens, model.hidden_size(), host_sample_bytes,
-                 c.recon_tokens);
   }
 
   // The mask stage's settings.
@@ -677,15 +715,15 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
 
 }  // namespace
 
-DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, int64_t calib_tokens,
-                                    int64_t tokens_per_pass, int64_t eval_tokens,
-                                    std::optional<DType> prefetched, bool gram, int64_t sample_rows) {
+MemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, int64_t calib_tokens,
+                              int64_t tokens_per_pass, int64_t eval_tokens, std::optional<DType> prefetched,
+                              bool gram, int64_t sample_rows) {
   const double f = sizeof(float), s = static_cast<double>(dtype_size(storage));
   const bool low_precision = storage != DType::kF32;
   const double d = static_cast<double>(mc.hidden_size), vocab = static_cast<double>(mc.vocab_size);
   const double kv = static_cast<double>(mc.num_kv_heads * mc.head_dim);
   const double inner = static_cast<double>(mc.intermediate_size);
-  DeviceMemoryPlan p;
+  MemoryPlan p;
   // Embeddings and the head (OPT: learned positions too).
   p.globals = f * (vocab * d + static_cast<double>(mc.max_position_embeddings + 2) * d) + s * vocab * d;
   // The dense block and the pruned copies of its linears, which replace them after the masks.
@@ -725,6 +763,87 @@ DeviceMemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, in
   // The widest group's samples (fp32) and a block of rows' products with them (mask_stage.h).
   p.samples = f * static_cast<double>(sample_rows) * (widest_input + static_cast<double>(kEnergyBlockRows));
   p.buffers = static_cast<double>(kDeviceConvertBytes + kDeviceLibraryBytes);
+  return p;
+}
+
+MemoryPlan plan_host_memory(const io::ModelConfig& mc, DType stored, const HostMemoryShape& in) {
+  const double f = sizeof(float), R = std::max(in.ranks, 1);
+  MemoryPlan p;
+  // The inputs the reconstruction error reads (every group's, and this rank's own as they are collected),
+  // and on the CPU a linear's copy of its group's and a block of rows' products with them (mask_stage.h).
+  double widest_input = 0;
+  for (const auto& e : io::expected_block_tensors(mc, 0))
+    if (e.shape.size() == 2) widest_input = std::max(widest_input, static_cast<double>(e.shape[1]));
+  p.samples = in.sample_bytes;
+  if (in.device_resident) return p;  // the rest is in the device's memory (plan_device_memory)
+  if (in.sample_rows > 0)
+    p.samples +=
+        f * static_cast<double>(in.sample_rows) * (widest_input + static_cast<double>(kEnergyBlockRows));
+
+  const double d = static_cast<double>(mc.hidden_size), vocab = static_cast<double>(mc.vocab_size);
+  const bool opt = mc.family == io::ModelFamily::kOpt;
+  const double head_in = opt ? static_cast<double>(mc.word_embed_proj_dim) : d;
+  // The embeddings and the head (one table when tied), OPT's learned positions and projections.
+  p.globals = f * vocab * head_in * (mc.tie_word_embeddings ? 1.0 : 2.0);
+  if (opt) {
+    p.globals += f * static_cast<double>(mc.max_position_embeddings + 2) * d;
+    if (mc.has_project_in_out()) p.globals += f * 2.0 * d * head_in;
+  }
+  // A block's tensors in fp32, one linear of it twice (its dense and pruned weight), the next block (one
+  // rank: widened in the background; several: this rank's share in the stored dtype), and the buffer a
+  // stored tensor is read into, which keeps the size of the largest.
+  double block = 0, largest = 0, linears = 0;
+  for (const auto& e : io::expected_block_tensors(mc, 0)) {
+    double size = 1;
+    for (const int64_t extent : e.shape) size *= static_cast<double>(extent);
+    block += size;
+    if (e.shape.size() != 2) continue;
+    linears += size;
+    largest = std::max(largest, size);
+  }
+  const double s = static_cast<double>(dtype_size(stored));
+  const double next_block = mc.num_layers < 2 ? 0.0 : in.ranks == 1 ? f * block : s * block / R;
+  p.block_weights = f * block + f * largest + s * largest + next_block;
+  // H, the dense pass's copy of it and, while a checkpoint is written in the background, the writer's copy;
+  // the windows' token ids.
+  const double calib = static_cast<double>(in.calib_tokens);
+  p.calibration = calib > 0 ? f * calib * d * (in.checkpoint ? 3.0 : 2.0) + f * calib : 0.0;
+  // The forward pass's workspace, sized for its largest pass and kept: the states, the norm's output, q, k,
+  // v, the attention's and o_proj's outputs, the MLP's widths (LLaMA gate, up and their product; OPT fc1's
+  // output), the block's output; and each thread's attention score rows.
+  const double tokens = static_cast<double>(in.tokens_per_pass);
+  if (tokens > 0) {
+    const double q_width = static_cast<double>(mc.num_heads * mc.head_dim);
+    const double kv = static_cast<double>(mc.num_kv_heads * mc.head_dim);
+    const double inner = static_cast<double>(mc.intermediate_size);
+    p.activations = f * tokens * (4.0 * d + 2.0 * q_width + 2.0 * kv + (opt ? 1.0 : 3.0) * inner) +
+                    f * in.threads * kCpuAttentionQueryRows * static_cast<double>(in.attention_length);
+  }
+  // The dense and the pruned evaluation streams (and the checkpoint writer's copies), and at the end a
+  // batch's final-norm output and a slab of logits.
+  const double eval = static_cast<double>(in.eval_tokens);
+  if (eval > 0)
+    p.evaluation = f * 2.0 * eval * d * (in.checkpoint ? 2.0 : 1.0) + f * std::min(eval, 8192.0) * d +
+                   f * 512.0 * (vocab + d);
+  // The largest linear's selection: the scores of this rank's rows and their byte mask (several ranks: the
+  // rows' weight copy and the whole mask unpacked from the gathered bits), the reconstruction error's
+  // W − W̃, refinement's copy of the initial mask, --compat ria's fp16 magnitudes, each thread's sort keys.
+  p.selection = (f + 1.0) * largest / R + (in.ranks > 1 ? largest * (1.0 + f / R) : 0.0) +
+                (in.recon_error ? f * largest / R : 0.0) + (in.refine ? largest : 0.0) +
+                (in.compat_ria ? f * largest : 0.0) + 8.0 * widest_input * in.threads;
+  // The Gram matrix of every input group, fp64, and a chunk's XᵀX being added (its Xᵀ and product).
+  if (!in.gram_widths.empty()) {
+    double widest = 0;
+    for (const int64_t n : in.gram_widths) {
+      p.gram += 8.0 * static_cast<double>(n) * static_cast<double>(n);
+      widest = std::max(widest, static_cast<double>(n));
+    }
+    p.gram += f * tokens * widest + 2.0 * f * widest * widest;
+  }
+  // The mask bits of every block (kept for the output; a checkpoint's writer gets a copy), and per thread
+  // the part of BLAS's buffer a product touches, a heap and a stack.
+  p.masks = linears * static_cast<double>(mc.num_layers) / 8.0 * (in.checkpoint ? 2.0 : 1.0);
+  p.buffers = kHostThreadBytes * in.threads;
   return p;
 }
 

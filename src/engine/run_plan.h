@@ -20,38 +20,41 @@
 
 namespace symprune::engine {
 
-// What a device-resident backend holds at the peak of a block, in bytes (the memory plan checked against
-// the device's free memory before any work). Activations, scores and the embeddings are fp32; the linear
-// weights (blocks and head) and the hidden states between blocks are in the storage dtype (--dtype).
-// `samples`: the inputs the reconstruction error reads (--recon-tokens), one group's on the device at a time,
-// and their products with a block of a matrix's rows. `buffers`: what a run holds whatever its shapes (the
-// fp32 conversion buffer of 16-bit tensors crossing the bus, the cuBLAS workspaces). NCCL's staging buffer
-// is not in the plan: it is allocated with the communicator, before the free memory is read.
-struct DeviceMemoryPlan {
+// A memory plan: what a run holds at the peak of a block, in bytes, by term, checked before any work
+// against the memory available to it (plan_device_memory for a device-resident backend's memory,
+// plan_host_memory for the host's). The device plan's terms: Activations, scores and the embeddings are fp32;
+// the linear weights (blocks and head) and the hidden states between blocks are in the storage dtype
+// (--dtype). `samples`: the inputs the reconstruction error reads (--recon-tokens), one group's on the device
+// at a time, and their products with a block of a matrix's rows. `buffers`: what a run holds whatever its
+// shapes (the fp32 conversion buffer of 16-bit tensors crossing the bus, the cuBLAS workspaces). NCCL's
+// staging buffer is not in the plan: it is allocated with the communicator, before the free memory is read.
+// `masks`: the bits of every block's masks, kept for the output (a host term).
+struct MemoryPlan {
   double globals = 0, block_weights = 0, calibration = 0, activations = 0, evaluation = 0, selection = 0,
-         gram = 0, samples = 0, buffers = 0;
+         gram = 0, samples = 0, masks = 0, buffers = 0;
   double total() const;
 };
 // The plan's terms in order: the report's key and the messages' name of each.
-struct DeviceMemoryTerm {
-  double DeviceMemoryPlan::*bytes;
+struct MemoryTerm {
+  double MemoryPlan::*bytes;
   const char* key;
   const char* label;
 };
-inline constexpr std::array<DeviceMemoryTerm, 9> kDeviceMemoryTerms{{
-    {&DeviceMemoryPlan::globals, "globals", "weights and head"},
-    {&DeviceMemoryPlan::block_weights, "block_weights", "block weights"},
-    {&DeviceMemoryPlan::calibration, "calibration", "calibration states"},
-    {&DeviceMemoryPlan::activations, "activations", "activations"},
-    {&DeviceMemoryPlan::evaluation, "evaluation", "evaluation"},
-    {&DeviceMemoryPlan::selection, "selection", "selection"},
-    {&DeviceMemoryPlan::gram, "gram", "Gram matrix"},
-    {&DeviceMemoryPlan::samples, "samples", "reconstruction samples"},
-    {&DeviceMemoryPlan::buffers, "buffers", "buffers"},
+inline constexpr std::array<MemoryTerm, 10> kMemoryTerms{{
+    {&MemoryPlan::globals, "globals", "weights and head"},
+    {&MemoryPlan::block_weights, "block_weights", "block weights"},
+    {&MemoryPlan::calibration, "calibration", "calibration states"},
+    {&MemoryPlan::activations, "activations", "activations"},
+    {&MemoryPlan::evaluation, "evaluation", "evaluation"},
+    {&MemoryPlan::selection, "selection", "selection"},
+    {&MemoryPlan::gram, "gram", "Gram matrix"},
+    {&MemoryPlan::samples, "samples", "reconstruction samples"},
+    {&MemoryPlan::masks, "masks", "mask bits"},
+    {&MemoryPlan::buffers, "buffers", "buffers"},
 }};
-inline double DeviceMemoryPlan::total() const {
+inline double MemoryPlan::total() const {
   double sum = 0;
-  for (const DeviceMemoryTerm& term : kDeviceMemoryTerms) sum += this->*term.bytes;
+  for (const MemoryTerm& term : kMemoryTerms) sum += this->*term.bytes;
   return sum;
 }
 
@@ -94,10 +97,41 @@ struct RunPlan {
 
   // A device-resident backend: the memory plan checked before any work, the device's memory then and what
   // the plan was checked against (the report's "device_memory" sets the peak the run reached beside them).
-  std::optional<DeviceMemoryPlan> device_plan;
+  std::optional<MemoryPlan> device_plan;
   std::optional<DeviceMemory> device_at_start;
   double device_available = 0;
+  // The host memory plan, what it was checked against (nullopt: the available memory could not be read)
+  // and the resident size when it was checked (the report's "host_memory").
+  MemoryPlan host_plan;
+  std::optional<double> host_available;
+  double host_resident_at_plan = 0;
 };
+
+// What a run's host memory plan depends on beyond the model (plan_host_memory), per rank.
+struct HostMemoryShape {
+  bool device_resident = false;  // the hidden states, weights and selection are in a device's memory
+  int ranks = 1;
+  int threads = 1;                   // CPU threads
+  int64_t calib_tokens = 0;          // this rank's calibration tokens
+  int64_t tokens_per_pass = 0;       // tokens of one forward pass at most (0: the run makes none)
+  int64_t attention_length = 0;      // the longest window or evaluation sequence a pass attends over
+  int64_t eval_tokens = 0;           // this rank's evaluation tokens (each of the dense and pruned streams)
+  std::vector<int64_t> gram_widths;  // the input width of each linear group whose Gram matrix is kept
+  int64_t sample_rows = 0;           // the reconstruction error's sample rows (all ranks' windows)
+  double sample_bytes = 0;           // what the host keeps of them (every group's, and this rank's own)
+  bool recon_error = false, refine = false, compat_ria = false, checkpoint = false;
+};
+
+// What a run keeps in host memory at the peak of a block (a device-resident backend: the reconstruction
+// samples only, the rest is in the device plan). On the CPU every tensor is fp32: the globals, the current
+// block (each linear's pruned weight replaces its dense one as soon as it is made, so one linear is held
+// twice) and, on one rank, the next block, widened while this one computes; the hidden states and the
+// dense pass's copy of them (and a third copy handed to a checkpoint's writer); the forward pass's
+// workspace, which keeps its largest size; the selection of the largest linear; the Gram matrices of every
+// input group in fp64; the mask bits of every block pruned so far; and per thread the attention's score rows
+// and an allowance for BLAS buffers and heaps. Terms that are largest at different stages are added: the
+// plan is an upper bound (within about 10 % of the peak measured on 7B shapes, bench/results/).
+MemoryPlan plan_host_memory(const io::ModelConfig& config, DType stored, const HostMemoryShape& shape);
 
 // Collective (agree_on_errors): every rank returns the same plan or throws the same error.
 RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm);
@@ -109,10 +143,10 @@ RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm);
 // copy of a block at the peak); nullopt when several ranks upload at install time. `gram`: the run reads Gram
 // matrices (--refine recon, --refine-guard), each computed on the device as an n × n fp32 matrix.
 // `sample_rows`: the rows of the reconstruction error's samples on this rank (0: no reconstruction error).
-DeviceMemoryPlan plan_device_memory(const io::ModelConfig& config, DType storage, int64_t calib_tokens,
-                                    int64_t tokens_per_pass, int64_t eval_tokens,
-                                    std::optional<DType> prefetched = std::nullopt, bool gram = false,
-                                    int64_t sample_rows = 0);
+MemoryPlan plan_device_memory(const io::ModelConfig& config, DType storage, int64_t calib_tokens,
+                              int64_t tokens_per_pass, int64_t eval_tokens,
+                              std::optional<DType> prefetched = std::nullopt, bool gram = false,
+                              int64_t sample_rows = 0);
 
 // The positions within each calibration window whose inputs the report's reconstruction error reads:
 // ceil(tokens / windows) of the seqlen positions (at least 1, at most all; tokens 0 = all), evenly spaced,

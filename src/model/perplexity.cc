@@ -12,7 +12,6 @@
 namespace symprune::model {
 namespace {
 
-constexpr int64_t kDefaultTokensPerBatch = 8192;
 constexpr int64_t kLogitRowsPerSlab = 512;  // bounds the [rows, vocab] logits buffer
 
 // Σ of the backend's per-row NLLs, added in row order (independent of threads and backends).
@@ -37,8 +36,7 @@ PerplexityStream::PerplexityStream(DecoderModel& model, std::span<const int32_t>
   SYMPRUNE_CHECK(tokens_ >= T, "{} tokens, fewer than one chunk of {}", tokens_, T);
   chunks_ = tokens_ / T;  // the tail is dropped
   if (options.max_chunks > 0) chunks_ = std::min(chunks_, options.max_chunks);
-  batch_ = options.batch_sequences > 0 ? options.batch_sequences
-                                       : std::max<int64_t>(1, kDefaultTokensPerBatch / T);
+  batch_ = options.batch_sequences > 0 ? options.batch_sequences : default_batch_sequences(T);
   const int64_t batches = (chunks_ + batch_ - 1) / batch_;
   const dist::Range mine = dist::partition(batches, parts, part);
   first_chunk_ = std::min(mine.begin * batch_, chunks_);

@@ -3,6 +3,7 @@
 // tokenized once (one BOS at its start, done by the caller), cut into non-overlapping chunks of
 // `seqlen` tokens with the tail dropped; each chunk's loss is the mean next-token NLL over its
 // seqlen-1 predictions; PPL = exp(mean over chunks of the chunk losses).
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -11,6 +12,11 @@
 #include "model/decoder_model.h"
 
 namespace symprune::model {
+
+// Chunks of `seqlen` tokens per forward pass by default: about 8192 tokens, one chunk at least.
+inline int64_t default_batch_sequences(int64_t seqlen) {
+  return std::max<int64_t>(1, 8192 / std::max<int64_t>(seqlen, 1));
+}
 
 struct PerplexityOptions {
   int64_t seqlen = 2048;

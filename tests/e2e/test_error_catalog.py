@@ -806,26 +806,9 @@ def _(env, tmp):
     return calib_prune(env, tmp, env.first, "--nsamples", "4", "--seqlen", "0")
 
 
-@trigger("E-CAL-MEMORY")
+@trigger("E-HOST-MEMORY")
 def _(env, tmp):
     return calib_prune(env, tmp, env.first, "--nsamples", "100000000", "--seqlen", "64")
-
-
-@trigger("E-CAL-EVAL-MEMORY")
-def _(env, tmp):
-    # Room for the calibration states (4 x 64 tokens x 129 floats: 132 KiB), not for the evaluation streams.
-    case = calib_prune(env, tmp, env.first, *CALIB, "--eval", env.second)
-    case.env = {"SYMPRUNE_MEMORY_AVAILABLE": str(200 << 10)}
-    return case
-
-
-@trigger("E-CAL-RECON-MEMORY")
-def _(env, tmp):
-    # Every token's inputs (--recon-tokens 0): 2 x 256 tokens x 364 values x 4 bytes = 728 KiB, beside 129 KiB
-    # of calibration states.
-    case = calib_prune(env, tmp, env.first, *CALIB, "--recon-tokens", "0")
-    case.env = {"SYMPRUNE_MEMORY_AVAILABLE": str(600 << 10)}
-    return case
 
 
 @trigger("E-BLAS-ADDRESS-SPACE")

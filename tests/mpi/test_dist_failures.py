@@ -151,7 +151,8 @@ def test_an_evaluation_error_on_a_rank_other_than_0_removes_the_written_model(st
 def test_memory_exhausted_up_front_is_refused_by_all_ranks(stories, tmp_path, have_mpirun):
     proc = mpirun(2, "--model", stories.model, "--calib", stories.first, *RUN, "--out", tmp_path / "o",
                   env={"SYMPRUNE_MEMORY_AVAILABLE": "1000"}, timeout=60)
-    assert proc.returncode == 1 and "of memory is available" in proc.stderr
+    assert proc.returncode == 1 and proc.stderr.count("of host memory (") == 1, proc.stderr
+    assert "; 2 ranks of this node share its memory): lower" in proc.stderr, proc.stderr
     assert listing(tmp_path) == []
 
 

@@ -697,7 +697,7 @@ TEST(BlockStatisticsReduce, OneRankSumsEqualTheGatheredSumsBitForBit) {
 // The device memory plan of the 70B target: LLaMA-2-70B with 128 x 2048 calibration tokens in
 // micro-batches of 8 windows. In bf16 the linear weights and the hidden states cost two bytes per value,
 // half of fp32's, and the whole run fits an 80 GB GPU.
-TEST(DeviceMemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
+TEST(MemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
   const io::ModelConfig config =
       io::SyntheticModel(io::parse_synthetic_spec("synthetic:llama2-70b")).config();
   const double d = 8192, kv = 1024, ffn = 28672, vocab = 32000, tokens = 128 * 2048, pass = 8 * 2048;
@@ -705,13 +705,12 @@ TEST(DeviceMemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
   ASSERT_EQ(config.num_kv_heads * config.head_dim, kv);
   ASSERT_EQ(config.intermediate_size, ffn);
   const double linears = 2 * d * d + 2 * d * kv + 3 * d * ffn;  // q, o; k, v; gate, up, down
-  const DeviceMemoryPlan bf16 = plan_device_memory(config, DType::kBF16, 128 * 2048, 8 * 2048, 0);
-  const DeviceMemoryPlan fp32 = plan_device_memory(config, DType::kF32, 128 * 2048, 8 * 2048, 0);
+  const MemoryPlan bf16 = plan_device_memory(config, DType::kBF16, 128 * 2048, 8 * 2048, 0);
+  const MemoryPlan fp32 = plan_device_memory(config, DType::kF32, 128 * 2048, 8 * 2048, 0);
   EXPECT_DOUBLE_EQ(bf16.block_weights, 2 * 2 * linears);  // the dense block and the pruned copies
   EXPECT_DOUBLE_EQ(fp32.block_weights, 2 * 4 * linears);
   // One rank uploads the next block (in its stored dtype) while the current one computes: a third copy.
-  const DeviceMemoryPlan one_rank =
-      plan_device_memory(config, DType::kBF16, 128 * 2048, 8 * 2048, 0, DType::kBF16);
+  const MemoryPlan one_rank = plan_device_memory(config, DType::kBF16, 128 * 2048, 8 * 2048, 0, DType::kBF16);
   EXPECT_DOUBLE_EQ(one_rank.block_weights, 3 * 2 * linears);
   EXPECT_DOUBLE_EQ(
       plan_device_memory(config, DType::kBF16, 128 * 2048, 8 * 2048, 0, DType::kF32).block_weights,
@@ -729,7 +728,7 @@ TEST(DeviceMemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
   EXPECT_LT(one_rank.total(), 0.5 * 80e9);
   // --refine recon or --refine-guard: the widest input's Gram matrix (down_proj's, fp32) on the device.
   EXPECT_EQ(bf16.gram, 0);
-  const DeviceMemoryPlan with_gram =
+  const MemoryPlan with_gram =
       plan_device_memory(config, DType::kBF16, 128 * 2048, 8 * 2048, 0, DType::kBF16, true);
   EXPECT_DOUBLE_EQ(with_gram.gram, 4 * ffn * ffn);
   EXPECT_DOUBLE_EQ(with_gram.total() - one_rank.total(), 4 * ffn * ffn);
@@ -744,6 +743,68 @@ TEST(DeviceMemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
       96.0 * 1024 * 1024);
   EXPECT_LT(bf16.total(), 0.5 * 80e9);
   EXPECT_GT(fp32.total(), bf16.total() + 2 * tokens * d);
+}
+
+// The host plan of the run that was killed by the kernel on a 24 GiB machine before there was one:
+// LLaMA-2-70B on the CPU with 128 x 2048 calibration tokens in micro-batches of 8 windows, 2 threads.
+TEST(MemoryPlan, HostPlanOfLlama2_70BOnTheCpuCountsEveryTerm) {
+  const io::ModelConfig config =
+      io::SyntheticModel(io::parse_synthetic_spec("synthetic:llama2-70b")).config();
+  const double d = 8192, kv = 1024, ffn = 28672, vocab = 32000, tokens = 128 * 2048, pass = 8 * 2048;
+  const double linears = 2 * d * d + 2 * d * kv + 3 * d * ffn;
+  const double block = linears + 2 * d;  // and the two norms
+  const double largest = d * ffn;
+  HostMemoryShape shape;
+  shape.threads = 2;
+  shape.calib_tokens = 128 * 2048;
+  shape.tokens_per_pass = 8 * 2048;
+  shape.attention_length = 2048;
+  const MemoryPlan p = plan_host_memory(config, DType::kBF16, shape);
+  EXPECT_DOUBLE_EQ(p.globals, 4 * 2 * vocab * d);  // embeddings and head, fp32
+  // A block in fp32, one linear of it twice, the next block widened, the bf16 read buffer.
+  EXPECT_DOUBLE_EQ(p.block_weights, 4 * block + 4 * largest + 4 * block + 2 * largest);
+  EXPECT_DOUBLE_EQ(p.calibration, 2 * 4 * tokens * d + 4 * tokens);  // H, its copy, the token ids
+  // x, h, q, k, v, attention, o, gate, up, act, down; each thread's 128 x T attention scores.
+  EXPECT_DOUBLE_EQ(p.activations, 4 * pass * (4 * d + 2 * d + 2 * kv + 3 * ffn) + 2 * 4 * 128 * 2048);
+  EXPECT_DOUBLE_EQ(p.selection, 5 * largest + 2 * 8 * ffn);  // scores, byte mask, sort keys
+  EXPECT_DOUBLE_EQ(p.masks, 80 * linears / 8);
+  EXPECT_DOUBLE_EQ(p.buffers, 2 * 64.0 * 1024 * 1024);
+  EXPECT_EQ(p.evaluation + p.gram + p.samples, 0);
+  EXPECT_GT(p.total(), 43 * 1024.0 * 1024 * 1024);  // 43.2 GiB: refused on a 24 GiB machine
+  EXPECT_LT(p.total(), 44 * 1024.0 * 1024 * 1024);
+
+  // A checkpoint's writer holds a third copy of H and a copy of the mask bits.
+  HostMemoryShape checkpointed = shape;
+  checkpointed.checkpoint = true;
+  const MemoryPlan c = plan_host_memory(config, DType::kBF16, checkpointed);
+  EXPECT_DOUBLE_EQ(c.calibration - p.calibration, 4 * tokens * d);
+  EXPECT_DOUBLE_EQ(c.masks, 2 * p.masks);
+  // Several ranks hold the next block's share in the stored dtype, and unpack the gathered mask.
+  HostMemoryShape four = shape;
+  four.ranks = 4;
+  const MemoryPlan r4 = plan_host_memory(config, DType::kBF16, four);
+  EXPECT_DOUBLE_EQ(r4.block_weights, 4 * block + 4 * largest + 2 * block / 4 + 2 * largest);
+  EXPECT_DOUBLE_EQ(r4.selection, 5 * largest / 4 + largest * (1 + 4.0 / 4) + 2 * 8 * ffn);
+  // --refine recon: every input group's Gram matrix in fp64 (q/k/v and gate/up share theirs), and one
+  // chunk's Xᵀ and product.
+  HostMemoryShape gram = shape;
+  gram.gram_widths = {8192, 8192, 8192, 28672};
+  gram.refine = true;
+  const MemoryPlan g = plan_host_memory(config, DType::kBF16, gram);
+  EXPECT_DOUBLE_EQ(g.gram, 8 * (3 * d * d + ffn * ffn) + 4 * pass * ffn + 8 * ffn * ffn);
+  EXPECT_DOUBLE_EQ(g.selection - p.selection, largest);  // refinement's copy of the initial mask
+  // On a device the host keeps the reconstruction samples only.
+  HostMemoryShape device = shape;
+  device.device_resident = true;
+  device.sample_rows = 1024;
+  device.sample_bytes = 12345;
+  const MemoryPlan on_device = plan_host_memory(config, DType::kBF16, device);
+  EXPECT_DOUBLE_EQ(on_device.total(), 12345);
+  // One block: no next block to read ahead.
+  const MemoryPlan one_block =
+      plan_host_memory(io::SyntheticModel(io::parse_synthetic_spec("synthetic:llama2-70b:layers=1")).config(),
+                       DType::kBF16, shape);
+  EXPECT_DOUBLE_EQ(p.block_weights - one_block.block_weights, 4 * block);
 }
 
 }  // namespace
