@@ -15,6 +15,8 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/system_memory.h"
+#include "engine/run_plan.h"
 #include "io/atomic_file.h"
 #include "io/model_resolver.h"
 #include "io/output_dir.h"
@@ -40,6 +42,38 @@ struct EvalOptions {
   std::string device = "auto";
   std::string dtype = "auto";
 };
+
+// Before any block is read, on the CPU: the host memory plan of the evaluation (the globals, one block at a
+// time, every chunk's hidden states, a pass's activations, the logits), so that a text too long for the
+// memory is a message with the options that lower it, not the kernel killing the run midway.
+// Returns the report's "host_memory" without its peak (null on a device).
+nlohmann::json check_eval_host_memory(const EvalOptions& o, const model::DecoderModel& model,
+                                      int64_t total_chunks) {
+  if (model.backend().device_resident()) return nullptr;  // the states and weights are in the device's memory
+  const int64_t chunks = o.max_chunks > 0 ? std::min(o.max_chunks, total_chunks) : total_chunks;
+  const int64_t batch = o.batch > 0 ? o.batch : model::default_batch_sequences(o.seqlen);
+  engine::HostMemoryShape shape;
+  shape.prunes = false;
+  shape.eval_streams = 1;
+  shape.threads = cpu_threads();
+  shape.eval_tokens = chunks * o.seqlen;
+  shape.tokens_per_pass =
+      std::min({batch, std::max<int64_t>(1, model.max_tokens_per_pass() / o.seqlen), chunks}) * o.seqlen;
+  shape.attention_length = o.seqlen;
+  const engine::MemoryPlan plan =
+      engine::plan_host_memory(model.config(), model.stored_weight_dtype(), shape);
+  const auto resident = resident_bytes();
+  const auto available = engine::check_host_memory(
+      plan, plan.globals, engine::kHostMemoryMargin, 1,
+      {fmt::format("--max-chunks {} (evaluation {})", chunks, format_bytes(plan.evaluation)),
+       fmt::format("--batch {} (activations {})", batch, format_bytes(plan.activations))});
+  nlohmann::json terms = nlohmann::json::object();
+  for (const engine::MemoryTerm& term : engine::kMemoryTerms) terms[term.key] = plan.*term.bytes;
+  return {{"planned", plan.total()},
+          {"available_at_start", available ? nlohmann::json(*available) : nlohmann::json()},
+          {"resident_at_plan", resident ? nlohmann::json(*resident) : nlohmann::json()},
+          {"plan", terms}};
+}
 
 void run_eval(const EvalOptions& o) {
   const auto start = std::chrono::steady_clock::now();
@@ -90,6 +124,8 @@ void run_eval(const EvalOptions& o) {
   log::info("{}: {} tokens, {} chunks of {} (evaluating {})", o.text, tokens.size(), total_chunks, o.seqlen,
             o.max_chunks > 0 ? std::min(o.max_chunks, total_chunks) : total_chunks);
 
+  nlohmann::json host_memory = check_eval_host_memory(o, model, total_chunks);
+
   model::PerplexityOptions options;
   options.seqlen = o.seqlen;
   options.max_chunks = o.max_chunks;
@@ -117,6 +153,7 @@ void run_eval(const EvalOptions& o) {
               static_cast<long long>(result.chunks), static_cast<long long>(result.seqlen),
               static_cast<long long>(result.tokens), wall);
   if (!o.report.empty()) {
+    if (host_memory.is_object()) host_memory["peak_resident"] = peak_resident_bytes().value_or(0);
     nlohmann::json report = {
         {"command", "eval"},
         {"perplexity", result.perplexity},
@@ -138,6 +175,7 @@ void run_eval(const EvalOptions& o) {
         {"threads", cpu_threads()},
         {"device", std::string(backend.name())},
         {"dtype", std::string(model::dtype_option_name(model.storage_dtype()))},
+        {"host_memory", host_memory},
         {"eval_seconds", result.wall_seconds},
         {"wall_seconds", wall},
         {"symprune", io::build_provenance()},

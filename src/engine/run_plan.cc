@@ -45,8 +45,6 @@ std::string recon_error_description(const PruneConfig& c, const RunPlan& r) {
 }
 
 constexpr int64_t kDefaultSeqlen = 2048;
-// Host memory no term of the plan counts (the libraries' pages, allocator slack), kept free.
-constexpr double kHostMemoryMargin = 256.0 * (1 << 20);
 // Resident memory per CPU thread beyond the plan's data: the part of OpenBLAS's 128 MiB buffer a product
 // touches, the thread's heap arena and stack.
 constexpr double kHostThreadBytes = 64.0 * (1 << 20);
@@ -127,21 +125,41 @@ std::string plan_terms(const MemoryPlan& p) {  // "weights and head 1.0 GiB, ...
   return fmt::format("{}", fmt::join(terms, ", "));
 }
 
-// Before any work: the host memory plan against this rank's share of the memory available (the node's
-// ranks share it), less what the run holds already and the plan counts (`held`: the globals, loaded with
-// the model). Returns what it was checked against (nullopt: the available memory is unknown). Under
-// `ulimit -v` mappings count, and OpenBLAS maps a 128 MiB buffer per thread at its first product and, when
-// that fails, retries forever at full CPU: that limit is checked too, with room for the buffers.
-std::optional<double> check_host_memory(const MemoryPlan& p, double held, double margin, const PruneConfig& c,
-                                        int64_t seqlen, int64_t micro_batch) {
-  const double to_allocate = std::max(p.total() - held, 0.0);
+}  // namespace
+
+std::optional<double> check_host_memory(const MemoryPlan& p, double held, double margin, int ranks_per_node,
+                                        const std::vector<std::string>& lower) {
+  const auto free = available_memory_bytes();
+  if (!free) return std::nullopt;
+  const int ranks = std::max(ranks_per_node, 1);
+  const double available = static_cast<double>(*free) / ranks + held - margin;
+  log::debug("host memory plan: {} of {} available ({})", format_bytes(p.total()), format_bytes(available),
+             plan_terms(p));
+  if (p.total() <= available) return available;
+  std::vector<std::string> options = lower;
+  if (ranks > 1) options.push_back("the ranks per node");
+  fail(
+      "the run needs about {} of host memory ({}), but only {} are available to it ({} kept free{}): lower "
+      "{}",
+      format_bytes(p.total()), plan_terms(p), format_bytes(std::max(available, 0.0)), format_bytes(margin),
+      ranks > 1 ? fmt::format("; {} ranks of this node share its memory", ranks) : std::string(),
+      fmt::join(options, ", or "));
+}
+
+namespace {
+
+// A prune's host plan: under `ulimit -v` mappings count, and OpenBLAS maps a 128 MiB buffer per thread at
+// its first product and, when that fails, retries forever at full CPU, so that limit is checked first, with
+// room for the buffers; then the plan against the memory available (check_host_memory).
+std::optional<double> check_prune_host_memory(const MemoryPlan& p, double held, double margin,
+                                              const PruneConfig& c, int64_t seqlen, int64_t micro_batch) {
   if (const auto left = address_space_left_bytes()) {
     // Measured on stories260K: a run maps about 160 MiB (1 thread) and 430 MiB (2 threads) after this point:
     // buffers of the threads calling BLAS, heaps of the threads allocating, and the helper threads'. They
     // replace the plan's resident allowance for them (its buffers).
     const int threads = cpu_threads();
     const double blas = blas_address_space_bytes(threads);
-    const double data = std::max(to_allocate - p.buffers, 0.0);
+    const double data = std::max(p.total() - held - p.buffers, 0.0);
     if (data + blas > static_cast<double>(*left))
       fail(
           "the address-space limit (ulimit -v) leaves {} to this run, but it needs about {}: {} of data "
@@ -150,21 +168,8 @@ std::optional<double> check_host_memory(const MemoryPlan& p, double held, double
           format_bytes(static_cast<double>(*left)), format_bytes(data + blas), format_bytes(data),
           plan_terms(p), format_bytes(blas), threads);
   }
-  const auto free = available_memory_bytes();
-  if (!free) return std::nullopt;
-  const int ranks = std::max(c.ranks_per_node, 1);
-  const double available = static_cast<double>(*free) / ranks + held - margin;
-  log::debug("host memory plan: {} of {} available ({})", format_bytes(p.total()), format_bytes(available),
-             plan_terms(p));
-  if (p.total() <= available) return available;
-  std::vector<std::string> lower = plan_remedies(p, c.nsamples, seqlen, micro_batch, c.recon_tokens);
-  if (ranks > 1) lower.push_back("the ranks per node");
-  fail(
-      "the run needs about {} of host memory ({}), but only {} are available to it ({} kept free{}): lower "
-      "{}",
-      format_bytes(p.total()), plan_terms(p), format_bytes(std::max(available, 0.0)), format_bytes(margin),
-      ranks > 1 ? fmt::format("; {} ranks of this node share its memory", ranks) : std::string(),
-      fmt::join(lower, ", or "));
+  return check_host_memory(p, held, margin, c.ranks_per_node,
+                           plan_remedies(p, c.nsamples, seqlen, micro_batch, c.recon_tokens));
 }
 
 // What the plan is checked against: this rank's share of the device's free memory (ranks_per_device ranks
@@ -604,8 +609,8 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   // The globals are loaded with the model: the memory available now no longer counts them. A device run's
   // host plan counts its samples only, and keeps no margin for what the terms leave out.
   r.host_available =
-      check_host_memory(r.host_plan, r.host_plan.globals, host.device_resident ? 0.0 : kHostMemoryMargin, c,
-                        r.seqlen, pass_windows);
+      check_prune_host_memory(r.host_plan, r.host_plan.globals,
+                              host.device_resident ? 0.0 : kHostMemoryMargin, c, r.seqlen, pass_windows);
   if (backend.device_resident()) {
     r.device_plan =
         plan_device_memory(mc, model.storage_dtype(), calib_tokens, tokens_per_pass, eval_tokens,
@@ -803,7 +808,7 @@ MemoryPlan plan_host_memory(const io::ModelConfig& mc, DType stored, const HostM
   }
   const double s = static_cast<double>(dtype_size(stored));
   const double next_block = mc.num_layers < 2 ? 0.0 : in.ranks == 1 ? f * block : s * block / R;
-  p.block_weights = f * block + f * largest + s * largest + next_block;
+  p.block_weights = f * block + s * largest + (in.prunes ? f * largest + next_block : 0.0);
   // H, the dense pass's copy of it and, while a checkpoint is written in the background, the writer's copy;
   // the windows' token ids.
   const double calib = static_cast<double>(in.calib_tokens);
@@ -819,12 +824,15 @@ MemoryPlan plan_host_memory(const io::ModelConfig& mc, DType stored, const HostM
     p.activations = f * tokens * (4.0 * d + 2.0 * q_width + 2.0 * kv + (opt ? 1.0 : 3.0) * inner) +
                     f * in.threads * kCpuAttentionQueryRows * static_cast<double>(in.attention_length);
   }
-  // The dense and the pruned evaluation streams (and the checkpoint writer's copies), and at the end a
-  // batch's final-norm output and a slab of logits.
+  // The evaluation streams (a prune's dense and pruned ones, and the checkpoint writer's copies), and at
+  // the end a batch's final-norm output and a slab of logits.
   const double eval = static_cast<double>(in.eval_tokens);
   if (eval > 0)
-    p.evaluation = f * 2.0 * eval * d * (in.checkpoint ? 2.0 : 1.0) + f * std::min(eval, 8192.0) * d +
-                   f * 512.0 * (vocab + d);
+    p.evaluation = f * in.eval_streams * eval * d * (in.checkpoint ? 2.0 : 1.0) +
+                   f * std::min(eval, 8192.0) * d + f * 512.0 * (vocab + d);
+  // Per thread the part of BLAS's buffer a product touches, a heap and a stack.
+  p.buffers = kHostThreadBytes * in.threads;
+  if (!in.prunes) return p;  // evaluation only: no selection and no masks
   // The largest linear's selection: the scores of this rank's rows and their byte mask (several ranks: the
   // rows' weight copy and the whole mask unpacked from the gathered bits), the reconstruction error's
   // W − W̃, refinement's copy of the initial mask, --compat ria's fp16 magnitudes, each thread's sort keys.
@@ -840,10 +848,8 @@ MemoryPlan plan_host_memory(const io::ModelConfig& mc, DType stored, const HostM
     }
     p.gram += f * tokens * widest + 2.0 * f * widest * widest;
   }
-  // The mask bits of every block (kept for the output; a checkpoint's writer gets a copy), and per thread
-  // the part of BLAS's buffer a product touches, a heap and a stack.
+  // The mask bits of every block (kept for the output; a checkpoint's writer gets a copy).
   p.masks = linears * static_cast<double>(mc.num_layers) / 8.0 * (in.checkpoint ? 2.0 : 1.0);
-  p.buffers = kHostThreadBytes * in.threads;
   return p;
 }
 

@@ -120,7 +120,13 @@ struct HostMemoryShape {
   int64_t sample_rows = 0;           // the reconstruction error's sample rows (all ranks' windows)
   double sample_bytes = 0;           // what the host keeps of them (every group's, and this rank's own)
   bool recon_error = false, refine = false, compat_ria = false, checkpoint = false;
+  // false: the run evaluates only (symprune eval): one block at a time, no selection, no masks.
+  bool prunes = true;
+  int eval_streams = 2;  // the dense and the pruned stream (symprune eval: one)
 };
+
+// Host memory no term of a plan counts (the libraries' pages, allocator slack), kept free on the CPU.
+inline constexpr double kHostMemoryMargin = 256.0 * (1 << 20);
 
 // What a run keeps in host memory at the peak of a block (a device-resident backend: the reconstruction
 // samples only, the rest is in the device plan). On the CPU every tensor is fp32: the globals, the current
@@ -132,6 +138,14 @@ struct HostMemoryShape {
 // and an allowance for BLAS buffers and heaps. Terms that are largest at different stages are added: the
 // plan is an upper bound (within about 10 % of the peak measured on 7B shapes, bench/results/).
 MemoryPlan plan_host_memory(const io::ModelConfig& config, DType stored, const HostMemoryShape& shape);
+
+// Checks a host plan against this rank's share of the memory available (ranks_per_node ranks share it)
+// plus what the run holds already and the plan counts (`held`: the globals, loaded with the model), less
+// `margin`. Returns what it was checked against (nullopt: the available memory cannot be read); a plan that
+// does not fit throws symprune::Error with its terms and `lower`, the options that lower them
+// (E-HOST-MEMORY).
+std::optional<double> check_host_memory(const MemoryPlan& plan, double held, double margin,
+                                        int ranks_per_node, const std::vector<std::string>& lower);
 
 // Collective (agree_on_errors): every rank returns the same plan or throws the same error.
 RunPlan plan_run(const PruneConfig& config, dist::Communicator& comm);

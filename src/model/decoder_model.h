@@ -153,6 +153,7 @@ class DecoderModel {
   void set_max_resident_blocks(int64_t count) { max_resident_blocks_ = count; }
   // run_block processes at most this many tokens per micro-batch (whole sequences, at least one).
   void set_max_tokens_per_pass(int64_t tokens) { max_tokens_per_pass_ = tokens; }
+  int64_t max_tokens_per_pass() const { return max_tokens_per_pass_; }
   // Called after each micro-batch of run_block with the number of sequences it ran, so that a caller can
   // show how far a long pass is (empty: none). On a device backend the work may still be queued then
   // (Backend::synchronize waits for it).

@@ -75,3 +75,30 @@ def test_a_run_the_memory_cannot_hold_is_refused_before_any_block_and_the_remedy
     memory = json.loads((tmp_path / "r.json").read_text())["host_memory"]
     assert memory["planned"] <= memory["available_at_start"] == 754 * MIB
     assert memory["plan"]["activations"] < 40 * MIB
+
+
+def evaluate(tmp_path, *args, env=None):
+    return subprocess.run([BIN, "eval", "--model", MODEL, "--text", EVAL[1], "--tokenizer", EVAL[3], "--seqlen",
+                           "1024", "--report", str(tmp_path / "e.json"), *map(str, args)], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=600)
+
+
+def test_eval_plans_its_host_memory_too(tmp_path):
+    # One block at a time, every chunk's states (one stream), a pass of 8 chunks: measured 0.76 (8 chunks)
+    # and 0.80 (64 chunks) of the plan.
+    done = evaluate(tmp_path, "--max-chunks", "16")
+    assert done.returncode == 0, done.stderr
+    memory = json.loads((tmp_path / "e.json").read_text())["host_memory"]
+    plan = memory["plan"]
+    assert plan["evaluation"] > 16 * 1024 * 1024 * 4 and plan["masks"] == plan["selection"] == 0
+    grown = memory["peak_resident"] - memory["resident_at_plan"] + plan["globals"]
+    assert grown <= memory["planned"] <= 1.5 * grown, memory
+
+    # The whole text (about 330 chunks of 1024 tokens: 1.3 GiB of states) does not fit in 1.5 GiB; the
+    # message names --max-chunks with the evaluation's size, and --batch.
+    refused = evaluate(tmp_path, env={"SYMPRUNE_MEMORY_AVAILABLE": str(1536 * MIB)})
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.count("symprune: error: the run needs about ") == 1, refused.stderr
+    assert "of host memory (weights and head 250.0 MiB, " in refused.stderr, refused.stderr
+    assert "lower --max-chunks 333 (evaluation 1.4 GiB), or --batch 8 (activations 521.0 MiB)" in refused.stderr
+    assert "block 1/" not in refused.stderr  # before any block
