@@ -731,7 +731,7 @@ MemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, int64_t 
   MemoryPlan p;
   // Embeddings and the head (OPT: learned positions too).
   p.globals = f * (vocab * d + static_cast<double>(mc.max_position_embeddings + 2) * d) + s * vocab * d;
-  // The dense block and the pruned copies of its linears, which replace them after the masks.
+  // The block, and one linear twice: its pruned copy replaces the dense one as soon as it is made.
   double linears = 0, largest = 0, widest_input = 0;
   for (const auto& e : io::expected_block_tensors(mc, 0)) {
     if (e.shape.size() != 2) continue;  // the linears are a block's matrices (norms are vectors)
@@ -740,7 +740,7 @@ MemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, int64_t 
     largest = std::max(largest, size);
     widest_input = std::max(widest_input, static_cast<double>(e.shape[1]));
   }
-  p.block_weights = s * 2.0 * linears;
+  p.block_weights = s * (linears + largest);
   // The next block's linears, uploaded in their stored dtype during this block (one rank).
   if (prefetched) p.block_weights += static_cast<double>(dtype_size(*prefetched)) * linears;
   // H of this rank's windows and the dense pass's copy of it.

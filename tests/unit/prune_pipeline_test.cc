@@ -707,14 +707,15 @@ TEST(MemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
   const double linears = 2 * d * d + 2 * d * kv + 3 * d * ffn;  // q, o; k, v; gate, up, down
   const MemoryPlan bf16 = plan_device_memory(config, DType::kBF16, 128 * 2048, 8 * 2048, 0);
   const MemoryPlan fp32 = plan_device_memory(config, DType::kF32, 128 * 2048, 8 * 2048, 0);
-  EXPECT_DOUBLE_EQ(bf16.block_weights, 2 * 2 * linears);  // the dense block and the pruned copies
-  EXPECT_DOUBLE_EQ(fp32.block_weights, 2 * 4 * linears);
+  // The block, and its largest linear twice (a pruned copy replaces each dense one as soon as it is made).
+  EXPECT_DOUBLE_EQ(bf16.block_weights, 2 * (linears + d * ffn));
+  EXPECT_DOUBLE_EQ(fp32.block_weights, 4 * (linears + d * ffn));
   // One rank uploads the next block (in its stored dtype) while the current one computes: a third copy.
   const MemoryPlan one_rank = plan_device_memory(config, DType::kBF16, 128 * 2048, 8 * 2048, 0, DType::kBF16);
-  EXPECT_DOUBLE_EQ(one_rank.block_weights, 3 * 2 * linears);
+  EXPECT_DOUBLE_EQ(one_rank.block_weights, 2 * (linears + d * ffn) + 2 * linears);
   EXPECT_DOUBLE_EQ(
       plan_device_memory(config, DType::kBF16, 128 * 2048, 8 * 2048, 0, DType::kF32).block_weights,
-      2 * 2 * linears + 4 * linears);
+      2 * (linears + d * ffn) + 4 * linears);
   EXPECT_DOUBLE_EQ(bf16.calibration, 2 * 2 * tokens * d);  // H and the dense pass's copy
   EXPECT_DOUBLE_EQ(fp32.calibration, 2 * 4 * tokens * d);
   EXPECT_DOUBLE_EQ(bf16.globals, 4 * (vocab + config.max_position_embeddings + 2) * d + 2 * vocab * d);
