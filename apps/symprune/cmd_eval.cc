@@ -57,6 +57,7 @@ nlohmann::json check_eval_host_memory(const EvalOptions& o, const model::Decoder
   shape.eval_streams = 1;
   shape.threads = cpu_threads();
   shape.eval_tokens = chunks * o.seqlen;
+  shape.eval_batch_tokens = std::min(batch, chunks) * o.seqlen;
   shape.tokens_per_pass =
       std::min({batch, std::max<int64_t>(1, model.max_tokens_per_pass() / o.seqlen), chunks}) * o.seqlen;
   shape.attention_length = o.seqlen;

@@ -7,6 +7,7 @@
 #include <ctime>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 
 #include "core/activation_stats.h"
@@ -467,31 +468,34 @@ nlohmann::json device_memory_json(dist::Communicator& comm, const RunPlan& plan,
       {"plan", terms}};
 }
 
-// The report's "host_memory" (collective): the largest plan, resident size at the plan's check and peak
-// resident size (VmHWM: the whole process, its libraries included) over the ranks, the smallest available
-// memory the plan was checked against (null when it could not be read), and rank 0's plan by term.
+// The report's "host_memory" (collective): the largest plan over the ranks (its total and its terms), the
+// largest resident size at the plan's check and peak resident size (VmHWM: the whole process, its libraries
+// included), and the smallest available memory a plan was checked against (null when none could be read).
 nlohmann::json host_memory_json(dist::Communicator& comm, const RunPlan& plan) {
   struct RankMemory {  // bytes; available -1 when unknown
-    int64_t planned = 0, available = -1, resident_at_plan = 0, peak_resident = 0;
+    std::array<double, kMemoryTerms.size()> terms{};
+    int64_t available = -1, resident_at_plan = 0, peak_resident = 0;
   };
-  const RankMemory local{static_cast<int64_t>(plan.host_plan.total()),
-                         plan.host_available ? static_cast<int64_t>(*plan.host_available) : -1,
-                         static_cast<int64_t>(plan.host_resident_at_plan),
-                         static_cast<int64_t>(peak_resident_bytes().value_or(0))};
+  RankMemory local{{},
+                   plan.host_available ? static_cast<int64_t>(*plan.host_available) : -1,
+                   static_cast<int64_t>(plan.host_resident_at_plan),
+                   static_cast<int64_t>(peak_resident_bytes().value_or(0))};
+  for (size_t i = 0; i < kMemoryTerms.size(); ++i) local.terms[i] = plan.host_plan.*kMemoryTerms[i].bytes;
   std::vector<RankMemory> ranks(static_cast<size_t>(comm.size()));
   comm.all_gather(std::as_bytes(std::span<const RankMemory>(&local, 1)),
                   std::as_writable_bytes(std::span<RankMemory>(ranks)));
+  const auto total = [](const RankMemory& r) { return std::accumulate(r.terms.begin(), r.terms.end(), 0.0); };
   RankMemory worst = local;
   for (const RankMemory& r : ranks) {
-    worst.planned = std::max(worst.planned, r.planned);
+    if (total(r) > total(worst)) worst.terms = r.terms;
     if (r.available >= 0 && (worst.available < 0 || r.available < worst.available))
       worst.available = r.available;
     worst.resident_at_plan = std::max(worst.resident_at_plan, r.resident_at_plan);
     worst.peak_resident = std::max(worst.peak_resident, r.peak_resident);
   }
   nlohmann::json terms = nlohmann::json::object();
-  for (const MemoryTerm& term : kMemoryTerms) terms[term.key] = plan.host_plan.*term.bytes;
-  return {{"planned", worst.planned},
+  for (size_t i = 0; i < kMemoryTerms.size(); ++i) terms[kMemoryTerms[i].key] = worst.terms[i];
+  return {{"planned", total(worst)},
           {"available_at_start", worst.available >= 0 ? nlohmann::json(worst.available) : nlohmann::json()},
           {"resident_at_plan", worst.resident_at_plan},
           {"peak_resident", worst.peak_resident},

@@ -556,11 +556,17 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   const dist::Range mine = dist::partition(chunks, comm.size(), comm.rank());
   const int64_t local_windows =
       std::min(mine.end * r.micro_batch, c.nsamples) - std::min(mine.begin * r.micro_batch, c.nsamples);
-  int64_t eval_tokens = 0;
+  // This rank's evaluation chunks: whole batches of them are split over the ranks (PerplexityStream).
+  int64_t eval_tokens = 0, eval_batch = 0;
   if (r.evaluate) {
     int64_t eval_chunks = static_cast<int64_t>(r.eval_tokens.size()) / eval_seqlen;
     if (c.eval_max_chunks > 0) eval_chunks = std::min(eval_chunks, c.eval_max_chunks);
-    eval_tokens = (eval_chunks + comm.size() - 1) / comm.size() * eval_seqlen;
+    eval_batch = model::default_batch_sequences(eval_seqlen);
+    const dist::Range batches =
+        dist::partition((eval_chunks + eval_batch - 1) / eval_batch, comm.size(), comm.rank());
+    eval_tokens = (std::min(batches.end * eval_batch, eval_chunks) -
+                   std::min(batches.begin * eval_batch, eval_chunks)) *
+                  eval_seqlen;
   }
   const int64_t calib_tokens = r.needs_stats ? local_windows * r.seqlen : 0;
   // The reconstruction error's samples: every window's (gathered from all ranks), kept for the block. The
@@ -577,11 +583,11 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   // tokens at most, one sequence at least); methods without activations and without --eval run none.
   const int64_t pass_windows = std::max<int64_t>(1, std::min(r.micro_batch, local_windows));  // the messages'
   const int64_t calib_pass = r.needs_stats ? std::min(r.micro_batch, local_windows) * r.seqlen : 0;
-  const int64_t eval_pass =
-      eval_tokens > 0 ? std::min({std::max<int64_t>(1, r.micro_batch * r.seqlen / eval_seqlen),
-                                  model::default_batch_sequences(eval_seqlen), eval_tokens / eval_seqlen}) *
-                            eval_seqlen
-                      : 0;
+  const int64_t eval_pass = eval_tokens > 0
+                                ? std::min({std::max<int64_t>(1, r.micro_batch * r.seqlen / eval_seqlen),
+                                            eval_batch, eval_tokens / eval_seqlen}) *
+                                      eval_seqlen
+                                : 0;
   const int64_t tokens_per_pass = std::max(calib_pass, eval_pass);
   // The host memory plan, checked on every backend (a device run's host keeps the samples only).
   HostMemoryShape host;
@@ -592,6 +598,11 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   host.tokens_per_pass = tokens_per_pass;
   host.attention_length = std::max(r.seqlen, r.evaluate ? eval_seqlen : int64_t{0});
   host.eval_tokens = eval_tokens;
+  host.eval_batch_tokens = std::min(eval_batch * eval_seqlen, eval_tokens);
+  if (r.needs_stats) {
+    host.calib_chunks = chunks;
+    host.local_chunks = mine.end - mine.begin;
+  }
   if (r.collect_gram) {
     const auto shapes = model.linear_shapes();
     for (const auto& group : model.linear_input_groups())
@@ -776,16 +787,39 @@ MemoryPlan plan_host_memory(const io::ModelConfig& mc, DType stored, const HostM
   MemoryPlan p;
   // The inputs the reconstruction error reads (every group's, and this rank's own as they are collected),
   // and on the CPU a linear's copy of its group's and a block of rows' products with them (mask_stage.h).
-  double widest_input = 0;
-  for (const auto& e : io::expected_block_tensors(mc, 0))
-    if (e.shape.size() == 2) widest_input = std::max(widest_input, static_cast<double>(e.shape[1]));
   p.samples = in.sample_bytes;
-  if (in.device_resident) return p;  // the rest is in the device's memory (plan_device_memory)
+  double linears = 0, largest = 0, block = 0, widest_input = 0, chunk_statistics = 0;
+  for (const auto& e : io::expected_block_tensors(mc, 0)) {
+    double size = 1;
+    for (const int64_t extent : e.shape) size *= static_cast<double>(extent);
+    block += size;
+    if (e.shape.size() != 2) continue;
+    linears += size;
+    largest = std::max(largest, size);
+    widest_input = std::max(widest_input, static_cast<double>(e.shape[1]));
+    // A chunk's statistics of the linear (Σx², Σx, per-window sums of its inputs, Σy² of its outputs), in
+    // fp64 (BlockStatistics::packed_length).
+    chunk_statistics += 8.0 * (3.0 * static_cast<double>(e.shape[1]) + static_cast<double>(e.shape[0]) + 1.0);
+  }
+  // The mask bits of every block (kept for the output; a checkpoint's writer gets a copy).
+  const double bits = linears * static_cast<double>(mc.num_layers) / 8.0 * (in.checkpoint ? 2.0 : 1.0);
+  const double d = static_cast<double>(mc.hidden_size), vocab = static_cast<double>(mc.vocab_size);
+  const double calib = static_cast<double>(in.calib_tokens), eval = static_cast<double>(in.eval_tokens);
+  if (in.device_resident) {  // the rest is in the device's memory (plan_device_memory)
+    if (!in.prunes) return p;
+    p.masks = bits;
+    // A checkpoint's writer gets fp32 copies of this rank's states (brought to the host, then copied into
+    // the slab) and of its evaluation streams.
+    if (in.checkpoint) {
+      p.calibration = 2.0 * f * calib * d;
+      p.evaluation = f * in.eval_streams * eval * d;
+    }
+    return p;
+  }
   if (in.sample_rows > 0)
     p.samples +=
         f * static_cast<double>(in.sample_rows) * (widest_input + static_cast<double>(kEnergyBlockRows));
 
-  const double d = static_cast<double>(mc.hidden_size), vocab = static_cast<double>(mc.vocab_size);
   const bool opt = mc.family == io::ModelFamily::kOpt;
   const double head_in = opt ? static_cast<double>(mc.word_embed_proj_dim) : d;
   // The embeddings and the head (one table when tied), OPT's learned positions and projections.
@@ -797,22 +831,16 @@ MemoryPlan plan_host_memory(const io::ModelConfig& mc, DType stored, const HostM
   // A block's tensors in fp32, one linear of it twice (its dense and pruned weight), the next block (one
   // rank: widened in the background; several: this rank's share in the stored dtype), and the buffer a
   // stored tensor is read into, which keeps the size of the largest.
-  double block = 0, largest = 0, linears = 0;
-  for (const auto& e : io::expected_block_tensors(mc, 0)) {
-    double size = 1;
-    for (const int64_t extent : e.shape) size *= static_cast<double>(extent);
-    block += size;
-    if (e.shape.size() != 2) continue;
-    linears += size;
-    largest = std::max(largest, size);
-  }
+  // (Several ranks: this rank's share of the next block's tensors, whole tensors, the largest first.)
   const double s = static_cast<double>(dtype_size(stored));
-  const double next_block = mc.num_layers < 2 ? 0.0 : in.ranks == 1 ? f * block : s * block / R;
+  const double next_block = mc.num_layers < 2 ? 0.0
+                            : in.ranks == 1   ? f * block
+                                              : s * std::max(block / R, largest);
   p.block_weights = f * block + s * largest + (in.prunes ? f * largest + next_block : 0.0);
   // H, the dense pass's copy of it and, while a checkpoint is written in the background, the writer's copy;
-  // the windows' token ids.
-  const double calib = static_cast<double>(in.calib_tokens);
-  p.calibration = calib > 0 ? f * calib * d * (in.checkpoint ? 3.0 : 2.0) + f * calib : 0.0;
+  // the windows' token ids; every chunk's statistics, gathered from all ranks before they are reduced.
+  p.calibration = (calib > 0 ? f * calib * d * (in.checkpoint ? 3.0 : 2.0) + f * calib : 0.0) +
+                  static_cast<double>(in.calib_chunks) * chunk_statistics;
   // The forward pass's workspace, sized for its largest pass and kept: the states, the norm's output, q, k,
   // v, the attention's and o_proj's outputs, the MLP's widths (LLaMA gate, up and their product; OPT fc1's
   // output), the block's output; and each thread's attention score rows.
@@ -826,20 +854,21 @@ MemoryPlan plan_host_memory(const io::ModelConfig& mc, DType stored, const HostM
   }
   // The evaluation streams (a prune's dense and pruned ones, and the checkpoint writer's copies), and at
   // the end a batch's final-norm output and a slab of logits.
-  const double eval = static_cast<double>(in.eval_tokens);
   if (eval > 0)
     p.evaluation = f * in.eval_streams * eval * d * (in.checkpoint ? 2.0 : 1.0) +
-                   f * std::min(eval, 8192.0) * d + f * 512.0 * (vocab + d);
+                   f * static_cast<double>(in.eval_batch_tokens) * d + f * 512.0 * (vocab + d);
   // Per thread the part of BLAS's buffer a product touches, a heap and a stack.
   p.buffers = kHostThreadBytes * in.threads;
   if (!in.prunes) return p;  // evaluation only: no selection and no masks
   // The largest linear's selection: the scores of this rank's rows and their byte mask (several ranks: the
   // rows' weight copy and the whole mask unpacked from the gathered bits), the reconstruction error's
-  // W − W̃, refinement's copy of the initial mask, --compat ria's fp16 magnitudes, each thread's sort keys.
+  // W − W̃, refinement's copies of the mask (the initial one; R²-DSnoT's guard also the whole gathered one),
+  // --compat ria's fp16 magnitudes, each thread's sort keys.
   p.selection = (f + 1.0) * largest / R + (in.ranks > 1 ? largest * (1.0 + f / R) : 0.0) +
-                (in.recon_error ? f * largest / R : 0.0) + (in.refine ? largest : 0.0) +
+                (in.recon_error ? f * largest / R : 0.0) + (in.refine ? 2.0 * largest : 0.0) +
                 (in.compat_ria ? f * largest : 0.0) + 8.0 * widest_input * in.threads;
-  // The Gram matrix of every input group, fp64, and a chunk's XᵀX being added (its Xᵀ and product).
+  // The Gram matrix of every input group, fp64, and a chunk's XᵀX being added (its Xᵀ and product); a rank
+  // other than the first keeps its chunks' fp32 partials until the running total reaches it.
   if (!in.gram_widths.empty()) {
     double widest = 0;
     for (const int64_t n : in.gram_widths) {
@@ -847,9 +876,13 @@ MemoryPlan plan_host_memory(const io::ModelConfig& mc, DType stored, const HostM
       widest = std::max(widest, static_cast<double>(n));
     }
     p.gram += f * tokens * widest + 2.0 * f * widest * widest;
+    if (in.ranks > 1) {
+      double squares = 0;
+      for (const int64_t n : in.gram_widths) squares += static_cast<double>(n) * static_cast<double>(n);
+      p.gram += f * static_cast<double>(in.local_chunks) * squares;
+    }
   }
-  // The mask bits of every block (kept for the output; a checkpoint's writer gets a copy).
-  p.masks = linears * static_cast<double>(mc.num_layers) / 8.0 * (in.checkpoint ? 2.0 : 1.0);
+  p.masks = bits;
   return p;
 }
 

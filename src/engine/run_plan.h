@@ -113,9 +113,12 @@ struct HostMemoryShape {
   int ranks = 1;
   int threads = 1;                   // CPU threads
   int64_t calib_tokens = 0;          // this rank's calibration tokens
+  int64_t calib_chunks = 0;          // the run's calibration chunks (every rank gathers their statistics)
+  int64_t local_chunks = 0;          // this rank's (a rank > 0 keeps its Gram partials until the total)
   int64_t tokens_per_pass = 0;       // tokens of one forward pass at most (0: the run makes none)
   int64_t attention_length = 0;      // the longest window or evaluation sequence a pass attends over
   int64_t eval_tokens = 0;           // this rank's evaluation tokens (each of the dense and pruned streams)
+  int64_t eval_batch_tokens = 0;     // one evaluation batch's tokens (scored at the end: its final norm)
   std::vector<int64_t> gram_widths;  // the input width of each linear group whose Gram matrix is kept
   int64_t sample_rows = 0;           // the reconstruction error's sample rows (all ranks' windows)
   double sample_bytes = 0;           // what the host keeps of them (every group's, and this rank's own)
@@ -129,14 +132,15 @@ struct HostMemoryShape {
 inline constexpr double kHostMemoryMargin = 256.0 * (1 << 20);
 
 // What a run keeps in host memory at the peak of a block (a device-resident backend: the reconstruction
-// samples only, the rest is in the device plan). On the CPU every tensor is fp32: the globals, the current
-// block (each linear's pruned weight replaces its dense one as soon as it is made, so one linear is held
-// twice) and, on one rank, the next block, widened while this one computes; the hidden states and the
-// dense pass's copy of them (and a third copy handed to a checkpoint's writer); the forward pass's
-// workspace, which keeps its largest size; the selection of the largest linear; the Gram matrices of every
-// input group in fp64; the mask bits of every block pruned so far; and per thread the attention's score rows
-// and an allowance for BLAS buffers and heaps. Terms that are largest at different stages are added: the
-// plan is an upper bound (within about 10 % of the peak measured on 7B shapes, bench/results/).
+// samples, the mask bits and a checkpoint writer's copies; the rest is in the device plan). On the CPU every
+// tensor is fp32: the globals; the current block (each linear's pruned weight replaces its dense one as
+// soon as it is made, so one linear is held twice) and, on one rank, the next block, widened while this one
+// computes; the hidden states and the dense pass's copy of them (and a third copy handed to a checkpoint's
+// writer), and every chunk's statistics until they are reduced; the forward pass's workspace, which keeps
+// its largest size; the selection of the largest linear; the Gram matrices of every input group in fp64;
+// the mask bits of every block; and per thread the attention's score rows and an allowance for BLAS
+// buffers and heaps. Terms that are largest at different stages are added: the plan is an upper bound,
+// 10-30 % above the growth measured on 1024-wide and 7B shapes (bench/results/host_memory_plan.md).
 MemoryPlan plan_host_memory(const io::ModelConfig& config, DType stored, const HostMemoryShape& shape);
 
 // Checks a host plan against this rank's share of the memory available (ranks_per_node ranks share it)

@@ -813,7 +813,8 @@ def _(env, tmp):
 
 @trigger("E-BLAS-ADDRESS-SPACE")
 def _(env, tmp):
-    # eval has no memory plan: the check before the first product (it used to spin at full CPU there).
+    # eval has no address-space check of its own (its host memory plan does not look at ulimit -v): the
+    # backend's, before the first product (it used to spin at full CPU there).
     case = eval_text(env, env.second)
     case.env = {"SYMPRUNE_ADDRESS_SPACE_LEFT": str(50 << 20)}
     return case

@@ -13,8 +13,9 @@ import pytest
 from prune_support import BIN, DATA
 
 MODEL = "synthetic:llama-1024:layers=2"
+# Two threads: the plan's per-thread terms (buffers, attention rows) are part of the sizes asserted.
 BASE = ["prune", "--model", MODEL, "--calib", "synthetic", "--sparsity", "0.5", "--nsamples", "8",
-        "--seqlen", "512"]
+        "--seqlen", "512", "--threads", "2"]
 EVAL = ["--eval", str(DATA / "wikitext2" / "wiki.test.hf_rows_joined_nn.txt"), "--tokenizer",
         str(DATA / "llama2c_tokenizer" / "tokenizer.model"), "--eval-max-chunks", "4"]
 MIB = 1 << 20
@@ -79,7 +80,8 @@ def test_a_run_the_memory_cannot_hold_is_refused_before_any_block_and_the_remedy
 
 def evaluate(tmp_path, *args, env=None):
     return subprocess.run([BIN, "eval", "--model", MODEL, "--text", EVAL[1], "--tokenizer", EVAL[3], "--seqlen",
-                           "1024", "--report", str(tmp_path / "e.json"), *map(str, args)], capture_output=True,
+                           "1024", "--threads", "2", "--report", str(tmp_path / "e.json"), *map(str, args)],
+                          capture_output=True,
                           text=True, env={**os.environ, **(env or {})}, timeout=600)
 
 

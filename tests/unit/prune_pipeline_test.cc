@@ -784,7 +784,8 @@ TEST(MemoryPlan, HostPlanOfLlama2_70BOnTheCpuCountsEveryTerm) {
   HostMemoryShape four = shape;
   four.ranks = 4;
   const MemoryPlan r4 = plan_host_memory(config, DType::kBF16, four);
-  EXPECT_DOUBLE_EQ(r4.block_weights, 4 * block + 4 * largest + 2 * block / 4 + 2 * largest);
+  // (Whole tensors, the largest first: the rank given down_proj reads more than a quarter of the block.)
+  EXPECT_DOUBLE_EQ(r4.block_weights, 4 * block + 4 * largest + 2 * largest + 2 * largest);
   EXPECT_DOUBLE_EQ(r4.selection, 5 * largest / 4 + largest * (1 + 4.0 / 4) + 2 * 8 * ffn);
   // --refine recon: every input group's Gram matrix in fp64 (q/k/v and gate/up share theirs), and one
   // chunk's Xᵀ and product.
@@ -793,14 +794,27 @@ TEST(MemoryPlan, HostPlanOfLlama2_70BOnTheCpuCountsEveryTerm) {
   gram.refine = true;
   const MemoryPlan g = plan_host_memory(config, DType::kBF16, gram);
   EXPECT_DOUBLE_EQ(g.gram, 8 * (3 * d * d + ffn * ffn) + 4 * pass * ffn + 8 * ffn * ffn);
-  EXPECT_DOUBLE_EQ(g.selection - p.selection, largest);  // refinement's copy of the initial mask
-  // On a device the host keeps the reconstruction samples only.
+  EXPECT_DOUBLE_EQ(g.selection - p.selection, 2 * largest);  // refinement's copies of the mask
+  // Every chunk's statistics (Σx², Σx, per-window sums of each linear's inputs, Σy² of its outputs, fp64)
+  // until they are reduced; on 4 ranks a rank keeps its chunks' Gram partials (fp32) until the total.
+  HostMemoryShape chunked = gram;
+  chunked.ranks = 4;
+  chunked.calib_chunks = 16;
+  chunked.local_chunks = 4;
+  const MemoryPlan c16 = plan_host_memory(config, DType::kBF16, chunked);
+  const double per_chunk = 8 * (3 * (3 * d + d + 2 * d + ffn) + (d + 2 * kv + d + 2 * ffn + d) + 7);
+  EXPECT_DOUBLE_EQ(c16.calibration - g.calibration, 16 * per_chunk);
+  EXPECT_DOUBLE_EQ(c16.gram - g.gram, 4 * 4 * (3 * d * d + ffn * ffn));
+  // On a device the host keeps the reconstruction samples and the mask bits (and a checkpoint writer's
+  // fp32 copies of the states).
   HostMemoryShape device = shape;
   device.device_resident = true;
   device.sample_rows = 1024;
   device.sample_bytes = 12345;
   const MemoryPlan on_device = plan_host_memory(config, DType::kBF16, device);
-  EXPECT_DOUBLE_EQ(on_device.total(), 12345);
+  EXPECT_DOUBLE_EQ(on_device.total(), 12345 + p.masks);
+  device.checkpoint = true;
+  EXPECT_DOUBLE_EQ(plan_host_memory(config, DType::kBF16, device).calibration, 2 * 4 * tokens * d);
   // One block: no next block to read ahead.
   const MemoryPlan one_block =
       plan_host_memory(io::SyntheticModel(io::parse_synthetic_spec("synthetic:llama2-70b:layers=1")).config(),
