@@ -10,7 +10,7 @@ it); the plan should bound it (grown / planned <= 1) without being far above it.
 With --baseline BIN, the same cases also run on another build (one without the plan, say), and the table
 gives both peak resident sizes (GNU time's maximum RSS), measured in the same session.
 
-Usage: python3 bench/host_memory_plan.py [--build build] [--baseline BIN] [--quick]"""
+Usage: python3 bench/host_memory_plan.py [--build build] [--baseline BIN] [--quick] [--name host_memory_plan]"""
 import argparse
 import json
 import os
@@ -86,9 +86,13 @@ def main():
     parser.add_argument("--build", default=str(ROOT / "build"))
     parser.add_argument("--baseline", help="another symprune binary to measure the same cases with")
     parser.add_argument("--quick", action="store_true", help="the 1024-wide cases only")
+    parser.add_argument("--name", default="host_memory_plan", help="bench/results/NAME.{json,md}")
     args = parser.parse_args()
     binary = Path(args.build) / "apps" / "symprune"
     version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
+    # The binary's commit is the one it was configured at; the source's is what it was built from.
+    source = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                            text=True).stdout.strip()
     baseline_version = (subprocess.run([args.baseline, "--version"], capture_output=True, text=True)
                         .stdout.strip() if args.baseline else None)
     rows = []
@@ -111,15 +115,15 @@ def main():
                   f"ratio {row['ratio']:.3f}  max RSS {rss / MIB:.0f} MiB"
                   + (f" (baseline {row['baseline_max_rss'] / MIB:.0f} MiB)" if args.baseline else ""),
                   flush=True)
-    result = {"symprune": version, "baseline": baseline_version, "host": platform.node(),
+    result = {"symprune": version, "source": source, "baseline": baseline_version, "host": platform.node(),
               "cpus": os.cpu_count(), "threads": 2, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "cases": rows}
     results = ROOT / "bench" / "results"
-    (results / "host_memory_plan.json").write_text(json.dumps(result, indent=2) + "\n")
+    (results / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         "# Host memory plan against measured memory (CPU)",
         "",
-        f"`{version}`, {os.cpu_count()} CPUs, `--threads 2`, {result['created']}. Written by "
+        f"`{version}` built from `{source}`, {os.cpu_count()} CPUs, `--threads 2`, {result['created']}. Written by "
         "`bench/host_memory_plan.py`. *grown* is what the run held beyond its resident size when the plan "
         "was checked (peak resident − resident at the check + the globals, which were loaded before it and "
         "which the plan counts); the plan is meant to bound it. Sizes in MiB.",
@@ -129,7 +133,7 @@ def main():
     rule = "|---|---:|---:|---:|---:|---|"
     if args.baseline:
         lines.insert(3, f"Baseline: `{baseline_version}` (the same cases, its peak RSS in the last column).")
-        header = header[:-1] + " baseline peak RSS |"
+        header += " baseline peak RSS |"
         rule += "---:|"
     lines += [header, rule]
     for row in rows:
@@ -139,7 +143,7 @@ def main():
         if args.baseline:
             cells.append(f"{row['baseline_max_rss'] / MIB:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
-    (results / "host_memory_plan.md").write_text("\n".join(lines) + "\n")
+    (results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ namespace symprune::engine {
 
 BlockStatistics::BlockStatistics(dist::Communicator& comm, const model::DecoderModel& model, int64_t block,
                                  int64_t seq_len, bool collect_output, bool collect_gram,
-                                 std::vector<int64_t> sample_positions)
+                                 std::vector<int64_t> sample_positions, int64_t local_windows)
     : comm_(comm),
       backend_(model.backend()),
       seq_len_(seq_len),
@@ -38,6 +38,8 @@ BlockStatistics::BlockStatistics(dist::Communicator& comm, const model::DecoderM
     for (const auto& l : linears_)
       if (l.name == g.leader) g.n = l.n;
     if (collect_gram_) g.chain = std::make_unique<OrderedChain>(comm_, static_cast<size_t>(g.n * g.n));
+    g.local_samples.reserve(
+        static_cast<size_t>(local_windows * static_cast<int64_t>(sample_positions_.size()) * g.n));
     groups_.push_back(std::move(g));
   }
 }

@@ -35,9 +35,11 @@ struct Gram {
 class BlockStatistics : public model::LinearObserver {
  public:
   // `model` gives the linears' shapes and input groups; outputs (Σy²) are collected when collect_output,
-  // Grams when collect_gram, the input rows at `sample_positions` of every window when it is not empty.
+  // Grams when collect_gram, the input rows at `sample_positions` of every window when it is not empty
+  // (their storage reserved for `local_windows`, this rank's windows: never grown to twice their size).
   BlockStatistics(dist::Communicator& comm, const model::DecoderModel& model, int64_t block, int64_t seq_len,
-                  bool collect_output, bool collect_gram, std::vector<int64_t> sample_positions = {});
+                  bool collect_output, bool collect_gram, std::vector<int64_t> sample_positions = {},
+                  int64_t local_windows = 0);
 
   void on_linear(const model::LinearId& id, const Tensor& input, const Tensor& output,
                  const Tensor* output_bias) override;

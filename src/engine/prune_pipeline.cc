@@ -198,8 +198,9 @@ void embed_calibration(RunPlan& plan, Calibration& calib) {
 // Stage: the dense block on this rank's windows, observed; then the statistics of all ranks combined.
 std::unique_ptr<BlockStatistics> dense_pass(RunPlan& plan, dist::Communicator& comm, Calibration& calib,
                                             int64_t b) {
-  auto stats = std::make_unique<BlockStatistics>(comm, *plan.model, b, plan.seqlen, plan.needs_output,
-                                                 plan.collect_gram, plan.recon_sample_positions);
+  auto stats =
+      std::make_unique<BlockStatistics>(comm, *plan.model, b, plan.seqlen, plan.needs_output,
+                                        plan.collect_gram, plan.recon_sample_positions, calib.windows);
   if (calib.windows > 0) {
     Tensor dense = plan.model->backend().duplicate(calib.hidden);
     plan.model->run_block(b, dense, calib.windows, plan.seqlen, stats.get());

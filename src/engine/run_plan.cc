@@ -98,23 +98,41 @@ ResolvedMask resolve_mask(const PruneConfig& c, ScoreMethod method) {
 }
 
 // The options that lower a plan's large terms, for its error message.
-std::vector<std::string> plan_remedies(const MemoryPlan& p, int64_t nsamples, int64_t seqlen,
-                                       int64_t micro_batch, int64_t recon_tokens) {
+// The values of the options that size a prune's plan, for its messages.
+struct PlanOptions {
+  int64_t nsamples = 0, seqlen = 0;
+  int64_t pass_windows = 0;      // calibration windows in a pass (the micro-batch, or the windows there are)
+  int64_t eval_pass_seqlen = 0;  // the evaluation sequence's length when an evaluation pass is the largest
+  int64_t eval_chunks = 0;
+  int64_t recon_tokens = 0;
+};
+
+// The options that lower a prune plan's large terms, with their values, for its error message.
+std::vector<std::string> plan_remedies(const MemoryPlan& p, const PlanOptions& o) {
   std::vector<std::string> lower;
   if (p.calibration > 0)
-    lower.push_back(fmt::format("--nsamples {} or --seqlen {} (calibration states {})", nsamples, seqlen,
+    lower.push_back(fmt::format("--nsamples {} or --seqlen {} (calibration states {})", o.nsamples, o.seqlen,
                                 format_bytes(p.calibration)));
   if (p.activations > 0)
     lower.push_back(
-        fmt::format("--micro-batch {} (activations {})", micro_batch, format_bytes(p.activations)));
+        o.eval_pass_seqlen > 0
+            ? fmt::format("--eval-seqlen {} (activations {}: an evaluation pass)", o.eval_pass_seqlen,
+                          format_bytes(p.activations))
+            : fmt::format("--micro-batch {} (activations {})", o.pass_windows, format_bytes(p.activations)));
   if (p.evaluation > 0)
-    lower.push_back(fmt::format("--eval-max-chunks (evaluation {})", format_bytes(p.evaluation)));
+    lower.push_back(
+        fmt::format("--eval-max-chunks {} (evaluation {})", o.eval_chunks, format_bytes(p.evaluation)));
   if (p.gram > 0)
     lower.push_back(fmt::format("--refine dsnot or r2dsnot without --refine-guard (Gram matrix {})",
                                 format_bytes(p.gram)));
   if (p.samples > 0)
-    lower.push_back(fmt::format("--recon-tokens {} or --no-recon-error (reconstruction samples {})",
-                                recon_tokens, format_bytes(p.samples)));
+    lower.push_back(
+        o.recon_tokens == 0
+            ? fmt::format("the tokens the reconstruction error reads (--recon-tokens 0 reads every one: give "
+                          "1024, or --no-recon-error; reconstruction samples {})",
+                          format_bytes(p.samples))
+            : fmt::format("--recon-tokens {} or --no-recon-error (reconstruction samples {})", o.recon_tokens,
+                          format_bytes(p.samples)));
   return lower;
 }
 
@@ -152,7 +170,7 @@ namespace {
 // its first product and, when that fails, retries forever at full CPU, so that limit is checked first, with
 // room for the buffers; then the plan against the memory available (check_host_memory).
 std::optional<double> check_prune_host_memory(const MemoryPlan& p, double held, double margin,
-                                              const PruneConfig& c, int64_t seqlen, int64_t micro_batch) {
+                                              const PruneConfig& c, const PlanOptions& options) {
   if (const auto left = address_space_left_bytes()) {
     // Measured on stories260K: a run maps about 160 MiB (1 thread) and 430 MiB (2 threads) after this point:
     // buffers of the threads calling BLAS, heaps of the threads allocating, and the helper threads'. They
@@ -168,8 +186,7 @@ std::optional<double> check_prune_host_memory(const MemoryPlan& p, double held, 
           format_bytes(static_cast<double>(*left)), format_bytes(data + blas), format_bytes(data),
           plan_terms(p), format_bytes(blas), threads);
   }
-  return check_host_memory(p, held, margin, c.ranks_per_node,
-                           plan_remedies(p, c.nsamples, seqlen, micro_batch, c.recon_tokens));
+  return check_host_memory(p, held, margin, c.ranks_per_node, plan_remedies(p, options));
 }
 
 // What the plan is checked against: this rank's share of the device's free memory (ranks_per_device ranks
@@ -186,16 +203,15 @@ double device_memory_available(const DeviceMemory& memory, int ranks_per_device)
 
 // Before any work on a device: the plan against the memory available to it, with the option that lowers
 // each large term. Returns the device's memory as read for the check.
-std::optional<DeviceMemory> check_device_memory(Backend& backend, const MemoryPlan& p, int64_t nsamples,
-                                                int64_t seqlen, int64_t micro_batch, int64_t recon_tokens,
-                                                int ranks_per_device) {
+std::optional<DeviceMemory> check_device_memory(Backend& backend, const MemoryPlan& p,
+                                                const PlanOptions& options, int ranks_per_device) {
   const auto memory = backend.device_memory();
   if (!memory) return memory;
   const double available = device_memory_available(*memory, ranks_per_device);
   log::info("device memory plan: {} of {} available ({})", format_bytes(p.total()), format_bytes(available),
             plan_terms(p));
   if (p.total() <= available) return memory;
-  std::vector<std::string> lower = plan_remedies(p, nsamples, seqlen, micro_batch, recon_tokens);
+  std::vector<std::string> lower = plan_remedies(p, options);
   if (ranks_per_device > 1) lower.push_back("the ranks per node (or give each its own device)");
   lower.push_back("--device cpu");
   fail(
@@ -581,7 +597,6 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       static_cast<double>(sample_rows + local_windows * per_window) * sampled_widths * sizeof(float);
   // A pass runs a micro-batch of this rank's windows, or an evaluation batch's sequences (a micro-batch's
   // tokens at most, one sequence at least); methods without activations and without --eval run none.
-  const int64_t pass_windows = std::max<int64_t>(1, std::min(r.micro_batch, local_windows));  // the messages'
   const int64_t calib_pass = r.needs_stats ? std::min(r.micro_batch, local_windows) * r.seqlen : 0;
   const int64_t eval_pass = eval_tokens > 0
                                 ? std::min({std::max<int64_t>(1, r.micro_batch * r.seqlen / eval_seqlen),
@@ -589,7 +604,15 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
                                       eval_seqlen
                                 : 0;
   const int64_t tokens_per_pass = std::max(calib_pass, eval_pass);
-  // The host memory plan, checked on every backend (a device run's host keeps the samples only).
+  PlanOptions options;  // for the messages
+  options.nsamples = c.nsamples;
+  options.seqlen = r.seqlen;
+  options.pass_windows = std::max<int64_t>(1, std::min(r.micro_batch, local_windows));
+  options.eval_pass_seqlen = eval_pass > calib_pass ? eval_seqlen : 0;
+  options.eval_chunks = eval_tokens / std::max<int64_t>(eval_seqlen, 1);
+  options.recon_tokens = c.recon_tokens;
+  // The host memory plan, checked on every backend (a device run's host keeps its samples, the mask bits
+  // and a checkpoint writer's copies).
   HostMemoryShape host;
   host.device_resident = backend.device_resident();
   host.ranks = comm.size();
@@ -618,17 +641,15 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   r.host_plan = plan_host_memory(mc, model.stored_weight_dtype(), host);
   r.host_resident_at_plan = static_cast<double>(resident_bytes().value_or(0));
   // The globals are loaded with the model: the memory available now no longer counts them. A device run's
-  // host plan counts its samples only, and keeps no margin for what the terms leave out.
-  r.host_available =
-      check_prune_host_memory(r.host_plan, r.host_plan.globals,
-                              host.device_resident ? 0.0 : kHostMemoryMargin, c, r.seqlen, pass_windows);
+  // host plan keeps no margin for what the terms leave out.
+  r.host_available = check_prune_host_memory(r.host_plan, r.host_plan.globals,
+                                             host.device_resident ? 0.0 : kHostMemoryMargin, c, options);
   if (backend.device_resident()) {
     r.device_plan =
         plan_device_memory(mc, model.storage_dtype(), calib_tokens, tokens_per_pass, eval_tokens,
                            comm.size() == 1 ? std::optional(model.stored_weight_dtype()) : std::nullopt,
                            r.collect_gram, sample_rows);
-    r.device_at_start = check_device_memory(backend, *r.device_plan, c.nsamples, r.seqlen, pass_windows,
-                                            c.recon_tokens, c.ranks_per_device);
+    r.device_at_start = check_device_memory(backend, *r.device_plan, options, c.ranks_per_device);
     if (r.device_at_start)
       r.device_available = device_memory_available(*r.device_at_start, c.ranks_per_device);
     backend.reset_device_memory_peak();  // the report's peak is this run's

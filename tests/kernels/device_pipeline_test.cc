@@ -679,7 +679,10 @@ TEST_F(DevicePipelineTest, MemoryPlanRefusesARunThatDoesNotFit) {
   c.recon_tokens = 0;
   const std::string host = error_of([&] { engine::prune_model(c); });
   EXPECT_NE(host.find("of host memory (reconstruction samples "), std::string::npos) << host;
-  EXPECT_NE(host.find("lower --recon-tokens 0 or --no-recon-error"), std::string::npos) << host;
+  EXPECT_NE(host.find("lower the tokens the reconstruction error reads (--recon-tokens 0 reads every one: "
+                      "give 1024, or --no-recon-error;"),
+            std::string::npos)
+      << host;
   EXPECT_EQ(host.find("cuda memory"), std::string::npos) << host;
   EXPECT_FALSE(fs::exists(c.out));
 }
