@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string_view>
 
 namespace symprune {
+namespace fs = std::filesystem;
 namespace {
 
 std::optional<uint64_t> read_number(const char* path) {
@@ -34,19 +36,76 @@ std::optional<uint64_t> mem_available() {
   return std::nullopt;
 }
 
-std::optional<uint64_t> cgroup_remaining() {
-  auto remaining = [](std::optional<uint64_t> limit,
-                      std::optional<uint64_t> used) -> std::optional<uint64_t> {
-    // cgroup v1 reports "no limit" as a huge number near 2^63.
-    if (!limit || *limit >= (uint64_t{1} << 60)) return std::nullopt;
-    const uint64_t u = used.value_or(0);
-    return *limit > u ? *limit - u : 0;
+// limit − used, or nullopt without a limit (v2 "max"; v1 reports none as a huge number near 2^63).
+std::optional<uint64_t> remaining(std::optional<uint64_t> limit, std::optional<uint64_t> used) {
+  if (!limit || *limit >= (uint64_t{1} << 60)) return std::nullopt;
+  const uint64_t u = used.value_or(0);
+  return *limit > u ? *limit - u : 0;
+}
+
+// The smallest remaining allowance of the cgroup directory `dir` and its ancestors up to `top` (a limit
+// set on a parent, such as a Slurm job's above its step, binds too).
+std::optional<uint64_t> smallest_remaining(fs::path dir, const fs::path& top, const char* limit_file,
+                                           const char* usage_file) {
+  std::optional<uint64_t> smallest;
+  for (;;) {
+    const auto left =
+        remaining(read_number((dir / limit_file).c_str()), read_number((dir / usage_file).c_str()));
+    if (left && (!smallest || *left < *smallest)) smallest = left;
+    if (dir == top || dir.parent_path() == dir) break;
+    dir = dir.parent_path();
+  }
+  return smallest;
+}
+
+}  // namespace
+
+namespace detail {
+
+std::optional<uint64_t> cgroup_remaining_bytes(const std::string& proc_self_cgroup, const fs::path& mount) {
+  std::optional<uint64_t> smallest;
+  const auto take = [&](std::optional<uint64_t> left) {
+    if (left && (!smallest || *left < *smallest)) smallest = left;
   };
-  if (auto v2 =
-          remaining(read_number("/sys/fs/cgroup/memory.max"), read_number("/sys/fs/cgroup/memory.current")))
-    return v2;
-  return remaining(read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
-                   read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes"));
+  std::istringstream lines(proc_self_cgroup);
+  std::string line;
+  while (std::getline(lines, line)) {
+    // "ID:CONTROLLERS:PATH"; v2 is "0::PATH", v1's memory controller lists "memory" among its controllers.
+    const auto first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const fs::path path = fs::path(line.substr(second + 1)).relative_path();
+    const bool v2 = controllers.empty();
+    bool memory = false;
+    for (size_t at = 0; at <= controllers.size();) {
+      const size_t comma = std::min(controllers.find(',', at), controllers.size());
+      memory = memory || controllers.substr(at, comma - at) == "memory";
+      at = comma + 1;
+    }
+    if (!v2 && !memory) continue;
+    // A v2 hierarchy is mounted at the mount point itself (its cgroup.controllers file says so), or beside
+    // v1's at "unified"; v1's memory controller at "memory".
+    std::error_code ec;
+    const fs::path top =
+        v2 ? (fs::exists(mount / "cgroup.controllers", ec) ? mount : mount / "unified") : mount / "memory";
+    // In a cgroup namespace the path is relative to what is mounted: the directory may not exist below the
+    // mount, whose top is then this process's cgroup.
+    const fs::path dir = !path.empty() && fs::is_directory(top / path, ec) ? top / path : top;
+    take(v2 ? smallest_remaining(dir, top, "memory.max", "memory.current")
+            : smallest_remaining(dir, top, "memory.limit_in_bytes", "memory.usage_in_bytes"));
+  }
+  return smallest;
+}
+
+}  // namespace detail
+
+namespace {
+
+std::optional<uint64_t> cgroup_remaining() {
+  std::ifstream in("/proc/self/cgroup");
+  std::stringstream text;
+  text << in.rdbuf();
+  return detail::cgroup_remaining_bytes(text.str(), "/sys/fs/cgroup");
 }
 
 // A "Key:   N kB" line of /proc/self/status, in bytes.
