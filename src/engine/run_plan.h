@@ -140,7 +140,7 @@ inline constexpr double kHostMemoryMargin = 256.0 * (1 << 20);
 // its largest size; the selection of the largest linear; the Gram matrices of every input group in fp64;
 // the mask bits of every block; and per thread the attention's score rows and an allowance for BLAS
 // buffers and heaps. Terms that are largest at different stages are added: the plan is an upper bound,
-// 10-30 % above the growth measured on 1024-wide and 7B shapes (bench/results/host_memory_plan.md).
+// 10-35 % above the growth measured on 1024-wide and 7B shapes (bench/results/host_memory_plan.md).
 MemoryPlan plan_host_memory(const io::ModelConfig& config, DType stored, const HostMemoryShape& shape);
 
 // Checks a host plan against this rank's share of the memory available (ranks_per_node ranks share it)
