@@ -19,6 +19,10 @@ BASE = ["prune", "--model", MODEL, "--calib", "synthetic", "--sparsity", "0.5", 
 EVAL = ["--eval", str(DATA / "wikitext2" / "wiki.test.hf_rows_joined_nn.txt"), "--tokenizer",
         str(DATA / "llama2c_tokenizer" / "tokenizer.model"), "--eval-max-chunks", "4"]
 MIB = 1 << 20
+# Under AddressSanitizer (scripts/sanitize.sh exports ASAN_OPTIONS) every allocation has red zones and freed
+# memory waits in a quarantine: the resident sizes are not the plan's, only what it says is checked.
+SANITIZED = "ASAN_OPTIONS" in os.environ or "libasan" in subprocess.run(["ldd", BIN], capture_output=True,
+                                                                         text=True).stdout
 
 
 def prune(tmp_path, *args, env=None):
@@ -50,9 +54,9 @@ def test_the_plan_bounds_what_the_run_holds(tmp_path, case):
     # What the run allocated after the check: its peak less what it held then, the globals excepted (they
     # were loaded before it, and the plan counts them). Measured 0.74-0.81 of the plan on these cases.
     grown = memory["peak_resident"] - memory["resident_at_plan"] + plan["globals"]
-    assert grown <= memory["planned"], memory
-    assert memory["planned"] <= 1.5 * grown, memory
     assert memory["available_at_start"] is None or memory["available_at_start"] > 0
+    if not SANITIZED:
+        assert grown <= memory["planned"] <= 1.5 * grown, memory
 
 
 def test_a_run_the_memory_cannot_hold_is_refused_before_any_block_and_the_remedy_fits(tmp_path):
@@ -94,7 +98,7 @@ def test_eval_plans_its_host_memory_too(tmp_path):
     plan = memory["plan"]
     assert plan["evaluation"] > 16 * 1024 * 1024 * 4 and plan["masks"] == plan["selection"] == 0
     grown = memory["peak_resident"] - memory["resident_at_plan"] + plan["globals"]
-    assert grown <= memory["planned"] <= 1.5 * grown, memory
+    assert SANITIZED or grown <= memory["planned"] <= 1.5 * grown, memory
 
     # The whole text (about 330 chunks of 1024 tokens: 1.3 GiB of states) does not fit in 1.5 GiB; the
     # message names --max-chunks with the evaluation's size, and --batch.
