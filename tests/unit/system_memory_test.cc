@@ -68,8 +68,9 @@ TEST(AvailableMemory, IsOverriddenForTestsAndTheResidentSizesAreRead) {
   ::setenv("SYMPRUNE_MEMORY_AVAILABLE", "12345", 1);
   EXPECT_EQ(available_memory_bytes(), uint64_t{12345});
   ::unsetenv("SYMPRUNE_MEMORY_AVAILABLE");
-  EXPECT_TRUE(resident_bytes().has_value());
-  EXPECT_GE(peak_resident_bytes().value_or(0), resident_bytes().value_or(1));
+  // (Not compared: the kernel's high-water mark may lag a moment behind the resident size.)
+  EXPECT_GT(resident_bytes().value_or(0), 0u);
+  EXPECT_GT(peak_resident_bytes().value_or(0), 0u);
 }
 
 }  // namespace
