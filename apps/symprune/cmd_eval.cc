@@ -68,12 +68,10 @@ nlohmann::json check_eval_host_memory(const EvalOptions& o, const model::Decoder
       plan, plan.globals, engine::kHostMemoryMargin, 1,
       {fmt::format("--max-chunks {} (evaluation {})", chunks, format_bytes(plan.evaluation)),
        fmt::format("--batch {} (activations {})", batch, format_bytes(plan.activations))});
-  nlohmann::json terms = nlohmann::json::object();
-  for (const engine::MemoryTerm& term : engine::kMemoryTerms) terms[term.key] = plan.*term.bytes;
   return {{"planned", plan.total()},
           {"available_at_start", available ? nlohmann::json(*available) : nlohmann::json()},
           {"resident_at_plan", resident ? nlohmann::json(*resident) : nlohmann::json()},
-          {"plan", terms}};
+          {"plan", engine::memory_plan_json(plan)}};
 }
 
 void run_eval(const EvalOptions& o) {

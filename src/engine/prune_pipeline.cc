@@ -456,8 +456,6 @@ nlohmann::json device_memory_json(dist::Communicator& comm, const RunPlan& plan,
     worst.peak_used = std::max(worst.peak_used, r.peak_used);
     worst.peak_reserved = std::max(worst.peak_reserved, r.peak_reserved);
   }
-  nlohmann::json terms = nlohmann::json::object();
-  for (const MemoryTerm& term : kMemoryTerms) terms[term.key] = (*plan.device_plan).*term.bytes;
   return {
       {"planned", worst.planned},
       {"available_at_start", worst.available},
@@ -466,7 +464,7 @@ nlohmann::json device_memory_json(dist::Communicator& comm, const RunPlan& plan,
       {"peak_reserved", worst.peak_reserved},
       {"total", local.total},
       {"allocator", now && !now->pooled ? "cudaMalloc/cudaFree (no memory pools)" : "stream-ordered pool"},
-      {"plan", terms}};
+      {"plan", memory_plan_json(*plan.device_plan)}};
 }
 
 // The report's "host_memory" (collective): the largest plan over the ranks (its total and its terms), the
@@ -474,18 +472,16 @@ nlohmann::json device_memory_json(dist::Communicator& comm, const RunPlan& plan,
 // included), and the smallest available memory a plan was checked against (null when none could be read).
 nlohmann::json host_memory_json(dist::Communicator& comm, const RunPlan& plan) {
   struct RankMemory {  // bytes; available -1 when unknown
-    std::array<double, kMemoryTerms.size()> terms{};
+    MemoryPlan terms;
     int64_t available = -1, resident_at_plan = 0, peak_resident = 0;
   };
-  RankMemory local{{},
-                   plan.host_available ? static_cast<int64_t>(*plan.host_available) : -1,
+  RankMemory local{plan.host_plan, plan.host_available ? static_cast<int64_t>(*plan.host_available) : -1,
                    static_cast<int64_t>(plan.host_resident_at_plan),
                    static_cast<int64_t>(peak_resident_bytes().value_or(0))};
-  for (size_t i = 0; i < kMemoryTerms.size(); ++i) local.terms[i] = plan.host_plan.*kMemoryTerms[i].bytes;
   std::vector<RankMemory> ranks(static_cast<size_t>(comm.size()));
   comm.all_gather(std::as_bytes(std::span<const RankMemory>(&local, 1)),
                   std::as_writable_bytes(std::span<RankMemory>(ranks)));
-  const auto total = [](const RankMemory& r) { return std::accumulate(r.terms.begin(), r.terms.end(), 0.0); };
+  const auto total = [](const RankMemory& r) { return r.terms.total(); };
   RankMemory worst = local;
   for (const RankMemory& r : ranks) {
     if (total(r) > total(worst)) worst.terms = r.terms;
@@ -494,13 +490,11 @@ nlohmann::json host_memory_json(dist::Communicator& comm, const RunPlan& plan) {
     worst.resident_at_plan = std::max(worst.resident_at_plan, r.resident_at_plan);
     worst.peak_resident = std::max(worst.peak_resident, r.peak_resident);
   }
-  nlohmann::json terms = nlohmann::json::object();
-  for (size_t i = 0; i < kMemoryTerms.size(); ++i) terms[kMemoryTerms[i].key] = worst.terms[i];
   return {{"planned", total(worst)},
           {"available_at_start", worst.available >= 0 ? nlohmann::json(worst.available) : nlohmann::json()},
           {"resident_at_plan", worst.resident_at_plan},
           {"peak_resident", worst.peak_resident},
-          {"plan", terms}};
+          {"plan", memory_plan_json(worst.terms)}};
 }
 
 // What a checkpoint saves besides the masks and hidden states: the identity and the report so far.

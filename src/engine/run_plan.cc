@@ -145,6 +145,12 @@ std::string plan_terms(const MemoryPlan& p) {  // "weights and head 1.0 GiB, ...
 
 }  // namespace
 
+nlohmann::json memory_plan_json(const MemoryPlan& plan) {
+  nlohmann::json terms = nlohmann::json::object();
+  for (const MemoryTerm& term : kMemoryTerms) terms[term.key] = plan.*term.bytes;
+  return terms;
+}
+
 std::optional<double> check_host_memory(const MemoryPlan& p, double held, double margin, int ranks_per_node,
                                         const std::vector<std::string>& lower) {
   const auto free = available_memory_bytes();

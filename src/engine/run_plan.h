@@ -57,6 +57,8 @@ inline double MemoryPlan::total() const {
   for (const MemoryTerm& term : kMemoryTerms) sum += this->*term.bytes;
   return sum;
 }
+// The plan's terms as the report's "plan" object: each term's key → its bytes.
+nlohmann::json memory_plan_json(const MemoryPlan& plan);
 
 struct RunPlan {
   io::ResolvedModel resolved;
