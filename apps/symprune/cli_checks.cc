@@ -17,6 +17,21 @@ namespace {
 
 // Options where +/-inf is a meaningful value (the l-infinity norm).
 const std::set<std::string> kInfinityAllowed = {"--p", "--reg-p"};
+// Options where an empty value means something ("<command> --<name>"): the text to tokenize.
+const std::set<std::string> kEmptyAllowed = {"tokenize --text"};
+
+// An option given "" is almost always an unset variable in a script (`--checkpoint "$CKPT"`): refused, where
+// it used to mean "not given" for paths (a run without its checkpoint, report or evaluation) and a confusing
+// message for the rest.
+CLI::Validator non_empty_check(bool required) {
+  return CLI::Validator(
+      [required](std::string& text) -> std::string {
+        if (!text.empty()) return {};
+        return std::string("an empty value (an unset variable in a script?): give one") +
+               (required ? "" : ", or leave the option out");
+      },
+      "");
+}
 
 bool is_decimal_integer(const std::string& text, bool allow_sign) {
   size_t i = (allow_sign && !text.empty() && (text[0] == '-' || text[0] == '+')) ? 1 : 0;
@@ -240,7 +255,7 @@ std::optional<std::string> unknown_command_line_word(const CLI::App& app, int ar
   return std::nullopt;
 }
 
-void add_numeric_checks(CLI::App& app) {
+void add_value_checks(CLI::App& app) {
   for (CLI::Option* opt : app.get_options()) {
     const std::string type = opt->get_type_name();
     if (type == "INT" || type == "UINT") {
@@ -251,8 +266,14 @@ void add_numeric_checks(CLI::App& app) {
         infinity = infinity || kInfinityAllowed.count("--" + name) != 0;
       opt->check(finite_check(infinity));
     }
+    // Added last as a transform, so it runs first.
+    const bool empty_allowed = std::any_of(opt->get_lnames().begin(), opt->get_lnames().end(), [&](auto& l) {
+      return kEmptyAllowed.count(app.get_name() + " --" + l) != 0;
+    });
+    if (opt->get_items_expected_max() > 0 && !empty_allowed)
+      opt->transform(non_empty_check(opt->get_required()));
   }
-  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) add_numeric_checks(*sub);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) add_value_checks(*sub);
 }
 
 CLI::Option* add_python_seed_option(CLI::App* sub, const std::string& name, uint64_t& seed,

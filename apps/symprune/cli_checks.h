@@ -10,10 +10,11 @@
 
 namespace symprune::app {
 
-// Adds to every INT, UINT and FLOAT option of `app` and its subcommands (recursively): decimal integers
-// only, within the 64-bit range of their sign (narrower types are range-checked by CLI11 itself), and
-// finite floating-point values except for the options named in allow_infinity (e.g. "--p").
-void add_numeric_checks(CLI::App& app);
+// Adds to every option of `app` and its subcommands (recursively) that takes a value: no empty value (but
+// for `tokenize --text`); and to the INT, UINT and FLOAT ones: decimal integers only, within the 64-bit
+// range of their sign (narrower types are range-checked by CLI11 itself), and finite floating-point values
+// except for "--p" and "--reg-p" (the l-infinity norm).
+void add_value_checks(CLI::App& app);
 
 // `--seed S`: any decimal integer with Python's random.seed(S) semantics for ints, which seed with |S|
 // (random.seed(-1) equals random.seed(1)); |S| must fit in 64 bits.

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   auto& registry = app::command_registry();
   std::sort(registry.begin(), registry.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   for (const auto& command : registry) command.add(app);
-  app::add_numeric_checks(app);
+  app::add_value_checks(app);
   app.parse_complete_callback([&] { log::init(0, log_level); });
   try {
     if (const auto unknown = app::unknown_command_line_word(app, argc, argv))

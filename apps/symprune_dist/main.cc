@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
       "MPI), mpi (host buffers) or nccl (one GPU per node-local rank, bootstrapped over MPI)");
   app::PruneCliOptions options;
   app::add_prune_options(&app, options);
-  app::add_numeric_checks(app);
+  app::add_value_checks(app);
   // A command line that ends the run (an error, --help) ends it on every rank, even where only some ranks
   // got it (an MPMD launch with other options per rank): a rank returning alone would leave the others
   // waiting for it in their first collective.

@@ -915,6 +915,11 @@ def _(env, tmp):
     return Case("--log-level", "info")
 
 
+@trigger("E-OPT-EMPTY")
+def _(env, tmp):
+    return prune(env, tmp, "--checkpoint", "")  # an unset $CKPT: the run would have gone on without one
+
+
 @trigger("E-OPT-NOT-A-NUMBER")
 def _(env, tmp):
     return prune(env, tmp, method=("--method", "magnitude", "--sparsity", "half"))

@@ -534,8 +534,9 @@ def test_negative_seed_follows_python(stories, tmp_path):
     (["--alpha", "nan"], "'nan' is not a number"),
     (["--sparsity", "inf"], "'inf' is not a finite number"),
     # CLI11 reads an empty number as 0: a dense copy, or wanda turned into magnitude by --alpha "".
-    (["--sparsity", ""], "--sparsity: an empty value is not a number"),
-    (["--alpha", ""], "--alpha: an empty value is not a number"),
+    (["--sparsity", ""], "--sparsity: an empty value (an unset variable in a script?)"),
+    (["--alpha", ""], "--alpha: an empty value (an unset variable in a script?)"),
+    (["--alpha", " "], "--alpha: an empty value is not a number"),
     (["--nsamples", "100000000"], "of host memory (weights and head "),
 ])
 def test_bad_numbers_are_refused_with_a_message(stories, tmp_path, args, message):
@@ -544,6 +545,39 @@ def test_bad_numbers_are_refused_with_a_message(stories, tmp_path, args, message
     assert proc.returncode == 1, proc.stderr
     assert message in proc.stderr, proc.stderr
     assert time.time() - start < 30 and listing(tmp_path) == []
+
+
+# Paths given "" used to mean "not given": a run without the checkpoint, report or evaluation a script asked
+# for through an unset variable, with exit 0.
+@pytest.mark.parametrize("command,option", [
+    ("prune", "--checkpoint"), ("prune", "--report"), ("prune", "--eval"), ("prune", "--tokenizer"),
+    ("prune", "--resume"), ("prune", "--calib"), ("prune", "--recipe"), ("prune", "--model"),
+    ("eval", "--report"), ("eval", "--tokenizer"), ("calib", "--out"), ("tokenize", "--text-file"),
+])
+def test_an_empty_value_is_refused_not_taken_as_absent(stories, tmp_path, command, option):
+    out = tmp_path / "out"
+    given = {
+        "prune": {"--model": stories.model, "--method": "wanda", "--sparsity": "0.5", "--nsamples": "8",
+                  "--seqlen": "64", "--calib": stories.first, "--out": out},
+        "eval": {"--model": stories.model, "--text": stories.second, "--max-chunks": "2"},
+        "calib": {"--tokenizer": stories.model, "--calib": stories.first, "--out": out},
+        "tokenize": {"--tokenizer": stories.model},
+    }[command]
+    given[option] = ""
+    proc = symprune(command, *[str(word) for pair in given.items() for word in pair], check=False)
+    assert proc.returncode == 1, proc.stderr
+    end = "give one" if option == "--model" else "give one, or leave the option out"
+    assert f"{option}: an empty value (an unset variable in a script?): {end}\n" in proc.stderr, proc.stderr
+    assert listing(tmp_path) == []
+
+
+def test_an_empty_value_in_a_recipe_is_refused_and_an_empty_text_is_tokenized(stories, tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('checkpoint = ""\n')
+    proc = symprune(*prune_args(stories, tmp_path / "out", "--recipe", recipe), check=False)
+    assert proc.returncode == 1 and "--checkpoint: an empty value" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.toml"]
+    assert symprune("tokenize", "--tokenizer", stories.model, "--text", "").stdout.split() == ["1"]
 
 
 def test_log_levels_are_the_six_documented_names(stories, tmp_path):
