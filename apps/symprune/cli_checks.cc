@@ -8,6 +8,7 @@
 #include <cfloat>
 #include <charconv>
 #include <cmath>
+#include <map>
 #include <set>
 #include <string_view>
 #include <vector>
@@ -196,6 +197,9 @@ std::optional<std::string> unknown_command_line_word(const CLI::App& app, int ar
         "misspelled? '{0} --help' lists the options)",
         command_path(*command), word);
   };
+  // The values of each single-value option given so far: CLI11 says "--out: At Most 1 required but received
+  // 2" for a repeated one.
+  std::map<const CLI::Option*, std::vector<std::string>> single_values;
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& word = words[i];
     if (word == "--") {  // what follows is positional
@@ -219,6 +223,20 @@ std::optional<std::string> unknown_command_line_word(const CLI::App& app, int ar
         return fmt::format(
             "{}: unknown option {}{}", command_path(*command), name,
             hint.empty() ? fmt::format(" ('{} --help' lists the options)", command_path(*command)) : hint);
+      }
+      const bool single = option->get_items_expected_max() == 1 &&
+                          option->get_multi_option_policy() == CLI::MultiOptionPolicy::Throw;
+      if (single) {
+        const size_t equals = word.find('=');
+        std::vector<std::string>& values = single_values[option];
+        values.push_back(equals != std::string::npos ? word.substr(equals + 1)
+                         : i + 1 < words.size()      ? words[i + 1]
+                                                     : "");
+        if (values.size() == 2)
+          return fmt::format("{}: --{} is given twice ('{}', then '{}'): give it once",
+                             command_path(*command),
+                             option->get_lnames().empty() ? option->get_name() : option->get_lnames().front(),
+                             values[0], values[1]);
       }
       // Its values are words too: skip them (none given as --name=value). CLI11 takes the values an option
       // requires whatever they look like (--text -Hello), and further ones while they look like no option.

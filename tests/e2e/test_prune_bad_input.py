@@ -169,7 +169,15 @@ def test_values_and_help_are_not_taken_for_misspelled_words(stories, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["prune", "-model", "m"], "symprune prune: unknown option -model (did you mean --model?)"),
     (["prune", "--model", "m", "--", "extra"], "symprune prune: unexpected argument 'extra'"),
-], ids=["single-dash-long-name", "after-double-dash"])
+    # CLI11 said "--method: At Most 1 required but received 2"; a flag or a recipe's value is no repeat.
+    (["prune", "--model", "m", "--method", "magnitude", "--method=wanda"],
+     "symprune prune: --method is given twice ('magnitude', then 'wanda'): give it once"),
+    (["--log-level", "warn", "eval", "--log-level", "info"],
+     "symprune eval: --log-level is given twice ('warn', then 'info'): give it once"),
+    (["prune", "--force", "--force", "--seed", "1", "--seed", "2"],
+     "symprune prune: --seed is given twice ('1', then '2'): give it once"),
+], ids=["single-dash-long-name", "after-double-dash", "repeated-option", "repeated-top-level-option",
+        "repeated-after-a-repeated-flag"])
 def test_single_dash_names_and_words_after_double_dash(args, message):
     proc = symprune(*args, check=False)
     assert proc.returncode == 1 and message in proc.stderr.splitlines()[0], proc.stderr
