@@ -617,11 +617,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
   // --checkpoint through a symbolic link to an existing file is that file: FILE.tmp, FILE.prev and FILE.done
   // go beside it, and installing a checkpoint replaces it, not the link (its target was left behind).
   PruneConfig c = config;
-  std::error_code link_error;
-  if (!c.checkpoint.empty() && fs::is_symlink(fs::symlink_status(c.checkpoint, link_error))) {
-    const fs::path target = fs::canonical(c.checkpoint, link_error);
-    if (!link_error) c.checkpoint = target;  // a dangling link stays as given (its checks name it)
-  }
+  if (!c.checkpoint.empty()) c.checkpoint = io::output_file_target(c.checkpoint);
   agree_on_errors(comm, [&] { set_cpu_threads(c.threads); });  // one message, not one abort per rank
   PruneResult result;
 

@@ -83,10 +83,18 @@ unsigned process_umask() {
   return mask;
 }
 
+fs::path output_file_target(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_symlink(fs::symlink_status(path, ec))) return path;
+  const fs::path target = fs::canonical(path, ec);
+  return ec ? path : target;  // a dangling link stays as given (checks name it)
+}
+
 void write_file_atomically(const fs::path& path, const std::function<void(int, const fs::path&)>& body) {
-  check_output_file_directory(path);
-  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  std::string pattern = (parent / hidden_name(path.filename().string(), ".tmp.XXXXXX")).string();
+  const fs::path file = output_file_target(path);
+  check_output_file_directory(file);
+  const fs::path parent = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  std::string pattern = (parent / hidden_name(file.filename().string(), ".tmp.XXXXXX")).string();
   const int fd = ::mkstemp(pattern.data());
   SYMPRUNE_CHECK(fd >= 0, "{}: cannot create a temporary file in {}: {}", path.string(), parent.string(),
                  std::strerror(errno));
@@ -104,7 +112,7 @@ void write_file_atomically(const fs::path& path, const std::function<void(int, c
     ::unlink(pattern.c_str());
     throw;
   }
-  if (::rename(pattern.c_str(), path.c_str()) != 0) {
+  if (::rename(pattern.c_str(), file.c_str()) != 0) {
     const int err = errno;
     ::unlink(pattern.c_str());
     fail("{}: cannot rename the temporary file into place: {}", path.string(), std::strerror(err));

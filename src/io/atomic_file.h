@@ -27,7 +27,12 @@ std::string hidden_name(std::string_view name, std::string_view suffix);
 // fsync of a directory, so that renames and new entries in it survive a crash (best effort).
 void sync_directory(const std::filesystem::path& dir);
 
-// Calls `body(fd, path)` on a fresh temp file beside `path`, then makes it `path` (mode 0666 less the umask).
+// The file that an output named `path` is: the target of a symbolic link to an existing file (so a link's
+// target is replaced, not the link, as for --out and --checkpoint), else `path` itself.
+std::filesystem::path output_file_target(const std::filesystem::path& path);
+
+// Calls `body(fd, path)` on a fresh temp file beside output_file_target(path), then makes it that file (mode
+// 0666 less the umask). Messages name `path`.
 void write_file_atomically(const std::filesystem::path& path,
                            const std::function<void(int fd, const std::filesystem::path& path)>& body);
 void write_file_atomically(const std::filesystem::path& path, std::string_view contents);

@@ -417,15 +417,23 @@ void check_output_file(const fs::path& file, const InputFootprint& inputs, std::
     SYMPRUNE_CHECK(!is_within(resolved, out_dir->path()),
                    "{} {} is inside the output directory {}, which the run replaces; write it elsewhere",
                    option, file.string(), out_dir->as_given().string());
-  check_output_file_directory(file);
+  const fs::path target = output_file_target(file);
+  if (target != file && !fs::is_regular_file(target, ec))
+    fail(
+        "{} {} is a symbolic link to {}, which is not a regular file ({}); symprune replaces the file it "
+        "writes, so give the path of a regular file or of a new one",
+        option, file.string(), target.string(),
+        fs::is_directory(target, ec) ? "a directory" : "a device, FIFO or socket");
+  check_output_file_directory(target);
 }
 
 std::unique_ptr<PathLock> lock_output_file(const fs::path& file, std::string_view option,
                                            const InputFootprint& inputs) {
-  // Where write_file_atomically writes: beside `file` itself, also when it is a symbolic link (replaced, not
-  // written through), so the lock and the temporaries are beside the link, not its target.
-  const fs::path parent = file.has_parent_path() ? file.parent_path() : fs::path(".");
-  const fs::path resolved = resolved_path(parent) / file.filename();
+  // Where write_file_atomically writes: beside the file, which is a symbolic link's target (replaced through
+  // the link), so the lock and the temporaries are there.
+  const fs::path written = output_file_target(file);
+  const fs::path parent = written.has_parent_path() ? written.parent_path() : fs::path(".");
+  const fs::path resolved = resolved_path(parent) / written.filename();
   auto lock = std::make_unique<PathLock>(resolved, option);
   std::error_code ec;
   const std::string name = resolved.filename().string();

@@ -149,8 +149,8 @@ void check_output_file(const std::filesystem::path& file, const InputFootprint& 
                        std::string_view option, const OutputDirectory* out_dir = nullptr,
                        const std::vector<CompanionFile>& companions = {});
 
-// The lock of output file `file` (PathLock, beside `file` itself even when it is a symbolic link, which the
-// write replaces) for as long as the run may write it, taken after check_output_file. Under it no other
+// The lock of output file `file` (PathLock, beside the file, a symbolic link's target: the write replaces the
+// target, not the link) for as long as the run may write it, taken after check_output_file. Under it no other
 // run writes beside the file, so the temporaries there of
 // write_file_atomically (".NAME.tmp.XXXXXX") were left by a killed run writing this file: they are removed,
 // each with a warning (one that is an input is refused, never removed).

@@ -1303,6 +1303,14 @@ def _(env, tmp):
                 tmp / "pruned", "--report", tmp / "fifo")
 
 
+@trigger("E-REPORT-LINK-NOT-REGULAR")
+def _(env, tmp):
+    os.mkfifo(tmp / "fifo")
+    (tmp / "report.json").symlink_to(tmp / "fifo")  # a link stands for its target, here not a file
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                tmp / "pruned", "--report", tmp / "report.json")
+
+
 @trigger("E-REPORT-IS-CHECKPOINT")
 def _(env, tmp):
     return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out",

@@ -408,17 +408,23 @@ def test_the_temporary_file_of_a_report_killed_while_written_is_removed_by_the_n
     assert run.finish() == 1
     assert "late.json exists and is not a regular file (a directory)" in run.stderr, run.stderr
     shutil.rmtree(tmp_path / "out-a")
-    # Beside a symbolic link, not its target: the write replaces the link (the lock goes there too).
+    # A symbolic link stands for its target, as --out's and --checkpoint's do: the target is replaced (the link
+    # was, leaving the target stale), and the lock and temporaries are beside it.
     target_dir = tmp_path / "elsewhere"
     target_dir.mkdir()
     (target_dir / "r.json").write_text("the link's target")
     (tmp_path / "linked.json").symlink_to(target_dir / "r.json")
-    beside_link = tmp_path / ".linked.json.tmp.Zz9yX8"
-    beside_link.write_text("{")
+    beside_target = target_dir / ".r.json.tmp.Zz9yX8"
+    beside_target.write_text("{")
     symprune(*prune_args(stories, tmp_path / "out2"), "--report", tmp_path / "linked.json")
-    assert not beside_link.exists() and [p.name for p in target_dir.iterdir()] == ["r.json"]
-    assert (target_dir / "r.json").read_text() == "the link's target"
-    assert (tmp_path / "linked.json").is_file() and not (tmp_path / "linked.json").is_symlink()
+    assert not beside_target.exists() and [p.name for p in target_dir.iterdir()] == ["r.json"]
+    assert (tmp_path / "linked.json").is_symlink() and read_json(target_dir / "r.json")["config"]["nsamples"] == 8
+    # A link to a device is refused, naming the link (the write would put a file in the device's place).
+    (tmp_path / "null.json").symlink_to("/dev/null")
+    proc = symprune(*prune_args(stories, tmp_path / "out3"), "--report", tmp_path / "null.json", check=False)
+    assert proc.returncode == 1 and f"--report {tmp_path / 'null.json'} is a symbolic link to /dev/null, which is " \
+        "not a regular file" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out3").exists()
     stale_tokens = tmp_path / ".ids.bin.tmp.AbC123"
     stale_tokens.write_bytes(b"\0" * 8)
     symprune("calib", "--calib", stories.first, "--tokenizer", stories.model, "--nsamples", "2", "--seqlen", "16",
