@@ -41,7 +41,8 @@ floor(m*n*R) per matrix (--group layer); --nm N:M prunes N of every M consecutiv
 --compat wanda: magnitude per layer with the reference "<= threshold" rule, other methods as asked
 (--group layer uses "<= threshold"), and --seqlen defaults to max_position_embeddings. --compat ria: per layer "<= threshold" unless --group row, and
 RIA's fp16 rounding of the relative-importance term for ri and ria. --compat dsnot: as wanda, with
---seqlen 2048 (DSnoT's fixed length); the refinement options' defaults are DSnoT's already.
+--seqlen 2048 (DSnoT's fixed length), but with --refine dsnot or r2dsnot magnitude's initial mask is per row
+(DSnoT's --initial_method magnitude); the refinement options' defaults are DSnoT's already.
 
 Refinement (--refine, after the initial mask, before the pruned pass; only the mask changes):
   dsnot     DSnoT: per output row, swap one pruned and one kept weight per cycle to drive the expected

@@ -80,8 +80,13 @@ ResolvedMask resolve_mask(const PruneConfig& c, ScoreMethod method) {
   bool layer = c.group == "layer";
   bool le = false;
   if (c.compat != "none") {
-    if (method == ScoreMethod::kMagnitude) {
-      layer = true;  // magnitude is per-layer "≤ θ" in every reference repo (DSnoT's is Wanda's code)
+    // DSnoT refines an initial mask chosen per row for every --initial_method, magnitude too
+    // (reference-implementations.md §5.2 step 1); its plain magnitude method is Wanda's code (§4.2).
+    const bool dsnot_initial = c.compat == "dsnot" && (c.refine == "dsnot" || c.refine == "r2dsnot");
+    if (method == ScoreMethod::kMagnitude && dsnot_initial) {
+      layer = c.group == "layer";
+    } else if (method == ScoreMethod::kMagnitude) {
+      layer = true;  // magnitude is per-layer "≤ θ" in every reference repo (§4.2)
       if (c.group == "row")
         log::warn_on_root(
             "--group row is not used: under --compat {} magnitude selects per layer, as every reference "

@@ -427,6 +427,36 @@ TEST_F(PrunePipeline, CompatWandaMagnitudeUsesTheLayerThresholdRule) {
   expect_error(w, "--seqlen 2048 exceeds max_position_embeddings 64 of " + (model_ / "config.json").string());
 }
 
+TEST_F(PrunePipeline, CompatDsnotRefinesAPerRowMagnitudeMask) {
+  // DSnoT's --initial_method magnitude sorts each row (reference-implementations.md §5.2 step 1): exactly
+  // floor(n/2) per row before and after the refinement (a swap keeps the row's count), in every linear, the
+  // skipped MLP ones included; --group layer still asks for the layer rule.
+  for (const char* refine : {"dsnot", "r2dsnot"}) {
+    auto c = base_config(model_, work_ / (std::string("compat_dsnot_magnitude_") + refine), "magnitude");
+    c.compat = "dsnot";
+    c.refine = refine;
+    c.seqlen = 32;
+    const PruneResult r = prune_model(c);
+    EXPECT_EQ(r.report()["config"]["group"], "row") << refine;
+    const auto out = io::SafetensorsModel::open_dir(c.out);
+    for (const auto& name : out.names()) {
+      if (!is_linear(name)) continue;
+      const Tensor p = out.load_f32(name);
+      for (int64_t row = 0; row < p.dim(0); ++row) {
+        int64_t zeros = 0;
+        for (int64_t col = 0; col < p.dim(1); ++col) zeros += p[row * p.dim(1) + col] == 0.0f;
+        EXPECT_EQ(zeros, p.dim(1) / 2) << refine << " " << name << " row " << row;
+      }
+    }
+  }
+  auto layer = base_config(model_, work_ / "compat_dsnot_magnitude_layer", "magnitude");
+  layer.compat = "dsnot";
+  layer.refine = "dsnot";
+  layer.group = "layer";
+  layer.seqlen = 32;
+  EXPECT_EQ(prune_model(layer).report()["config"]["group"], "layer");
+}
+
 TEST_F(PrunePipeline, CompatDsnotKeepsItsFixedLength) {
   // DSnoT's length is 2048 whatever the model's maximum (Wanda's mask rules: the test above).
   auto w = base_config(model_, work_ / "compat_dsnot_wanda", "wanda");
