@@ -35,6 +35,7 @@ a lower score is pruned first):
   stochria      ria with row/column sums over sampled subsets of tau = max(1, floor(beta*min(m,n)))
                 entries (--beta, --method-seed; alpha 0.5)
 Activation-aware methods (all with alpha, unless --alpha 0) need --calib; the others run no forward pass.
+The paper's stochRIA and p-norm tables use alpha 1 (for ria too): give --alpha 1 to reproduce them.
 
 Masks: --sparsity R prunes exactly floor(n*R) weights per output row (--group row, default) or
 floor(m*n*R) per matrix (--group layer); --nm N:M prunes N of every M consecutive inputs in each row.
@@ -56,6 +57,9 @@ Refinement (--refine, after the initial mask, before the pruned pass; only the m
   r2dsnot   R2-DSnoT: DSnoT with the relative factor 1/||W~[r,:]||1 + 1/||W~[:,c]||1 in the regrow key
             (--grow-relative) and the prune key (--prune-relative), a_c^--refine-alpha in the prune key,
             and lp regularizers gamma*||row after the move||_p (--reg-p, --gamma-grow, --gamma-prune).
+            Defaults: the equations as written (both factors on, gammas 0). The paper's ablation found
+            both factors on its worst setting and reports as best: on a Wanda base --no-prune-relative
+            --gamma-prune 1e-4, on an RIA base --no-grow-relative --gamma-prune 1e-3.
   recon     per output row, swap the pruned/kept pair that most lowers the row's exact reconstruction
             error E_r = dw G dw^T on the calibration inputs (G = X^T X, dw = the row's pruned weights),
             among the weights nearest the mask's saliency boundary; a row stops when no swap lowers E_r
