@@ -973,18 +973,23 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       const auto t = Clock::now();
       std::vector<double> dense_local, pruned_local;
       agree_on_errors(comm, [&] { dense_local = dense_eval->local_chunk_nll(eval_progress("dense", t)); });
+      fault::at("eval_scored:dense", comm.rank());  // tests: a signal while the last batch is scored
       result.timings.eval_dense += seconds_since(t);
-      stopping_point(comm);
+      // Kept before the stopping point: a signal that arrived while the last batch was scored stops the run
+      // after the dense perplexity, not in place of it.
       const auto dense = gather_perplexity(comm, *dense_eval, dense_local, &result.communication.eval);
       result.perplexity = PerplexityPair{dense.perplexity, 0.0, dense.seqlen, dense.chunks};
+      stopping_point(comm);
       log::info("scoring the pruned model's evaluation chunks");
       const auto tp = Clock::now();
       agree_on_errors(comm, [&] {
         fault::at("pruned_eval", comm.rank());  // tests: an error in one rank's chunks, agreed on by all
         pruned_local = pruned_eval->local_chunk_nll(eval_progress("pruned", tp));
       });
+      fault::at("eval_scored:pruned", comm.rank());
       result.timings.eval_pruned += seconds_since(tp);
-      stopping_point(comm);
+      // No stopping point after it: what is left (the report) is written either way, and a signal that
+      // arrived while the last batch was scored stopped nothing (said at the end).
       result.perplexity->pruned =
           gather_perplexity(comm, *pruned_eval, pruned_local, &result.communication.eval).perplexity;
       log::info("perplexity: dense {:.4f}, pruned {:.4f} ({} chunks of {})", result.perplexity->dense,

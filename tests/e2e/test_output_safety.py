@@ -463,6 +463,29 @@ def test_interrupted_pruned_evaluation_keeps_the_model_and_marks_the_report(stor
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "r.json"]
 
 
+@pytest.mark.parametrize("stage", ["dense", "pruned"])
+def test_a_signal_while_the_last_evaluation_batch_is_scored_keeps_its_perplexity(stories, tmp_path, stage):
+    """The stopping point after the dense evaluation used to come before its perplexity was kept, and one after
+    the pruned evaluation before the pruned one was: a finished figure was reported as interrupted."""
+    out, report = tmp_path / "out", tmp_path / "r.json"
+    run = Run(prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64", "--eval-max-chunks", "4",
+                         "--report", report), env={"SYMPRUNE_FAULT": f"eval_scored:{stage}:busy=3"})
+    run.wait_for(f"wrote {out}")
+    time.sleep(1.0)  # the 4 chunks take milliseconds: the last batch is "being scored" (busy) until 3 s
+    run.proc.send_signal(signal.SIGTERM)
+    r_code = run.finish()
+    r = read_json(report)
+    assert r["perplexity"]["dense"] > 1, r
+    if stage == "dense":
+        assert r_code == 143, run.stderr
+        assert r["incomplete"] == "pruned evaluation interrupted by SIGTERM" and r["perplexity"]["pruned"] is None
+    else:
+        assert r_code == 0, run.stderr
+        assert "incomplete" not in r and r["perplexity"]["pruned"] > 1, r
+        assert "SIGTERM arrived after the run's last safe point" in run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "r.json"]
+
+
 def test_a_signal_while_the_report_is_written_is_said_to_have_stopped_nothing(stories, tmp_path):
     """Past the last safe point the run finishes (exit 0, every output complete); its notice had said it
     would stop, so the end says it did not."""
@@ -479,8 +502,9 @@ def test_a_signal_while_the_report_is_written_is_said_to_have_stopped_nothing(st
 
 @pytest.mark.parametrize("fault,stage,resumed_stage", [
     ("before_install:sleep=60", "block 5/5 done", "resuming from checkpoint"),
-    ("pruned_eval:sleep=60", "scoring the pruned model's evaluation chunks",
-     "scoring the pruned model's evaluation chunks")])
+    # The evaluations run whole under a checkpoint (stops at agreed points): one signalled during the dense
+    # one stops after it. (One signalled during the pruned one lets the run finish: nothing is left to save.)
+    ("eval_scored:dense:sleep=60", "dense perplexity: chunks", "dense perplexity: chunks")])
 def test_a_signal_after_the_last_block_with_a_checkpoint_exits_75_and_resumes(stories, tmp_path, fault, stage,
                                                                               resumed_stage):
     """The checkpoint holds every block by then: the stop is a saved one (75, what the Slurm scripts requeue
