@@ -599,10 +599,15 @@ nlohmann::json PruneResult::report() const {
                      ? nlohmann::json{{"checkpoint", resumed_from->string()}, {"block", resumed_block}}
                      : nlohmann::json();
   if (perplexity) {
-    j["perplexity"] = {{"dense", perplexity->dense},
-                       {"pruned", incomplete ? nlohmann::json() : nlohmann::json(perplexity->pruned)},
-                       {"seqlen", perplexity->seqlen},
-                       {"chunks", perplexity->chunks}};
+    // A perplexity beyond a double's range (inf) is null, as in `symprune eval`'s report; its mean NLL says
+    // so.
+    j["perplexity"] = {
+        {"dense", perplexity->dense},
+        {"pruned", incomplete ? nlohmann::json() : nlohmann::json(perplexity->pruned)},
+        {"dense_mean_nll", perplexity->dense_mean_nll},
+        {"pruned_mean_nll", incomplete ? nlohmann::json() : nlohmann::json(perplexity->pruned_mean_nll)},
+        {"seqlen", perplexity->seqlen},
+        {"chunks", perplexity->chunks}};
   }
   return j;
 }
@@ -978,7 +983,8 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       // Kept before the stopping point: a signal that arrived while the last batch was scored stops the run
       // after the dense perplexity, not in place of it.
       const auto dense = gather_perplexity(comm, *dense_eval, dense_local, &result.communication.eval);
-      result.perplexity = PerplexityPair{dense.perplexity, 0.0, dense.seqlen, dense.chunks};
+      result.perplexity =
+          PerplexityPair{dense.perplexity, 0.0, dense.seqlen, dense.chunks, dense.mean_nll, 0.0};
       stopping_point(comm);
       log::info("scoring the pruned model's evaluation chunks");
       const auto tp = Clock::now();
@@ -990,8 +996,9 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       result.timings.eval_pruned += seconds_since(tp);
       // No stopping point after it: what is left (the report) is written either way, and a signal that
       // arrived while the last batch was scored stopped nothing (said at the end).
-      result.perplexity->pruned =
-          gather_perplexity(comm, *pruned_eval, pruned_local, &result.communication.eval).perplexity;
+      const auto pruned = gather_perplexity(comm, *pruned_eval, pruned_local, &result.communication.eval);
+      result.perplexity->pruned = pruned.perplexity;
+      result.perplexity->pruned_mean_nll = pruned.mean_nll;
       log::info("perplexity: dense {:.4f}, pruned {:.4f} ({} chunks of {})", result.perplexity->dense,
                 result.perplexity->pruned, dense.chunks, dense.seqlen);
     } catch (const interrupt::Interrupted& e) {

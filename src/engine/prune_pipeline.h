@@ -136,6 +136,9 @@ struct PerplexityPair {
   double pruned = 0.0;
   int64_t seqlen = 0;
   int64_t chunks = 0;
+  // exp of these is the perplexity: kept because a perplexity beyond a double's range is null in JSON.
+  double dense_mean_nll = 0.0;
+  double pruned_mean_nll = 0.0;
 };
 
 // Seconds per stage; a resumed run's figures (total included) sum every attempt since the first start.

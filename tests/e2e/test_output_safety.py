@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from prune_support import (BIN, DATA, PROVENANCE, Stories, head_overflowing_model, output_digest, read_json, symprune,
                            tree_digest)
@@ -111,6 +112,24 @@ def test_a_checkpoint_on_an_input_is_named_as_one_not_as_an_earlier_runs(stories
         assert f"--checkpoint {checkpoint} is " in proc.stderr, proc.stderr
     assert calib.read_bytes() == stories.first.read_bytes() and tree_digest(stories.model) == stories.digest
     assert listing(tmp_path) == ["calib.txt"]
+
+
+def test_a_perplexity_beyond_a_double_is_null_beside_its_finite_mean_nll(stories, tmp_path):
+    """exp(NLL) overflows past NLL 709.8: the report's perplexity is null (JSON has no inf), which alone read like
+    an interrupted evaluation; the mean NLL beside it says which."""
+    model = tmp_path / "model"
+    shutil.copytree(stories.model, model)
+    tensors = load_file(str(model / "model.safetensors"))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * 1200  # finite logits, huge losses
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    report = tmp_path / "r.json"
+    symprune("prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--eval", stories.second,
+             "--eval-seqlen", "64", "--eval-max-chunks", "2", "--out", tmp_path / "out", "--report", report)
+    r = read_json(report)
+    assert "incomplete" not in r, r
+    p = r["perplexity"]
+    assert p["dense"] is None and p["dense_mean_nll"] > 709.8 and p["pruned_mean_nll"] > 0, p
+    assert (p["pruned"] is None) == (p["pruned_mean_nll"] > 709.8), p
 
 
 def test_a_failed_evaluation_leaves_no_new_model_and_keeps_only_one_that_replaced_an_earlier(stories, tmp_path):
