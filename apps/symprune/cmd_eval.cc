@@ -25,6 +25,7 @@
 #include "model/decoder_model.h"
 #include "model/fingerprint.h"
 #include "model/perplexity.h"
+#include "prune_cli.h"
 
 namespace symprune::app {
 namespace {
@@ -188,9 +189,7 @@ void add_eval(CLI::App& app) {
   auto options = std::make_shared<EvalOptions>();
   CLI::App* sub =
       app.add_subcommand("eval", "Perplexity on a text file (chunks of --seqlen tokens, one BOS at start)");
-  sub->add_option("--model", options->model,
-                  "model directory, short name or synthetic:<shape>[:seed][:layers=<n>]")
-      ->required();
+  sub->add_option("--model", options->model, model_option_description())->required();
   sub->add_option("--text", options->text, "UTF-8 text file (e.g. wiki.test.hf_rows_joined_nn.txt)")
       ->required();
   CLI::Option* seqlen = sub->add_option("--seqlen", options->seqlen, "tokens per chunk (default 2048)");

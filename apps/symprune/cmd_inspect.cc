@@ -20,6 +20,7 @@
 #include "io/model_resolver.h"
 #include "io/safetensors.h"
 #include "io/text_file.h"
+#include "prune_cli.h"
 
 namespace symprune::app {
 namespace {
@@ -206,9 +207,7 @@ void add_inspect(CLI::App& app) {
       "inspect",
       "Show a model's config and tensors and check the weights against config.json, or what a checkpoint "
       "holds");
-  auto* model =
-      sub->add_option("--model", options->model,
-                      "model directory, short name (llama2-7b, opt-1.3b, ...) or Hugging Face repo id");
+  auto* model = sub->add_option("--model", options->model, model_option_description());
   auto* checkpoint = sub->add_option("checkpoint", options->checkpoint,
                                      "a checkpoint file (--checkpoint of prune) to describe");
   model->excludes(checkpoint);

@@ -16,6 +16,7 @@
 #include "io/model_resolver.h"
 #include "io/output_dir.h"
 #include "model/decoder_model.h"
+#include "prune_cli.h"
 
 namespace symprune::app {
 namespace {
@@ -68,9 +69,7 @@ void add_logits(CLI::App& app) {
   auto options = std::make_shared<LogitsOptions>();
   CLI::App* sub =
       app.add_subcommand("logits", "Write the fp32 logits [T, vocab] of one token sequence (little-endian)");
-  sub->add_option("--model", options->model,
-                  "model directory, short name or synthetic:<shape>[:seed][:layers=<n>]")
-      ->required();
+  sub->add_option("--model", options->model, model_option_description())->required();
   sub->add_option("--ids", options->ids, "comma-separated token ids, e.g. 1,2,3")->required();
   sub->add_option("--out", options->out, "output file of raw little-endian float32")->required();
   sub->add_option("--threads", options->threads, "CPU threads (0 = default)");

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/checkpoint.h"
+#include "io/synthetic_model.h"
 #include "recipe_config.h"
 
 namespace symprune::app {
@@ -187,12 +188,19 @@ void print_prune_result(const engine::PruneConfig& c, const engine::PruneResult&
   if (!c.out.empty()) std::printf("wrote %s (%.2f s)\n", c.out.string().c_str(), result.timings.total);
 }
 
+std::string model_option_description() {
+  return fmt::format(
+      "model directory, short name (llama2-7b), Hugging Face repo id, or "
+      "synthetic:<shape>[:seed][:layers=<n>] "
+      "(random weights of a published shape, for timing and memory runs: {})",
+      fmt::join(io::synthetic_shapes(), ", "));
+}
+
 void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
   PruneCliOptions* o = &options;
   o->command = sub;
   engine::PruneConfig& c = o->config;
-  sub->add_option("--model", c.model, "model directory, short name (llama2-7b) or Hugging Face repo id")
-      ->required();
+  sub->add_option("--model", c.model, model_option_description())->required();
   sub->add_option("--method", c.method,
                   "scoring method: magnitude wanda owanda symwanda symwanda-sq symmetric symmetric-sq ri ria "
                   "ria-row ria-col lp stochria (see below)")

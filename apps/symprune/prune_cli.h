@@ -39,6 +39,9 @@ struct PruneCliOptions {
 // Adds every prune option, --recipe and the methods help to `sub`; values land in `o`.
 void add_prune_options(CLI::App* sub, PruneCliOptions& o);
 
+// What every command's --model takes, the synthetic shapes named ("model directory, short name ...").
+std::string model_option_description();
+
 // The pipeline configuration once the command line (and recipe) are parsed; --device is resolved to a
 // backend (accel::backend_for_device, the node-local rank picking the GPU), which throws when it is
 // unusable.

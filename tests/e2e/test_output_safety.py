@@ -666,3 +666,10 @@ def test_help_shows_both_switch_spellings_without_a_misleading_default(stories):
     text = symprune("prune", "--help").stdout
     assert "{false}" not in text
     assert "--no-grow-relative" in text and "relative factor in the regrow key (default on)" in text
+
+
+@pytest.mark.parametrize("command", ["prune", "eval", "inspect", "logits"])
+def test_every_model_option_names_the_synthetic_shapes(command):
+    """E-MODEL-SYNTHETIC-UNKNOWN's fix points at --help: prune's and inspect's --model did not mention them."""
+    text = " ".join(symprune(command, "--help").stdout.split())
+    assert "synthetic:<shape>[:seed][:layers=<n>]" in text and "llama2-70b" in text and "tiny-opt" in text, text
