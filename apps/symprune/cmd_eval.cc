@@ -69,10 +69,12 @@ nlohmann::json check_eval_host_memory(const EvalOptions& o, const model::Decoder
       plan, plan.globals, engine::kHostMemoryMargin, 1,
       {fmt::format("--max-chunks {} (evaluation {})", chunks, format_bytes(plan.evaluation)),
        fmt::format("--batch {} (activations {})", batch, format_bytes(plan.activations))});
-  return {{"planned", plan.total()},
-          {"available_at_start", available ? nlohmann::json(*available) : nlohmann::json()},
-          {"resident_at_plan", resident ? nlohmann::json(*resident) : nlohmann::json()},
-          {"plan", engine::memory_plan_json(plan)}};
+  return {
+      {"planned", plan.total()},
+      // Bytes as an integer, as in the prune report.
+      {"available_at_start", available ? nlohmann::json(static_cast<int64_t>(*available)) : nlohmann::json()},
+      {"resident_at_plan", resident ? nlohmann::json(*resident) : nlohmann::json()},
+      {"plan", engine::memory_plan_json(plan)}};
 }
 
 void run_eval(const EvalOptions& o) {

@@ -705,7 +705,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       {"seqlen", r.seqlen},
       {"seed", c.seed},
       {"micro_batch", r.micro_batch},
-      {"out", c.out.string()},
+      {"out", c.out.empty() ? nlohmann::json() : nlohmann::json(c.out.string())},
       {"force", c.force},
       {"eval", c.eval.empty() ? nlohmann::json() : nlohmann::json(c.eval)},
       {"eval_seqlen", eval_seqlen},
