@@ -21,6 +21,14 @@ const std::set<std::string> kInfinityAllowed = {"--p", "--reg-p"};
 // Options where an empty value means something ("<command> --<name>"): the text to tokenize.
 const std::set<std::string> kEmptyAllowed = {"tokenize --text"};
 
+// Whether `option` of `command` takes "" (kEmptyAllowed).
+bool option_allows_empty(const CLI::App& command, const CLI::Option& option) {
+  const auto& names = option.get_lnames();
+  return std::any_of(names.begin(), names.end(), [&](const std::string& l) {
+    return kEmptyAllowed.count(command.get_name() + " --" + l) != 0;
+  });
+}
+
 // An option given "" is almost always an unset variable in a script (`--checkpoint "$CKPT"`): refused, where
 // it used to mean "not given" for paths (a run without its checkpoint, report or evaluation) and a confusing
 // message for the rest.
@@ -224,6 +232,16 @@ std::optional<std::string> unknown_command_line_word(const CLI::App& app, int ar
             "{}: unknown option {}{}", command_path(*command), name,
             hint.empty() ? fmt::format(" ('{} --help' lists the options)", command_path(*command)) : hint);
       }
+      // CLI11 reads "--report=" as "--report" and takes the next word as its value ("--report=$R --force"
+      // with R unset would write the report to a file named --force): refused as the empty value it is.
+      if (word.back() == '=' && option->get_items_expected_max() > 0) {
+        const std::string name = word.substr(0, word.size() - 1);
+        return fmt::format("{}: an empty value (an unset variable in a script?): give one{}", name,
+                           option->get_required() ? ""
+                           : option_allows_empty(*command, *option)
+                               ? fmt::format(", or write {} \"\" for an empty one", name)
+                               : ", or leave the option out");
+      }
       const bool single = option->get_items_expected_max() == 1 &&
                           option->get_multi_option_policy() == CLI::MultiOptionPolicy::Throw;
       if (single) {
@@ -285,10 +303,7 @@ void add_value_checks(CLI::App& app) {
       opt->check(finite_check(infinity));
     }
     // Added last as a transform, so it runs first.
-    const bool empty_allowed = std::any_of(opt->get_lnames().begin(), opt->get_lnames().end(), [&](auto& l) {
-      return kEmptyAllowed.count(app.get_name() + " --" + l) != 0;
-    });
-    if (opt->get_items_expected_max() > 0 && !empty_allowed)
+    if (opt->get_items_expected_max() > 0 && !option_allows_empty(app, *opt))
       opt->transform(non_empty_check(opt->get_required()));
   }
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) add_value_checks(*sub);

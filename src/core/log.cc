@@ -17,7 +17,7 @@ int g_rank = 0;
 void init(int rank, std::string_view level, int size) {
   g_rank = rank;
   std::string chosen(level);
-  if (chosen.empty()) {  // an empty SYMPRUNE_LOG_LEVEL counts as unset, as an empty --log-level does
+  if (chosen.empty()) {  // an empty SYMPRUNE_LOG_LEVEL counts as unset (an empty --log-level is refused)
     const char* env = std::getenv("SYMPRUNE_LOG_LEVEL");
     chosen = env && *env ? env : "info";
   }

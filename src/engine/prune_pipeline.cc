@@ -977,8 +977,10 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     try {
       const auto t = Clock::now();
       std::vector<double> dense_local, pruned_local;
-      agree_on_errors(comm, [&] { dense_local = dense_eval->local_chunk_nll(eval_progress("dense", t)); });
-      fault::at("eval_scored:dense", comm.rank());  // tests: a signal while the last batch is scored
+      agree_on_errors(comm, [&] {
+        dense_local = dense_eval->local_chunk_nll(eval_progress("dense", t));
+        fault::at("eval_scored:dense", comm.rank());  // tests: a signal while the last batch is scored
+      });
       result.timings.eval_dense += seconds_since(t);
       // Kept before the stopping point: a signal that arrived while the last batch was scored stops the run
       // after the dense perplexity, not in place of it.
@@ -991,8 +993,8 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       agree_on_errors(comm, [&] {
         fault::at("pruned_eval", comm.rank());  // tests: an error in one rank's chunks, agreed on by all
         pruned_local = pruned_eval->local_chunk_nll(eval_progress("pruned", tp));
+        fault::at("eval_scored:pruned", comm.rank());
       });
-      fault::at("eval_scored:pruned", comm.rank());
       result.timings.eval_pruned += seconds_since(tp);
       // No stopping point after it: what is left (the report) is written either way, and a signal that
       // arrived while the last batch was scored stopped nothing (said at the end).
@@ -1039,7 +1041,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       checkpointer->mark_complete(
           {{"identity", identity},
            {"run_id", run_id},
-           {"out", c.out.string()},
+           {"out", c.out.empty() ? nlohmann::json() : nlohmann::json(c.out.string())},
            {"report", c.report.empty() ? nlohmann::json() : nlohmann::json(c.report.string())},
            {"finished", utc_timestamp()},
            {"symprune", io::build_provenance()}});

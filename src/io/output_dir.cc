@@ -417,14 +417,19 @@ void check_output_file(const fs::path& file, const InputFootprint& inputs, std::
     SYMPRUNE_CHECK(!is_within(resolved, out_dir->path()),
                    "{} {} is inside the output directory {}, which the run replaces; write it elsewhere",
                    option, file.string(), out_dir->as_given().string());
-  const fs::path target = output_file_target(file);
-  if (target != file && !fs::is_regular_file(target, ec))
+  // Decided on what the link leads to (fs::status follows it), not on its canonical path, which does not
+  // exist for /proc links such as /dev/stdout to a pipe ("pipe:[N]").
+  const fs::file_status followed = fs::status(file, ec);
+  if (fs::is_symlink(fs::symlink_status(file, ec)) && fs::exists(followed) &&
+      !fs::is_regular_file(followed)) {
+    const fs::path target = output_file_target(file);
     fail(
         "{} {} is a symbolic link to {}, which is not a regular file ({}); symprune replaces the file it "
         "writes, so give the path of a regular file or of a new one",
-        option, file.string(), target.string(),
-        fs::is_directory(target, ec) ? "a directory" : "a device, FIFO or socket");
-  check_output_file_directory(target);
+        option, file.string(), (target != file ? target : fs::read_symlink(file, ec)).string(),
+        fs::is_directory(followed) ? "a directory" : "a device, FIFO or socket");
+  }
+  check_output_file_directory(output_file_target(file));
 }
 
 std::unique_ptr<PathLock> lock_output_file(const fs::path& file, std::string_view option,

@@ -444,6 +444,12 @@ def test_the_temporary_file_of_a_report_killed_while_written_is_removed_by_the_n
     assert proc.returncode == 1 and f"--report {tmp_path / 'null.json'} is a symbolic link to /dev/null, which is " \
         "not a regular file" in proc.stderr, proc.stderr
     assert not (tmp_path / "out3").exists()
+    # Also through /proc links whose target has no path (stdout is a pipe here: "pipe:[N]").
+    (tmp_path / "stdout.json").symlink_to("/dev/stdout")
+    proc = symprune(*prune_args(stories, tmp_path / "out3"), "--report", tmp_path / "stdout.json", check=False)
+    assert proc.returncode == 1 and "stdout.json is a symbolic link to /dev/stdout, which is not a regular file " \
+        "(a device, FIFO or socket)" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out3").exists() and (tmp_path / "stdout.json").is_symlink()
     stale_tokens = tmp_path / ".ids.bin.tmp.AbC123"
     stale_tokens.write_bytes(b"\0" * 8)
     symprune("calib", "--calib", stories.first, "--tokenizer", stories.model, "--nsamples", "2", "--seqlen", "16",
@@ -489,8 +495,7 @@ def test_a_signal_while_the_last_evaluation_batch_is_scored_keeps_its_perplexity
     out, report = tmp_path / "out", tmp_path / "r.json"
     run = Run(prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64", "--eval-max-chunks", "4",
                          "--report", report), env={"SYMPRUNE_FAULT": f"eval_scored:{stage}:busy=3"})
-    run.wait_for(f"wrote {out}")
-    time.sleep(1.0)  # the 4 chunks take milliseconds: the last batch is "being scored" (busy) until 3 s
+    run.wait_for(f"{stage} perplexity: chunks 4/4")  # logged as the last batch is done, before the busy wait
     run.proc.send_signal(signal.SIGTERM)
     r_code = run.finish()
     r = read_json(report)
@@ -546,6 +551,22 @@ def test_a_signal_after_the_last_block_with_a_checkpoint_exits_75_and_resumes(st
     assert f"blocks 1..5 of 5 are saved in checkpoint {checkpoint}; continue with --resume auto" in again.stderr
     resumed = symprune(*args)
     assert "resuming from checkpoint" in resumed.stderr
+    r = read_json(report)
+    assert "incomplete" not in r and r["perplexity"]["pruned"] > 1
+    assert (tmp_path / "run.h5.done").exists() and (out / "model.safetensors").exists()
+
+
+def test_a_signal_in_the_pruned_evaluation_with_a_checkpoint_finishes_the_run(stories, tmp_path):
+    """Under a checkpoint the evaluation runs whole: it used to be thrown away after it (exit 75, a requeue that
+    wrote and evaluated everything again); the run now finishes, its checkpoint marked done."""
+    out, report, checkpoint = tmp_path / "out", tmp_path / "r.json", tmp_path / "run.h5"
+    run = Run(prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64", "--eval-max-chunks", "4",
+                         "--report", report, "--checkpoint", checkpoint, "--resume", "auto"),
+              env={"SYMPRUNE_FAULT": "pruned_eval:busy=3"})
+    run.wait_for("scoring the pruned model's evaluation chunks")
+    run.proc.send_signal(signal.SIGUSR1)
+    assert run.finish() == 0, run.stderr
+    assert "SIGUSR1 arrived after the run's last safe point" in run.stderr
     r = read_json(report)
     assert "incomplete" not in r and r["perplexity"]["pruned"] > 1
     assert (tmp_path / "run.h5.done").exists() and (out / "model.safetensors").exists()
@@ -630,8 +651,8 @@ def test_an_empty_value_in_a_recipe_is_refused_and_an_empty_text_is_tokenized(st
 
 
 def test_log_levels_are_the_six_documented_names(stories, tmp_path):
-    """spdlog's own aliases (warning, err, critical) used to pass; an empty SYMPRUNE_LOG_LEVEL was an error
-    where an empty --log-level means the default."""
+    """spdlog's own aliases (warning, err, critical) used to pass; an empty SYMPRUNE_LOG_LEVEL was an error: it
+    counts as unset, as an empty environment variable does (an empty --log-level is refused, E-OPT-EMPTY)."""
     for level in ("warning", "err", "critical", "WARN"):
         proc = symprune("--log-level", level, "info", check=False)
         assert proc.returncode == 1 and f"unknown log level '{level}'" in proc.stderr, (level, proc.stderr)

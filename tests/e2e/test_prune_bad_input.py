@@ -176,8 +176,13 @@ def test_values_and_help_are_not_taken_for_misspelled_words(stories, tmp_path):
      "symprune eval: --log-level is given twice ('warn', then 'info'): give it once"),
     (["prune", "--force", "--force", "--seed", "1", "--seed", "2"],
      "symprune prune: --seed is given twice ('1', then '2'): give it once"),
+    # CLI11 reads "--report=" as "--report" and took the next word as the report's path.
+    (["prune", "--model", "m", "--report=", "--force"],
+     "--report: an empty value (an unset variable in a script?): give one, or leave the option out"),
+    (["tokenize", "--tokenizer", "t", "--text=", "--count"],
+     '--text: an empty value (an unset variable in a script?): give one, or write --text "" for an empty one'),
 ], ids=["single-dash-long-name", "after-double-dash", "repeated-option", "repeated-top-level-option",
-        "repeated-after-a-repeated-flag"])
+        "repeated-after-a-repeated-flag", "empty-after-equals", "empty-after-equals-of-a-text"])
 def test_single_dash_names_and_words_after_double_dash(args, message):
     proc = symprune(*args, check=False)
     assert proc.returncode == 1 and message in proc.stderr.splitlines()[0], proc.stderr
