@@ -29,15 +29,19 @@ bool option_allows_empty(const CLI::App& command, const CLI::Option& option) {
   });
 }
 
+// E-OPT-EMPTY's text after "--name: ", with `alternative` (", or leave the option out"; empty for a required
+// option) after "give one".
+std::string empty_value_message(std::string_view alternative) {
+  return fmt::format("an empty value (an unset variable in a script?): give one{}", alternative);
+}
+
 // An option given "" is almost always an unset variable in a script (`--checkpoint "$CKPT"`): refused, where
 // it used to mean "not given" for paths (a run without its checkpoint, report or evaluation) and a confusing
 // message for the rest.
 CLI::Validator non_empty_check(bool required) {
   return CLI::Validator(
       [required](std::string& text) -> std::string {
-        if (!text.empty()) return {};
-        return std::string("an empty value (an unset variable in a script?): give one") +
-               (required ? "" : ", or leave the option out");
+        return text.empty() ? empty_value_message(required ? "" : ", or leave the option out") : std::string();
       },
       "");
 }
@@ -234,18 +238,18 @@ std::optional<std::string> unknown_command_line_word(const CLI::App& app, int ar
       }
       // CLI11 reads "--report=" as "--report" and takes the next word as its value ("--report=$R --force"
       // with R unset would write the report to a file named --force): refused as the empty value it is.
-      if (word.back() == '=' && option->get_items_expected_max() > 0) {
-        const std::string name = word.substr(0, word.size() - 1);
-        return fmt::format("{}: an empty value (an unset variable in a script?): give one{}", name,
-                           option->get_required() ? ""
-                           : option_allows_empty(*command, *option)
-                               ? fmt::format(", or write {} \"\" for an empty one", name)
-                               : ", or leave the option out");
+      const size_t equals = word.find('=');
+      if (equals == word.size() - 1 && option->get_items_expected_max() > 0) {
+        const std::string name = word.substr(0, equals);
+        return fmt::format("{}: {}", name,
+                           empty_value_message(option->get_required() ? ""
+                                               : option_allows_empty(*command, *option)
+                                                   ? fmt::format(", or write {} \"\" for an empty one", name)
+                                                   : ", or leave the option out"));
       }
       const bool single = option->get_items_expected_max() == 1 &&
                           option->get_multi_option_policy() == CLI::MultiOptionPolicy::Throw;
       if (single) {
-        const size_t equals = word.find('=');
         std::vector<std::string>& values = single_values[option];
         values.push_back(equals != std::string::npos ? word.substr(equals + 1)
                          : i + 1 < words.size()      ? words[i + 1]
@@ -258,7 +262,7 @@ std::optional<std::string> unknown_command_line_word(const CLI::App& app, int ar
       }
       // Its values are words too: skip them (none given as --name=value). CLI11 takes the values an option
       // requires whatever they look like (--text -Hello), and further ones while they look like no option.
-      if (word.find('=') == std::string::npos) {
+      if (equals == std::string::npos) {
         const int required = option->get_items_expected_min(), most = option->get_items_expected_max();
         int taken = 0;
         for (; taken < required && i + 1 < words.size(); ++taken) ++i;

@@ -43,15 +43,19 @@ std::optional<uint64_t> remaining(std::optional<uint64_t> limit, std::optional<u
   return *limit > u ? *limit - u : 0;
 }
 
+// `smallest` becomes `value` when that is known and smaller.
+void keep_smaller(std::optional<uint64_t>& smallest, std::optional<uint64_t> value) {
+  if (value && (!smallest || *value < *smallest)) smallest = value;
+}
+
 // The smallest remaining allowance of the cgroup directory `dir` and its ancestors up to `top` (a limit
 // set on a parent, such as a Slurm job's above its step, binds too).
 std::optional<uint64_t> smallest_remaining(fs::path dir, const fs::path& top, const char* limit_file,
                                            const char* usage_file) {
   std::optional<uint64_t> smallest;
   for (;;) {
-    const auto left =
-        remaining(read_number((dir / limit_file).c_str()), read_number((dir / usage_file).c_str()));
-    if (left && (!smallest || *left < *smallest)) smallest = left;
+    keep_smaller(smallest,
+                 remaining(read_number((dir / limit_file).c_str()), read_number((dir / usage_file).c_str())));
     if (dir == top || dir.parent_path() == dir) break;
     dir = dir.parent_path();
   }
@@ -64,9 +68,6 @@ namespace detail {
 
 std::optional<uint64_t> cgroup_remaining_bytes(const std::string& proc_self_cgroup, const fs::path& mount) {
   std::optional<uint64_t> smallest;
-  const auto take = [&](std::optional<uint64_t> left) {
-    if (left && (!smallest || *left < *smallest)) smallest = left;
-  };
   std::istringstream lines(proc_self_cgroup);
   std::string line;
   while (std::getline(lines, line)) {
@@ -91,7 +92,7 @@ std::optional<uint64_t> cgroup_remaining_bytes(const std::string& proc_self_cgro
     // In a cgroup namespace the path is relative to what is mounted: the directory may not exist below the
     // mount, whose top is then this process's cgroup.
     const fs::path dir = !path.empty() && fs::is_directory(top / path, ec) ? top / path : top;
-    take(v2 ? smallest_remaining(dir, top, "memory.max", "memory.current")
+    keep_smaller(smallest, v2 ? smallest_remaining(dir, top, "memory.max", "memory.current")
             : smallest_remaining(dir, top, "memory.limit_in_bytes", "memory.usage_in_bytes"));
   }
   return smallest;

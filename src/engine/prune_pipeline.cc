@@ -985,8 +985,10 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       // Kept before the stopping point: a signal that arrived while the last batch was scored stops the run
       // after the dense perplexity, not in place of it.
       const auto dense = gather_perplexity(comm, *dense_eval, dense_local, &result.communication.eval);
-      result.perplexity =
-          PerplexityPair{dense.perplexity, 0.0, dense.seqlen, dense.chunks, dense.mean_nll, 0.0};
+      result.perplexity = PerplexityPair{.dense = dense.perplexity,
+                                         .seqlen = dense.seqlen,
+                                         .chunks = dense.chunks,
+                                         .dense_mean_nll = dense.mean_nll};
       stopping_point(comm);
       log::info("scoring the pruned model's evaluation chunks");
       const auto tp = Clock::now();

@@ -419,17 +419,17 @@ void check_output_file(const fs::path& file, const InputFootprint& inputs, std::
                    option, file.string(), out_dir->as_given().string());
   // Decided on what the link leads to (fs::status follows it), not on its canonical path, which does not
   // exist for /proc links such as /dev/stdout to a pipe ("pipe:[N]").
+  const fs::path target = output_file_target(file);
   const fs::file_status followed = fs::status(file, ec);
   if (fs::is_symlink(fs::symlink_status(file, ec)) && fs::exists(followed) &&
       !fs::is_regular_file(followed)) {
-    const fs::path target = output_file_target(file);
     fail(
         "{} {} is a symbolic link to {}, which is not a regular file ({}); symprune replaces the file it "
         "writes, so give the path of a regular file or of a new one",
         option, file.string(), (target != file ? target : fs::read_symlink(file, ec)).string(),
         fs::is_directory(followed) ? "a directory" : "a device, FIFO or socket");
   }
-  check_output_file_directory(output_file_target(file));
+  check_output_file_directory(target);
 }
 
 std::unique_ptr<PathLock> lock_output_file(const fs::path& file, std::string_view option,
