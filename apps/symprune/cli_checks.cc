@@ -41,7 +41,8 @@ std::string empty_value_message(std::string_view alternative) {
 CLI::Validator non_empty_check(bool required) {
   return CLI::Validator(
       [required](std::string& text) -> std::string {
-        return text.empty() ? empty_value_message(required ? "" : ", or leave the option out") : std::string();
+        return text.empty() ? empty_value_message(required ? "" : ", or leave the option out")
+                            : std::string();
       },
       "");
 }

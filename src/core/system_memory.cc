@@ -92,8 +92,9 @@ std::optional<uint64_t> cgroup_remaining_bytes(const std::string& proc_self_cgro
     // In a cgroup namespace the path is relative to what is mounted: the directory may not exist below the
     // mount, whose top is then this process's cgroup.
     const fs::path dir = !path.empty() && fs::is_directory(top / path, ec) ? top / path : top;
-    keep_smaller(smallest, v2 ? smallest_remaining(dir, top, "memory.max", "memory.current")
-            : smallest_remaining(dir, top, "memory.limit_in_bytes", "memory.usage_in_bytes"));
+    keep_smaller(smallest,
+                 v2 ? smallest_remaining(dir, top, "memory.max", "memory.current")
+                    : smallest_remaining(dir, top, "memory.limit_in_bytes", "memory.usage_in_bytes"));
   }
   return smallest;
 }
