@@ -250,5 +250,9 @@ inline double blas_address_space_bytes(int threads) {
 void set_cpu_threads(int n);
 int max_cpu_threads();
 int cpu_threads();
+// OpenMP's thread count belongs to the thread that set it: a thread the run starts (the next block's reader)
+// would otherwise run its parallel loops on one thread per CPU, beside the run's own --threads (several
+// ranks on a node then oversubscribe it). Such a thread calls this first with the starter's cpu_threads().
+void set_cpu_threads_of_this_thread(int n);
 
 }  // namespace symprune

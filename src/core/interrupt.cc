@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/log.h"
+
 namespace symprune::interrupt {
 namespace fs = std::filesystem;
 
@@ -86,10 +88,9 @@ void watch() {
     const int signal = byte;
     int expected = 0;
     if (g_received.compare_exchange_strong(expected, signal)) {
-      std::fprintf(stderr,
-                   "%s: %s received: stopping at the next safe point and cleaning up (send it again to stop "
-                   "at once)\n",
-                   notice_prefix().c_str(), signal_name(signal).c_str());
+      log::write_to_stderr(notice_prefix() + ": " + signal_name(signal) +
+                           " received: stopping at the next safe point and cleaning up (send it again to "
+                           "stop at once)\n");
       continue;
     }
     stop_at_once(signal);
@@ -182,9 +183,13 @@ CleanupOnStop::~CleanupOnStop() {
 }
 
 void CleanupOnStop::release() {
-  if (!registered_) return;
+  if (registered_) release_after([] { return true; });
+}
+
+void CleanupOnStop::release_after(const std::function<bool()>& move_into_place) {
   WatcherState& state = watcher_state();
   std::lock_guard<std::mutex> lock(state.cleanup_mutex);
+  if (!move_into_place() || !registered_) return;
   auto& paths = state.cleanup_paths;
   auto it = std::find(paths.begin(), paths.end(), path_);
   if (it != paths.end()) paths.erase(it);

@@ -12,6 +12,7 @@
 //
 // Without install() (unit tests, library use) check() never throws and CleanupOnStop is a no-op list.
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include "core/error.h"
@@ -64,6 +65,12 @@ class CleanupOnStop {
   CleanupOnStop(const CleanupOnStop&) = delete;
   CleanupOnStop& operator=(const CleanupOnStop&) = delete;
   void release();
+  // Runs `move_into_place` (the renames that install the path as a final output) with the clean-up list
+  // locked, and releases the path if it returns true: a second signal during the renames waits for them,
+  // instead of removing a complete output whose old version was already moved aside. If it returns false or
+  // throws, the path stays registered. `move_into_place` must not construct or release a CleanupOnStop (the
+  // list's lock is held).
+  void release_after(const std::function<bool()>& move_into_place);
 
  private:
   std::filesystem::path path_;

@@ -1,10 +1,13 @@
 #include "core/log.h"
 
+#include <spdlog/details/console_globals.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <mutex>
 #include <string>
 
 #include "core/error.h"
@@ -37,6 +40,12 @@ void init(int rank, std::string_view level, int size) {
 
 bool is_root() {
   return g_rank == 0;
+}
+
+void write_to_stderr(std::string_view text) {
+  const std::lock_guard lock(spdlog::details::console_mutex::mutex());
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
 }
 
 }  // namespace symprune::log

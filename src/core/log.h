@@ -40,6 +40,11 @@ void error(spdlog::format_string_t<Args...> format, Args&&... args) {
   spdlog::error(format, std::forward<Args>(args)...);
 }
 
+// Writes `text` to stderr whole, between log lines: a line of the logger reaches a colour terminal in several
+// writes (text, colour, level, reset, text) under spdlog's console lock, which this takes too. For notices
+// printed outside the logger (a signal's, from the watcher thread).
+void write_to_stderr(std::string_view text);
+
 // How often long work (a pass through a block, writing a model) says how far it is, at info level.
 inline constexpr double kProgressLineSeconds = 30.0;
 

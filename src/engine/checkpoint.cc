@@ -246,15 +246,23 @@ double Checkpointer::finish() {
   agree_on_errors(comm_, [&] {
     if (comm_.rank() != 0) return;
     const fs::path staging = checkpoint_staging(file_);
-    std::error_code ec;
-    if (fs::exists(file_, ec)) {
-      fs::rename(file_, previous_checkpoint(file_), ec);
-      SYMPRUNE_CHECK(!ec, "checkpoint {}: cannot keep the previous checkpoint as {}: {}", file_.string(),
-                     previous_checkpoint(file_).string(), ec.message());
-    }
-    fs::rename(staging, file_, ec);
-    SYMPRUNE_CHECK(!ec, "checkpoint {}: cannot install it: {}", file_.string(), ec.message());
-    if (cleanup_) cleanup_->release();
+    // With the clean-up list locked: a second signal between the two renames would otherwise remove the
+    // complete FILE.tmp after FILE became FILE.prev, losing this checkpoint.
+    const auto move_into_place = [&] {
+      std::error_code ec;
+      if (fs::exists(file_, ec)) {
+        fs::rename(file_, previous_checkpoint(file_), ec);
+        SYMPRUNE_CHECK(!ec, "checkpoint {}: cannot keep the previous checkpoint as {}: {}", file_.string(),
+                       previous_checkpoint(file_).string(), ec.message());
+      }
+      fs::rename(staging, file_, ec);
+      SYMPRUNE_CHECK(!ec, "checkpoint {}: cannot install it: {}", file_.string(), ec.message());
+      return true;
+    };
+    if (cleanup_)
+      cleanup_->release_after(move_into_place);
+    else
+      move_into_place();
     cleanup_.reset();
     io::sync_directory(file_.parent_path().empty() ? fs::path(".") : file_.parent_path());
     log::info("checkpoint {}: blocks 1..{} of {} saved", file_.string(), next_block, blocks_);

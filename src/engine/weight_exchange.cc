@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <span>
 
+#include "core/backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "io/model_layout.h"
@@ -96,7 +97,10 @@ void BlockWeightExchange::load(int64_t block, int64_t next) {
       }));
   if (next >= 0 && next < model_.num_blocks()) {
     prefetched_block_ = next;
-    prefetch_ = std::async(std::launch::async, [this, next] { return read_share(next); });
+    prefetch_ = std::async(std::launch::async, [this, next, threads = cpu_threads()] {
+      set_cpu_threads_of_this_thread(threads);
+      return read_share(next);
+    });
   }
 }
 

@@ -192,9 +192,15 @@ void StagedDirectory::install() {
                 std::strerror(errno));
   };
   const unsigned flags = replacing ? RENAME_EXCHANGE : RENAME_NOREPLACE;
-  if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target_.c_str(), flags) == 0) {
-    installed_ = true;
-    cleanup_.release();
+  int err = 0;
+  // Each way of moving the directory in runs with the clean-up list locked (release_after): a second signal
+  // meanwhile stops the process only once the new directory is in place, and never removes it.
+  cleanup_.release_after([&] {
+    installed_ = ::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target_.c_str(), flags) == 0;
+    err = errno;
+    return installed_;
+  });
+  if (installed_) {
     give_final_mode();
     sync_directory(parent);
     if (replacing) {
@@ -205,35 +211,36 @@ void StagedDirectory::install() {
     }
     return;
   }
-  const int err = errno;
   SYMPRUNE_CHECK(err == EINVAL || err == ENOSYS || err == ENOTSUP,
                  "cannot move the new directory into '{}': {}", target_.string(),
                  err == EEXIST ? "it appeared while this run was writing (another process created it)"
                                : std::strerror(err));
   // No renameat2 on this file system: two renames, the old directory kept until the new one is in place.
   if (!replacing) {
-    fs::rename(path_, target_, ec);
-    SYMPRUNE_CHECK(!ec, "cannot move the new directory into '{}': {}", target_.string(), ec.message());
-    installed_ = true;
-    cleanup_.release();
+    cleanup_.release_after([&] {
+      fs::rename(path_, target_, ec);
+      SYMPRUNE_CHECK(!ec, "cannot move the new directory into '{}': {}", target_.string(), ec.message());
+      return installed_ = true;
+    });
     give_final_mode();
     sync_directory(parent);
     return;
   }
   const fs::path old = make_dir_beside(target_, ".old-");
-  fs::rename(target_, old, ec);  // an empty directory (the mkdtemp placeholder) is replaced
-  if (ec) {
-    fs::remove(old, ec);
-    fail("cannot move the existing '{}' aside: {}", target_.string(), ec.message());
-  }
-  fs::rename(path_, target_, ec);
-  if (ec) {
-    std::error_code restore;
-    fs::rename(old, target_, restore);
-    fail("cannot move the new directory into '{}': {}", target_.string(), ec.message());
-  }
-  installed_ = true;
-  cleanup_.release();
+  cleanup_.release_after([&] {
+    fs::rename(target_, old, ec);  // an empty directory (the mkdtemp placeholder) is replaced
+    if (ec) {
+      fs::remove(old, ec);
+      fail("cannot move the existing '{}' aside: {}", target_.string(), ec.message());
+    }
+    fs::rename(path_, target_, ec);
+    if (ec) {
+      std::error_code restore;
+      fs::rename(old, target_, restore);
+      fail("cannot move the new directory into '{}': {}", target_.string(), ec.message());
+    }
+    return installed_ = true;
+  });
   give_final_mode();
   sync_directory(parent);
   remove_directory_tree(old, ec);

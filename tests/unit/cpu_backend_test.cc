@@ -3,8 +3,9 @@
 
 #include <cmath>
 #include <cstring>
-#include <tuple>
+#include <future>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "core/backend.h"
@@ -71,6 +72,23 @@ TEST(CpuBackend, LinearIsBitIdenticalForOneAndTwoThreads) {
         << rows << "x" << m << "x" << n;
     expect_close(two, naive_linear(x, w, nullptr), 1e-5);
   }
+  set_cpu_threads(saved);
+}
+
+// --threads must hold on the threads the run starts too (the next block's reader): OpenMP's count is per
+// thread, so a new thread starts with the default (one per CPU) until it is given the run's count.
+TEST(CpuBackend, ThreadCountIsHandedToAThreadTheRunStarts) {
+  const int saved = cpu_threads();
+  const int default_count = std::async(std::launch::async, [] { return cpu_threads(); }).get();
+  const int wanted = default_count > 1 ? default_count - 1 : 2;
+  set_cpu_threads(wanted);
+  const int handed = std::async(std::launch::async, [threads = cpu_threads()] {
+                       set_cpu_threads_of_this_thread(threads);
+                       return cpu_threads();
+                     }).get();
+  EXPECT_EQ(handed, wanted);
+  set_cpu_threads_of_this_thread(0);  // 0 leaves the count as it is
+  EXPECT_EQ(cpu_threads(), wanted);
   set_cpu_threads(saved);
 }
 

@@ -1,4 +1,5 @@
-// Signal notices (core/interrupt.h) printed while the process is already exiting.
+// Signal notices (core/interrupt.h) printed while the process is already exiting; the clean-up of a second
+// signal against an output being moved into place.
 #include "core/interrupt.h"
 
 #include <gtest/gtest.h>
@@ -56,6 +57,56 @@ TEST(Interrupt, TheNoticeOfASignalDuringExitNamesTheProgram) {
             prefix +
                 ": SIGTERM received: stopping at the next safe point and cleaning up (send it again "
                 "to stop at once)\n");
+}
+
+// In a forked child with the handlers installed: registers `root`/staging for clean-up and runs release_after
+// with a move that sends two SIGTERMs (the second stops at once, removing what is registered), waits for the
+// watcher to reach the clean-up list, then renames staging to `root`/out and returns `moved`. Returns the
+// child's exit status.
+int second_signal_during_move(const std::filesystem::path& root, bool moved) {
+  const pid_t child = ::fork();
+  if (child < 0) return -1;
+  if (child == 0) {
+    if (!std::freopen("/dev/null", "w", stderr)) ::_exit(90);
+    interrupt::install();
+    interrupt::CleanupOnStop cleanup(root / "staging");
+    cleanup.release_after([&] {
+      ::raise(SIGTERM);
+      ::raise(SIGTERM);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      if (moved) std::filesystem::rename(root / "staging", root / "out");
+      return moved;
+    });
+    std::this_thread::sleep_for(std::chrono::seconds(10));  // the watcher ends the process before this
+    ::_exit(91);
+  }
+  int status = 0;
+  if (::waitpid(child, &status, 0) != child) return -1;
+  return status;
+}
+
+// On a file system without renameat2 an output replaces an earlier one by two renames (the old one aside,
+// then the new one in): a second signal between them used to remove the complete new output (or checkpoint)
+// still registered for clean-up. Now it waits for the move, and finds nothing left to remove.
+TEST(Interrupt, ASecondSignalDuringAMoveIntoPlaceKeepsTheMovedOutput) {
+  namespace fs = std::filesystem;
+  for (const bool moved : {true, false}) {
+    const fs::path root =
+        fs::temp_directory_path() / ("interrupt_move_" + std::to_string(::getpid()) + (moved ? "_a" : "_b"));
+    fs::remove_all(root);
+    fs::create_directories(root / "staging");
+    std::ofstream(root / "staging" / "model.safetensors") << "weights";
+    const int status = second_signal_during_move(root, moved);
+    ASSERT_TRUE(WIFEXITED(status)) << status;
+    EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << moved;
+    if (moved) {
+      EXPECT_TRUE(fs::exists(root / "out" / "model.safetensors"));
+    } else {  // not moved: still registered, so the second signal removes it
+      EXPECT_FALSE(fs::exists(root / "staging"));
+      EXPECT_FALSE(fs::exists(root / "out"));
+    }
+    fs::remove_all(root);
+  }
 }
 
 }  // namespace

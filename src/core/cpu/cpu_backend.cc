@@ -448,6 +448,10 @@ int cpu_threads() {
   return omp_get_max_threads();
 }
 
+void set_cpu_threads_of_this_thread(int n) {
+  if (n > 0) omp_set_num_threads(n);
+}
+
 Backend& cpu_backend() {
   static CpuBackend backend;
   return backend;
