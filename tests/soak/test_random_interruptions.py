@@ -58,8 +58,8 @@ def job(stories):
 
 @pytest.fixture(scope="module")
 def reference(job, tmp_path_factory):
-    digest, report = uninterrupted_run(job, tmp_path_factory.mktemp("reference"))
-    return digest, report
+    """(output digest, report) of the uninterrupted run."""
+    return uninterrupted_run(job, tmp_path_factory.mktemp("reference"))
 
 
 def descendants(pid):
