@@ -246,9 +246,10 @@ double Checkpointer::finish() {
   agree_on_errors(comm_, [&] {
     if (comm_.rank() != 0) return;
     const fs::path staging = checkpoint_staging(file_);
-    // With the clean-up list locked: a second signal between the two renames would otherwise remove the
-    // complete FILE.tmp after FILE became FILE.prev, losing this checkpoint.
-    const auto move_into_place = [&] {
+    // With the clean-up list locked (start() registered FILE.tmp on rank 0): a second signal between the two
+    // renames would otherwise remove the complete FILE.tmp after FILE became FILE.prev, losing this
+    // checkpoint.
+    cleanup_->release_after([&] {
       std::error_code ec;
       if (fs::exists(file_, ec)) {
         fs::rename(file_, previous_checkpoint(file_), ec);
@@ -258,11 +259,7 @@ double Checkpointer::finish() {
       fs::rename(staging, file_, ec);
       SYMPRUNE_CHECK(!ec, "checkpoint {}: cannot install it: {}", file_.string(), ec.message());
       return true;
-    };
-    if (cleanup_)
-      cleanup_->release_after(move_into_place);
-    else
-      move_into_place();
+    });
     cleanup_.reset();
     io::sync_directory(file_.parent_path().empty() ? fs::path(".") : file_.parent_path());
     log::info("checkpoint {}: blocks 1..{} of {} saved", file_.string(), next_block, blocks_);

@@ -41,6 +41,19 @@ def uninterrupted_run(job, root):
     return output_digest(root / "out"), json.loads((root / "report.json").read_text())
 
 
+def assert_same_as_uninterrupted(root, reference):
+    """root/out and root/report.json are those of the uninterrupted run (`reference`, from uninterrupted_run):
+    the model's bytes, the perplexity, and per layer the pruned counts and reconstruction errors. Returns the
+    report."""
+    root = Path(root)
+    assert output_digest(root / "out") == reference[0]
+    report = json.loads((root / "report.json").read_text())
+    assert report["perplexity"] == reference[1]["perplexity"]
+    assert [l["pruned"] for l in report["layers"]] == [l["pruned"] for l in reference[1]["layers"]]
+    assert [l["recon_error"] for l in report["layers"]] == [l["recon_error"] for l in reference[1]["layers"]]
+    return report
+
+
 class Stories:
     """stories260K as a HF directory plus the two halves of tinystories_val.txt, under `root`."""
 
