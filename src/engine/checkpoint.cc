@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -30,19 +31,71 @@ std::vector<std::byte> json_bytes(const nlohmann::json& j) {
   return out;
 }
 
-// Masks concatenated in name order, and their index (name, rows, cols, byte offset) for the state.
-std::vector<std::byte> pack_masks(const std::map<std::string, PackedMask>& masks, nlohmann::json* index) {
-  size_t total = 0;
-  for (const auto& [name, m] : masks) total += m.bits.size();
-  std::vector<std::byte> out(total);
-  size_t at = 0;
-  *index = nlohmann::json::array();
-  for (const auto& [name, m] : masks) {
-    std::memcpy(out.data() + at, m.bits.data(), m.bits.size());
-    index->push_back({{"name", name}, {"rows", m.rows}, {"cols", m.cols}, {"offset", at}});
-    at += m.bits.size();
+// Where each mask lies in the masks dataset: the masks each rank keeps, in name order, one segment per rank
+// in rank order, and every non-empty segment but the first starting on a checksum unit (kByteUnit), so that
+// each rank writes whole units of its own. With one rank: the masks concatenated in name order. A reader
+// takes each mask's offset from the index, so a checkpoint resumes with any number of ranks.
+struct MaskLayout {
+  nlohmann::json index = nlohmann::json::array();  // {name, rows, cols, offset}, in name order
+  int64_t bytes = 0;                               // the dataset's
+  int64_t first_byte = 0;                          // this rank's segment
+  std::vector<std::span<const std::byte>> pieces;  // its masks' bits, in order (views of `masks`)
+};
+
+MaskLayout mask_layout(const ModelMasks& masks) {
+  std::vector<int64_t> segment(static_cast<size_t>(masks.ranks()), 0);
+  for (const auto& [name, shape] : masks.shapes())
+    segment[static_cast<size_t>(masks.keeper(name))] += shape.bytes();
+  std::vector<int64_t> start(segment.size(), 0);
+  MaskLayout layout;
+  int64_t at = 0;
+  for (size_t r = 0; r < segment.size(); ++r) {
+    if (segment[r] > 0 && at > 0) at = (at + io::kByteUnit - 1) / io::kByteUnit * io::kByteUnit;
+    start[r] = at;
+    at += segment[r];
   }
-  return out;
+  layout.bytes = at;
+  layout.first_byte = start[static_cast<size_t>(masks.rank())];
+  for (const auto& [name, shape] : masks.shapes()) {
+    int64_t& next = start[static_cast<size_t>(masks.keeper(name))];
+    layout.index.push_back({{"name", name}, {"rows", shape.rows}, {"cols", shape.cols}, {"offset", next}});
+    next += shape.bytes();
+    if (masks.keeps(name)) layout.pieces.push_back(std::as_bytes(std::span(masks.kept().at(name).bits)));
+  }
+  return layout;
+}
+
+// Writes `pieces`, one run of a dataset's bytes from unit `first_unit` on, as whole units with their
+// checksums: a run ending inside a unit before the dataset's end is padded with zeros to the unit's end.
+// Pieces that start on a unit are written in place; the rest pass through one unit's buffer.
+void write_run(int fd, const fs::path& path, const io::CheckpointDatasetPlace& place, int64_t first_unit,
+               std::span<const std::span<const std::byte>> pieces) {
+  const size_t unit = static_cast<size_t>(place.unit_bytes);
+  std::vector<std::byte> buffer;
+  int64_t next_unit = first_unit;
+  for (std::span<const std::byte> piece : pieces) {
+    while (!piece.empty()) {
+      if (buffer.empty() && piece.size() >= unit) {
+        const size_t whole = piece.size() / unit * unit;
+        io::write_checkpoint_units(fd, path, place, next_unit, piece.first(whole));
+        next_unit += static_cast<int64_t>(whole / unit);
+        piece = piece.subspan(whole);
+        continue;
+      }
+      const size_t take = std::min(unit - buffer.size(), piece.size());
+      buffer.insert(buffer.end(), piece.begin(), piece.begin() + static_cast<std::ptrdiff_t>(take));
+      piece = piece.subspan(take);
+      if (buffer.size() == unit) {
+        io::write_checkpoint_units(fd, path, place, next_unit++, buffer);
+        buffer.clear();
+      }
+    }
+  }
+  if (buffer.empty()) return;
+  const int64_t rest = place.bytes - next_unit * place.unit_bytes;  // the dataset's bytes from this unit on
+  SYMPRUNE_ASSERT(static_cast<int64_t>(buffer.size()) <= rest, "checkpoint run past its dataset's end");
+  buffer.resize(static_cast<size_t>(std::min(rest, place.unit_bytes)), std::byte{0});
+  io::write_checkpoint_units(fd, path, place, next_unit, buffer);
 }
 
 // Keys of the resolved configuration that may change between attempts of one run. "mask" is only the
@@ -118,19 +171,21 @@ bool Checkpointer::due(int64_t next_block) const {
   return next_block > 0 && (next_block % every_ == 0 || next_block == blocks_);
 }
 
-void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
-                         const std::map<std::string, PackedMask>& masks, std::vector<CheckpointSlab> slabs) {
+void Checkpointer::start(int64_t next_block, const nlohmann::json& state, const ModelMasks& masks,
+                         std::vector<CheckpointSlab> slabs) {
   finish();
   const fs::path staging = checkpoint_staging(file_);
-  // Rank 0's datasets: the state and the masks; everyone's: the slabs (the same names and shapes on every
-  // rank, each with its own rows).
-  std::vector<std::byte> state_bytes, mask_bytes;
+  // Rank 0's dataset: the state; everyone's: the masks it keeps (its segment) and the slabs (the same names
+  // and shapes on every rank, each with its own rows).
+  SYMPRUNE_ASSERT(masks.rank() == comm_.rank() && masks.ranks() == comm_.size(),
+                  "masks kept for rank {} of {}, saved by rank {} of {}", masks.rank(), masks.ranks(),
+                  comm_.rank(), comm_.size());
+  MaskLayout layout = mask_layout(masks);
+  std::vector<std::byte> state_bytes;
   std::vector<io::CheckpointDatasetSpec> specs;
   if (comm_.rank() == 0) {
     nlohmann::json saved = state;
-    nlohmann::json index;
-    mask_bytes = pack_masks(masks, &index);
-    saved["masks"] = index;
+    saved["masks"] = std::move(layout.index);
     saved["run_id"] = run_id_;
     // The header's attributes again, inside the checksummed state: an attribute edited (or written wrong)
     // no longer passes for a valid checkpoint (read_point compares them).
@@ -138,8 +193,10 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
     saved["blocks"] = blocks_;
     state_bytes = json_bytes(saved);
   }
-  int64_t sizes[2] = {static_cast<int64_t>(state_bytes.size()), static_cast<int64_t>(mask_bytes.size())};
+  int64_t sizes[2] = {static_cast<int64_t>(state_bytes.size()), layout.bytes};
   comm_.broadcast(std::as_writable_bytes(std::span<int64_t>(sizes)), 0);
+  SYMPRUNE_ASSERT(sizes[1] == layout.bytes, "rank {} lays out {} bytes of masks, rank 0 {}", comm_.rank(),
+                  layout.bytes, sizes[1]);
   specs.push_back({"state", io::CheckpointType::kUint8, {sizes[0]}});
   specs.push_back({"masks", io::CheckpointType::kUint8, {sizes[1]}});
   for (const auto& slab : slabs)
@@ -163,24 +220,33 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
     const int64_t* v = places_flat.data() + i * 5;
     return io::CheckpointDatasetPlace{v[0], v[1], v[2], v[3], v[4]};
   };
-  // What the writer thread owns: the snapshot itself (no second copy).
+  // What the writer thread owns: the snapshot itself (no second copy), and views of the masks' bits, which
+  // never change once added (ModelMasks).
   struct Job {
     io::CheckpointDatasetPlace place;
     int64_t first_unit;
     std::vector<std::byte> bytes;
     std::vector<float> floats;
-    std::span<const std::byte> data() const {
-      return floats.empty() ? std::span<const std::byte>(bytes)
-                            : std::as_bytes(std::span<const float>(floats));
+    std::vector<std::span<const std::byte>> views;
+    std::vector<std::span<const std::byte>> data() const {
+      if (!floats.empty()) return {std::as_bytes(std::span<const float>(floats))};
+      if (!bytes.empty()) return {std::span<const std::byte>(bytes)};
+      return views;
+    }
+    int64_t size() const {
+      int64_t total = 0;
+      for (const auto& piece : data()) total += static_cast<int64_t>(piece.size());
+      return total;
     }
   };
   std::vector<Job> jobs;
-  if (comm_.rank() == 0) {
-    jobs.push_back({place(0), 0, std::move(state_bytes), {}});
-    jobs.push_back({place(1), 0, std::move(mask_bytes), {}});
+  if (comm_.rank() == 0) jobs.push_back({place(0), 0, std::move(state_bytes), {}, {}});
+  if (!layout.pieces.empty()) {
+    SYMPRUNE_ASSERT(layout.first_byte % io::kByteUnit == 0, "a segment of masks starts inside a unit");
+    jobs.push_back({place(1), layout.first_byte / io::kByteUnit, {}, {}, std::move(layout.pieces)});
   }
   for (size_t i = 0; i < slabs.size(); ++i)
-    jobs.push_back({place(2 + i), slabs[i].first_row, {}, std::move(slabs[i].data)});
+    jobs.push_back({place(2 + i), slabs[i].first_row, {}, std::move(slabs[i].data), {}});
   writer_error_.clear();
   writer_done_.store(false, std::memory_order_relaxed);
   in_flight_ = next_block;
@@ -193,8 +259,8 @@ void Checkpointer::start(int64_t next_block, const nlohmann::json& state,
                      std::strerror(errno));
       try {
         for (const auto& job : jobs) {
-          io::write_checkpoint_units(fd, staging, job.place, job.first_unit, job.data());
-          bytes_written_ += static_cast<int64_t>(job.data().size());
+          write_run(fd, staging, job.place, job.first_unit, job.data());
+          bytes_written_ += job.size();
           fault::at("checkpoint_write:" + std::to_string(next_block),
                     rank);  // tests: a kill in the middle of a checkpoint's writing
         }
@@ -308,7 +374,7 @@ std::vector<float> read_checkpoint_rows(const io::CheckpointReader& reader, cons
 
 namespace {
 
-// Reads and verifies the state and the masks (every rank: each needs the masks).
+// Reads and verifies the state (every rank).
 ResumePoint read_point(const fs::path& file) {
   ResumePoint point;
   point.file = file;
@@ -325,27 +391,54 @@ ResumePoint read_point(const fs::path& file) {
   }
   if (const auto disagreement = io::header_disagreement(point.header, point.state))
     fail("checkpoint {}: {}", file.string(), *disagreement);
-  const auto mask_shape = reader.shape("masks");
-  std::vector<std::byte> masks(static_cast<size_t>(mask_shape.at(0)));
-  reader.read_units("masks", 0, masks);
+  return point;
+}
+
+// Reads the masks of the state's index into `masks`: every one's shape, and the bits of those this rank
+// keeps (their units' checksums verified), read in runs of masks that lie back to back.
+void read_masks(const io::CheckpointReader& reader, const nlohmann::json& state, ModelMasks& masks) {
+  const std::string file = reader.path().string();
+  const int64_t dataset_bytes = reader.shape("masks").at(0);
+  const int64_t unit = reader.unit_bytes("masks");
+  struct Kept {
+    std::string name;
+    PackedMask mask;
+    int64_t offset;
+  };
+  std::vector<Kept> kept;
   try {
-    for (const auto& entry : point.state.at("masks")) {
-      PackedMask m;
-      m.rows = entry.at("rows").get<int64_t>();
-      m.cols = entry.at("cols").get<int64_t>();
-      const size_t offset = entry.at("offset").get<size_t>();
-      const size_t bytes = static_cast<size_t>((m.rows * m.cols + 7) / 8);
-      SYMPRUNE_CHECK(m.rows > 0 && m.cols > 0 && offset + bytes <= masks.size(),
-                     "checkpoint {}: mask {} lies outside the masks dataset", file.string(),
-                     entry.at("name").get<std::string>());
-      m.bits.assign(reinterpret_cast<const uint8_t*>(masks.data()) + offset,
-                    reinterpret_cast<const uint8_t*>(masks.data()) + offset + bytes);
-      point.masks.emplace(entry.at("name").get<std::string>(), std::move(m));
+    for (const auto& entry : state.at("masks")) {
+      const auto name = entry.at("name").get<std::string>();
+      const ModelMasks::Shape shape{entry.at("rows").get<int64_t>(), entry.at("cols").get<int64_t>()};
+      const auto offset = entry.at("offset").get<int64_t>();
+      SYMPRUNE_CHECK(
+          shape.rows > 0 && shape.cols > 0 && offset >= 0 && offset + shape.bytes() <= dataset_bytes,
+          "checkpoint {}: mask {} lies outside the masks dataset", file, name);
+      SYMPRUNE_CHECK(masks.is_tensor(name),
+                     "checkpoint {}: its mask index names '{}', not a tensor of this model", file, name);
+      masks.add_shape(name, shape);
+      if (masks.keeps(name)) kept.push_back({name, {shape.rows, shape.cols, {}}, offset});
     }
   } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint {}: its mask index is malformed: {}", file.string(), e.what());
+    fail("checkpoint {}: its mask index is malformed: {}", file, e.what());
   }
-  return point;
+  std::sort(kept.begin(), kept.end(), [](const Kept& a, const Kept& b) { return a.offset < b.offset; });
+  std::vector<std::byte> run;
+  for (size_t first = 0, last = 0; first < kept.size(); first = last) {
+    int64_t end = kept[first].offset;
+    for (last = first; last < kept.size() && kept[last].offset == end; ++last)
+      end += ModelMasks::Shape{kept[last].mask.rows, kept[last].mask.cols}.bytes();
+    const int64_t first_unit = kept[first].offset / unit;
+    const int64_t run_end = std::min((end + unit - 1) / unit * unit, dataset_bytes);
+    run.resize(static_cast<size_t>(run_end - first_unit * unit));
+    reader.read_units("masks", first_unit, run);
+    for (size_t i = first; i < last; ++i) {
+      PackedMask& m = kept[i].mask;
+      const auto* from = reinterpret_cast<const uint8_t*>(run.data()) + (kept[i].offset - first_unit * unit);
+      m.bits.assign(from, from + ModelMasks::Shape{m.rows, m.cols}.bytes());
+      masks.add(kept[i].name, std::move(m));
+    }
+  }
 }
 
 // A checkpoint this process may not read is not a corrupt one: skipping it would resume from FILE.prev and
@@ -368,7 +461,8 @@ void check_permission_to_read(const fs::path& file) {
 
 std::optional<ResumePoint> load_resume_point(
     dist::Communicator& comm, const std::string& resume, const fs::path& checkpoint,
-    const nlohmann::json& identity, const std::function<void(const io::CheckpointReader&)>& restore) {
+    const nlohmann::json& identity, ModelMasks& masks,
+    const std::function<void(const io::CheckpointReader&)>& restore) {
   const bool automatic = resume == "auto";
   const fs::path newest = automatic ? checkpoint : fs::path(resume);
   std::vector<fs::path> candidates;
@@ -408,9 +502,11 @@ std::optional<ResumePoint> load_resume_point(
         fail("checkpoint {} was made by a different run and cannot continue this one: {}", file.string(),
              *diff);
     });
+    ModelMasks read = masks;  // masks stays as it was when this candidate fails
     try {
       agree_on_errors(comm, [&] {
         const io::CheckpointReader reader(file);
+        read_masks(reader, point->state, read);
         restore(reader);
       });
     } catch (const interrupt::Interrupted&) {
@@ -422,6 +518,7 @@ std::optional<ResumePoint> load_resume_point(
     }
     log::info("resuming from checkpoint {}: blocks 1..{} of {} were done", file.string(),
               point->header.next_block, point->header.blocks);
+    masks = std::move(read);
     return point;
   }
   agree_on_errors(comm, [&] { fail("no usable checkpoint to resume from: {}", fmt::join(problems, "; ")); });

@@ -4,7 +4,8 @@
 //
 // What a checkpoint holds, for "next_block" b: the calibration hidden states entering block b (the global
 // [N, T, d], each rank's windows at their global rows), with --eval the dense and the pruned evaluation
-// streams' hidden states ([C, T', d], each rank's chunks), the bit-packed masks of blocks < b, and a JSON
+// streams' hidden states ([C, T', d], each rank's chunks), the bit-packed masks of blocks < b (each rank
+// writes those it keeps, ModelMasks, in a segment of its own; the index gives every mask's place), and a JSON
 // state: the run's identity (run_identity below), its id, the report entries of blocks < b and the
 // timings and traffic so far. The weights of blocks < b are not saved: the masks and the input model give
 // them back, and the writer reads the input model anyway.
@@ -86,9 +87,10 @@ class Checkpointer {
   int64_t latest() const { return latest_; }
 
   // Collective: starts writing the state entering `next_block`. `state` matters on rank 0 (it is what is
-  // saved); `masks` too; `slabs` are this rank's rows (moved in: the snapshot). Waits for the previous write
-  // first. Returns at once; the data is written in the background.
-  void start(int64_t next_block, const nlohmann::json& state, const std::map<std::string, PackedMask>& masks,
+  // saved); each rank writes the bits of the masks it keeps (read in the background: `masks` must outlive
+  // the write, and may grow meanwhile); `slabs` are this rank's rows (moved in: the snapshot). Waits for
+  // the previous write first. Returns at once; the data is written in the background.
+  void start(int64_t next_block, const nlohmann::json& state, const ModelMasks& masks,
              std::vector<CheckpointSlab> slabs);
   // Collective: waits for the write in flight, if any, and installs it as FILE (every rank's write must have
   // succeeded, else every rank throws the lowest failing rank's error). Returns seconds spent waiting.
@@ -125,17 +127,18 @@ struct ResumePoint {
   std::filesystem::path file;
   io::CheckpointHeader header;
   nlohmann::json state;
-  std::map<std::string, PackedMask> masks;
 };
 
 // Collective. `resume` is "auto" or a checkpoint path; `checkpoint` is --checkpoint (may be empty with an
-// explicit path). Tries FILE then FILE.prev: each is read (state and masks verified), its identity compared
-// with `identity` (a difference throws at once), then `restore(reader)` reads this rank's rows; a failure
-// there on any rank moves on to the next candidate. Returns nullopt for "auto" when no checkpoint exists;
-// throws when checkpoints exist but none is usable, or an explicit one is missing.
+// explicit path). Tries FILE then FILE.prev: each one's state is read and verified, its identity compared
+// with `identity` (a difference throws at once), then every mask's shape and the bits of those this rank
+// keeps are read into `masks` (verified) and `restore(reader)` reads this rank's rows; a failure there on
+// any rank moves on to the next candidate (`masks` is changed only by the one chosen). Returns nullopt for
+// "auto" when no checkpoint exists; throws when checkpoints exist but none is usable, or an explicit one is
+// missing.
 std::optional<ResumePoint> load_resume_point(dist::Communicator& comm, const std::string& resume,
                                              const std::filesystem::path& checkpoint,
-                                             const nlohmann::json& identity,
+                                             const nlohmann::json& identity, ModelMasks& masks,
                                              const std::function<void(const io::CheckpointReader&)>& restore);
 
 // Reads rows [first_row, first_row + rows) of float dataset `name`, checking its shape against

@@ -82,11 +82,6 @@ void check_finite_stats(const ActivationStats& stats, const std::string& linear,
                    linear, r, block);
 }
 
-std::string block_prefix(const io::ModelConfig& config, int64_t block) {
-  return config.family == io::ModelFamily::kLlama ? "model.layers." + std::to_string(block) + "."
-                                                  : "model.decoder.layers." + std::to_string(block) + ".";
-}
-
 // NaN/Inf in a block's tensors or in its linears' reduced statistics, named before any linear is scored and
 // under the ranks' agreement: every rank holds the same weights and statistics and finds the same first one,
 // and would otherwise throw alone inside the scores (each rank ending the job through MPI_Abort). The norms
@@ -94,7 +89,7 @@ std::string block_prefix(const io::ModelConfig& config, int64_t block) {
 void check_block_is_finite(dist::Communicator& comm, model::DecoderModel& model,
                            const model::BlockWeights& block, const BlockStatistics* stats, int64_t b) {
   agree_on_errors(comm, [&] {
-    const std::string prefix = block_prefix(model.config(), b);
+    const std::string prefix = model::block_tensor_prefix(model.config(), b);
     const bool llama = model.config().family == io::ModelFamily::kLlama;
     const auto check_tensor = [&](const Tensor& t, const std::string& name) {
       if (t.numel() == 0) return;
@@ -116,15 +111,6 @@ void check_block_is_finite(dist::Communicator& comm, model::DecoderModel& model,
   });
 }
 
-// The name under which the model's files store the weight of linear `name` of `block` (OPT files may omit
-// "model."): the masks' and the written zeros' key.
-std::string stored_weight_name(const model::DecoderModel& model, int64_t block, const std::string& name) {
-  const std::string canonical = block_prefix(model.config(), block) + name + ".weight";
-  const auto stored = io::stored_tensor_name(model.tensors(), canonical);
-  SYMPRUNE_ASSERT(stored.has_value(), "tensor {} vanished from {}", canonical, model.tensors().description());
-  return *stored;
-}
-
 // The written model's zeros per layer ("3.mlp.up_proj" -> its stored tensor's count) and in total.
 void record_written_zeros(const model::DecoderModel& model, const WrittenModel& written,
                           PruneResult& result) {
@@ -132,7 +118,7 @@ void record_written_zeros(const model::DecoderModel& model, const WrittenModel& 
   for (LayerResult& layer : result.layers) {
     const size_t dot = layer.name.find('.');
     const std::string stored =
-        stored_weight_name(model, std::stoll(layer.name.substr(0, dot)), layer.name.substr(dot + 1));
+        model.stored_weight_name({std::stoll(layer.name.substr(0, dot)), layer.name.substr(dot + 1)});
     SYMPRUNE_ASSERT(written.zeros.contains(stored), "no zero count for {}", stored);
     layer.zeros = written.zeros.at(stored);
     total += *layer.zeros;
@@ -674,7 +660,8 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
   nlohmann::json identity = plan.identity_without_calibration;
   identity["fingerprints"]["calibration"] =
       calib.fingerprint.empty() ? nlohmann::json() : nlohmann::json(calib.fingerprint);
-  std::map<std::string, PackedMask> masks;  // stored tensor name -> mask, one bit per weight
+  // Stored tensor name -> mask, one bit per weight, the bits on the rank that writes the tensor.
+  ModelMasks masks(model.tensors(), comm.rank(), comm.size());
   int64_t first_block = 0;
   double earlier_total = 0.0;  // seconds of the attempts before a resume
   std::string run_id;
@@ -701,10 +688,9 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
                                                          pruned_eval->local_chunks()));
       }
     };
-    if (auto point = load_resume_point(comm, c.resume, c.checkpoint, identity, restore)) {
+    if (auto point = load_resume_point(comm, c.resume, c.checkpoint, identity, masks, restore)) {
       first_block = point->header.next_block;
       run_id = point->header.run_id;
-      masks = std::move(point->masks);
       restore_progress(point->state, result);
       earlier_total = point->state.at("timings").value("total", 0.0);
       result.resumed_from = point->file;
@@ -863,7 +849,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       result.params_total += w.numel();
       result.layers.push_back(layer);
       model.set_linear_weight(id, model.backend().mask_weight(w, lm.mask, MaskedPart::kKept));  // w is gone
-      masks.emplace(stored_weight_name(model, b, name), PackedMask::of(std::move(lm.mask)));
+      masks.add(model.stored_weight_name(id), PackedMask::of(std::move(lm.mask)));
     }
     result.timings.refine += refine_seconds;
     result.timings.scores_masks += seconds_since(ts) - refine_seconds;
@@ -892,7 +878,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       result.timings.eval_pruned += seconds_since(t);
       stage_done("pruned evaluation pass", t);
     }
-    model.release_block(b);  // memory does not grow with depth: masks are kept as bits only
+    model.release_block(b);  // memory does not grow with depth: masks are kept as bits, by their writer
 
     BlockTimings block_timings{b, seconds_since(block_start), {}};
     for (const auto& f : kTimingFields)

@@ -209,14 +209,54 @@ std::string index_json(const io::TensorSource& source, const std::vector<io::Ten
 
 }  // namespace
 
+ModelMasks::ModelMasks(const io::TensorSource& source, int rank, int ranks) : rank_(rank), ranks_(ranks) {
+  SYMPRUNE_ASSERT(ranks >= 1 && rank >= 0 && rank < ranks, "rank {} of {}", rank, ranks);
+  const std::vector<io::TensorSource::Shard> shards = source.shards();
+  for (size_t i = 0; i < shards.size(); ++i)
+    for (const auto& name : shards[i].tensors) keepers_.emplace(name, static_cast<int>(i % ranks));
+}
+
+int ModelMasks::keeper(const std::string& name) const {
+  const auto it = keepers_.find(name);
+  SYMPRUNE_ASSERT(it != keepers_.end(), "mask of tensor '{}', which no shard holds", name);
+  return it->second;
+}
+
+void ModelMasks::add(const std::string& name, PackedMask mask) {
+  SYMPRUNE_ASSERT(mask.bits.size() == static_cast<size_t>(Shape{mask.rows, mask.cols}.bytes()),
+                  "mask of '{}' has {} bytes for [{}, {}]", name, mask.bits.size(), mask.rows, mask.cols);
+  add_shape(name, {mask.rows, mask.cols});
+  if (!keeps(name)) return;
+  // Bits once added are never replaced: a checkpoint's writer may be reading them.
+  const bool added = kept_.emplace(name, std::move(mask)).second;
+  SYMPRUNE_ASSERT(added, "mask of '{}' added twice", name);
+}
+
+void ModelMasks::add_shape(const std::string& name, Shape shape) {
+  keeper(name);  // a tensor of the source
+  shapes_.insert_or_assign(name, shape);
+}
+
+int64_t ModelMasks::kept_bytes(const std::vector<std::pair<std::string, Shape>>& names) const {
+  int64_t bytes = 0;
+  for (const auto& [name, shape] : names) bytes += keeps(name) ? shape.bytes() : 0;
+  return bytes;
+}
+
 WrittenModel write_pruned_model(dist::Communicator& comm, const io::TensorSource& source,
                                 const fs::path& input_dir, const io::OutputDirectory* out,
-                                const std::map<std::string, PackedMask>& masks,
+                                const ModelMasks& masks,
                                 const std::map<std::string, std::string>& extra_files,
                                 const nlohmann::json& provenance) {
   const bool root = comm.rank() == 0;
   SYMPRUNE_ASSERT(!root || out != nullptr, "rank 0 writes without an output directory");
-  for (const auto& [name, mask] : masks) {
+  SYMPRUNE_ASSERT(masks.rank() == comm.rank() && masks.ranks() == comm.size(),
+                  "masks kept for rank {} of {}, written by rank {} of {}", masks.rank(), masks.ranks(),
+                  comm.rank(), comm.size());
+  for (const auto& [name, shape] : masks.shapes())
+    SYMPRUNE_ASSERT(!masks.keeps(name) || masks.kept().count(name) > 0, "rank {} keeps no bits of mask '{}'",
+                    comm.rank(), name);
+  for (const auto& [name, mask] : masks.kept()) {
     SYMPRUNE_CHECK(source.contains(name), "mask for tensor '{}' which is not in {}", name,
                    source.description());
     const io::TensorInfo& info = source.info(name);
@@ -257,7 +297,7 @@ WrittenModel write_pruned_model(dist::Communicator& comm, const io::TensorSource
   // checks are off and only agreed stops count).
   WrittenModel written;
   std::map<std::string, int64_t> zeros;
-  for (const auto& entry : masks) zeros[entry.first] = 0;
+  for (const auto& entry : masks.shapes()) zeros[entry.first] = 0;  // the same keys on every rank
   const size_t ranks = static_cast<size_t>(comm.size());
   std::vector<const io::TensorSource::Shard*> mine;
   for (size_t i = static_cast<size_t>(comm.rank()); i < shards.size(); i += ranks) mine.push_back(&shards[i]);
@@ -269,7 +309,7 @@ WrittenModel write_pruned_model(dist::Communicator& comm, const io::TensorSource
       if (i >= shards.size()) return;
       try {
         interrupt::check();
-        write_shard(source, shards[i], masks, tmp / shards[i].file, zeros, progress);
+        write_shard(source, shards[i], masks.kept(), tmp / shards[i].file, zeros, progress);
       } catch (const interrupt::Interrupted&) {
         throw;
       } catch (const Error& e) {

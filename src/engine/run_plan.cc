@@ -649,6 +649,12 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   host.refine = refining;
   host.compat_ria = mask.compat_ria_fp16;
   host.checkpoint = !c.checkpoint.empty();
+  std::vector<std::pair<std::string, ModelMasks::Shape>> masked;
+  for (int64_t b = 0; b < model.num_blocks(); ++b)
+    for (const auto& shape : model.linear_shapes())
+      masked.push_back({model.stored_weight_name({b, shape.name}), {shape.out, shape.in}});
+  host.kept_mask_bytes =
+      static_cast<double>(ModelMasks(model.tensors(), comm.rank(), comm.size()).kept_bytes(masked));
   r.host_plan = plan_host_memory(mc, model.stored_weight_dtype(), host);
   r.host_resident_at_plan = static_cast<double>(resident_bytes().value_or(0));
   // The globals are loaded with the model: the memory available now no longer counts them. A device run's
@@ -753,7 +759,8 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       const int64_t hidden = model.hidden_size() * 4;
       const int64_t size = (r.needs_stats ? c.nsamples * r.seqlen * hidden : 0) +
                            2 * eval_chunks_total * eval_seqlen * hidden + mask_bytes * model.num_blocks();
-      check_checkpoint_space(c.checkpoint, size);
+      // Each rank's masks start on a checksum unit of their own (checkpoint.cc mask_layout).
+      check_checkpoint_space(c.checkpoint, size + (comm.size() - 1) * io::kByteUnit);
       r.checkpoint_lock = std::make_unique<io::PathLock>(c.checkpoint, "--checkpoint");
     }
   } else if (r.writes_model && comm.rank() < static_cast<int>(shards.size())) {
@@ -833,8 +840,8 @@ MemoryPlan plan_host_memory(const io::ModelConfig& mc, DType stored, const HostM
     // fp64 (BlockStatistics::packed_length).
     chunk_statistics += 8.0 * (3.0 * static_cast<double>(e.shape[1]) + static_cast<double>(e.shape[0]) + 1.0);
   }
-  // The mask bits of every block (kept for the output; a checkpoint's writer gets a copy).
-  const double bits = linears * static_cast<double>(mc.num_layers) / 8.0 * (in.checkpoint ? 2.0 : 1.0);
+  // The mask bits this rank keeps for the output (a checkpoint's writer reads them where they are).
+  const double bits = in.kept_mask_bytes.value_or(linears * static_cast<double>(mc.num_layers) / 8.0);
   const double d = static_cast<double>(mc.hidden_size), vocab = static_cast<double>(mc.vocab_size);
   const double calib = static_cast<double>(in.calib_tokens), eval = static_cast<double>(in.eval_tokens);
   if (in.device_resident) {  // the rest is in the device's memory (plan_device_memory)

@@ -125,6 +125,9 @@ struct HostMemoryShape {
   int64_t sample_rows = 0;           // the reconstruction error's sample rows (all ranks' windows)
   double sample_bytes = 0;           // what the host keeps of them (every group's, and this rank's own)
   bool recon_error = false, refine = false, compat_ria = false, checkpoint = false;
+  // The bytes of the mask bits this rank keeps (ModelMasks: those of the tensors it writes); nullopt:
+  // every block's.
+  std::optional<double> kept_mask_bytes;
   // false: the run evaluates only (symprune eval): one block at a time, no selection, no masks.
   bool prunes = true;
   int eval_streams = 2;  // the dense and the pruned stream (symprune eval: one)
@@ -140,7 +143,7 @@ inline constexpr double kHostMemoryMargin = 256.0 * (1 << 20);
 // computes; the hidden states and the dense pass's copy of them (and a third copy handed to a checkpoint's
 // writer), and every chunk's statistics until they are reduced; the forward pass's workspace, which keeps
 // its largest size; the selection of the largest linear; the Gram matrices of every input group in fp64;
-// the mask bits of every block; and per thread the attention's score rows and an allowance for BLAS
+// the mask bits this rank keeps; and per thread the attention's score rows and an allowance for BLAS
 // buffers and heaps. Terms that are largest at different stages are added: the plan is an upper bound,
 // 10-35 % above the growth measured on 1024-wide and 7B shapes (bench/results/host_memory_plan.md).
 MemoryPlan plan_host_memory(const io::ModelConfig& config, DType stored, const HostMemoryShape& shape);

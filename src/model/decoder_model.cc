@@ -117,8 +117,7 @@ const std::vector<std::string>& DecoderModel::linear_names() const {
 }
 
 std::vector<DecoderModel::LinearShape> DecoderModel::linear_shapes() const {
-  const std::string prefix =
-      config_.family == io::ModelFamily::kLlama ? "model.layers.0." : "model.decoder.layers.0.";
+  const std::string prefix = block_tensor_prefix(config_, 0);
   std::vector<LinearShape> shapes;
   for (const auto& name : linear_names_)
     for (const auto& e : io::expected_block_tensors(config_, 0))
@@ -170,11 +169,14 @@ void DecoderModel::load_globals() {
   if (!lm_head_tied_) lm_head_ = load("lm_head.weight", {c.vocab_size, head_in});
 }
 
+std::string block_tensor_prefix(const io::ModelConfig& config, int64_t block) {
+  return (config.family == io::ModelFamily::kLlama ? "model.layers." : "model.decoder.layers.") +
+         std::to_string(block) + ".";
+}
+
 BlockWeights assemble_block_weights(const io::ModelConfig& c, int64_t block,
                                     const std::function<Tensor(const io::ExpectedTensor&)>& tensor) {
-  const std::string p = c.family == io::ModelFamily::kLlama
-                            ? "model.layers." + std::to_string(block) + "."
-                            : "model.decoder.layers." + std::to_string(block) + ".";
+  const std::string p = block_tensor_prefix(c, block);
   BlockWeights w;
   // The layout module lists exactly the tensors this config implies (biases, affine norms).
   for (const auto& expected : io::expected_block_tensors(c, block)) {
@@ -236,12 +238,17 @@ std::string_view dtype_option_name(DType dtype) {
 }
 
 DType DecoderModel::stored_weight_dtype() const {
-  const std::string prefix =
-      config_.family == io::ModelFamily::kLlama ? "model.layers.0." : "model.decoder.layers.0.";
-  const std::string canonical = prefix + linear_names_.front() + ".weight";
+  const std::string canonical = block_tensor_prefix(config_, 0) + linear_names_.front() + ".weight";
   const auto stored = io::stored_tensor_name(*weights_, canonical);  // OPT files may omit "model."
   SYMPRUNE_CHECK(stored.has_value(), "missing tensor '{}' in {}", canonical, weights_->description());
   return weights_->info(*stored).dtype;
+}
+
+std::string DecoderModel::stored_weight_name(const LinearId& id) const {
+  const std::string canonical = block_tensor_prefix(config_, id.block) + id.name + ".weight";
+  const auto stored = io::stored_tensor_name(*weights_, canonical);
+  SYMPRUNE_ASSERT(stored.has_value(), "tensor {} vanished from {}", canonical, weights_->description());
+  return *stored;
 }
 
 void DecoderModel::set_storage_dtype(DType dtype) {

@@ -63,6 +63,9 @@ struct BlockWeights {
   std::map<std::string, LinearWeights> linears;  // by module name, e.g. "self_attn.q_proj"
 };
 
+// The canonical name prefix of block `block`'s tensors: "model.layers.3." (OPT "model.decoder.layers.3.").
+std::string block_tensor_prefix(const io::ModelConfig& config, int64_t block);
+
 // Assembles a block from its tensors: `tensor(e)` gives the fp32 value of each expected tensor
 // (io::expected_block_tensors) in turn.
 BlockWeights assemble_block_weights(const io::ModelConfig& config, int64_t block,
@@ -164,6 +167,8 @@ class DecoderModel {
   // The dtype the files store the linear weights in (block 0's first linear): what --dtype auto means on
   // a device backend.
   DType stored_weight_dtype() const;
+  // The name under which the model's files store the weight of linear `id` (OPT files may omit "model.").
+  std::string stored_weight_name(const LinearId& id) const;
   // The dtype the linear weights (blocks and head) and the hidden states between blocks are kept in (a
   // run in lower precision, --dtype; fp32 by default). Set once, before any block is loaded; a value other
   // than fp32 needs a backend that stores it (Backend::supports_dtype). Every op still computes in fp32:

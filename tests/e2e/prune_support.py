@@ -137,18 +137,30 @@ def assert_only_the_mask_changed(name, dense, plain, refined, nm):
         assert np.all(r.reshape(-1, nm[1]).sum(axis=1) == nm[0]), name
 
 
-def two_shard_layout(stories, tmp_path):
+def shard_layout(stories, tmp_path, parts=2):
     """A model directory holding the stories260K files but its weights, the weights, and a split of their
-    names into two shards (to be written by the test)."""
+    sorted names into `parts` shards of nearly equal counts (to be written by the test)."""
     model = tmp_path / "model"
     model.mkdir()
     for path in stories.model.iterdir():
         if path.suffix != ".safetensors":
             shutil.copy(path, model / path.name)
     tensors = load_file(str(stories.model / "model.safetensors"))
-    names = sorted(tensors)
-    shards = {"model-00001-of-00002.safetensors": names[:24], "model-00002-of-00002.safetensors": names[24:]}
-    return model, tensors, shards
+    groups = np.array_split(np.array(sorted(tensors)), parts)
+    return model, tensors, {f"model-{i + 1:05d}-of-{parts:05d}.safetensors": [str(name) for name in group]
+                            for i, group in enumerate(groups)}
+
+
+def sharded_stories(stories, tmp_path, parts):
+    """stories260K as `parts` shards with their index (shard_layout); returns the model directory and the
+    shards' tensor names, in shard order."""
+    model, tensors, shards = shard_layout(stories, tmp_path, parts)
+    weight_map = {}
+    for shard, names in shards.items():
+        save_file({name: tensors[name] for name in names}, str(model / shard), metadata={"format": "pt"})
+        weight_map.update({name: shard for name in names})
+    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return model, list(shards.values())
 
 
 def head_overflowing_model(source, model):

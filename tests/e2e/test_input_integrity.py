@@ -17,7 +17,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from prune_support import Stories, symprune, tree_digest, two_shard_layout
+from prune_support import Stories, shard_layout, symprune, tree_digest
 
 CALIB = ["--nsamples", "4", "--seqlen", "64"]
 WANDA = ["--method", "wanda", "--sparsity", "0.5"]
@@ -68,7 +68,7 @@ def test_single_file_with_pickle_like_header_length(stories, tmp_path):
 
 
 def test_sharded_model_with_pickle_like_header_lengths(stories, tmp_path):
-    model, tensors, shards = two_shard_layout(stories, tmp_path)
+    model, tensors, shards = shard_layout(stories, tmp_path)
     weight_map = {}
     for (shard, members), length in zip(shards.items(), (0x10380, 0x20480)):
         save_file({n: tensors[n] for n in members}, str(model / shard), metadata={"format": "pt"})
@@ -277,7 +277,7 @@ def test_a_stored_head_that_a_tied_config_ignores_is_named(stories, tmp_path):
 def test_an_index_beside_model_safetensors_is_not_copied(stories, tmp_path):
     """model.safetensors is read when an index and its shards sit beside it (transformers' order too): the
     output holds model.safetensors only, without the index, which would name shards it does not have."""
-    model, tensors, shards = two_shard_layout(stories, tmp_path)
+    model, tensors, shards = shard_layout(stories, tmp_path)
     save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
     weight_map = {}
     for shard, members in shards.items():
@@ -298,7 +298,7 @@ def test_an_index_beside_model_safetensors_is_not_copied(stories, tmp_path):
 def test_shards_in_a_subdirectory_are_written_there(stories, tmp_path):
     """An index may name shards in a subdirectory: they are pruned into the same place, and the warning
     says that only the weight files of that subdirectory are in the output."""
-    model, tensors, shards = two_shard_layout(stories, tmp_path)
+    model, tensors, shards = shard_layout(stories, tmp_path)
     (model / "weights").mkdir()
     (model / "weights" / "notes.txt").write_text("not copied")
     weight_map = {}
@@ -347,7 +347,7 @@ def test_a_dangling_index_link_beside_model_safetensors_is_not_read(stories, tmp
 def test_an_index_naming_a_shard_two_ways_writes_it_once(stories, tmp_path):
     """"x" and "./x" in an index are one file: it used to be opened twice and written twice (the second
     write counting its zeros again), so the report gave 70 % written zeros for a 50 % prune."""
-    model, tensors, shards = two_shard_layout(stories, tmp_path)
+    model, tensors, shards = shard_layout(stories, tmp_path)
     weight_map = {}
     for shard, members in shards.items():
         save_file({n: tensors[n] for n in members}, str(model / shard), metadata={"format": "pt"})
@@ -370,7 +370,7 @@ def test_an_index_naming_a_shard_two_ways_writes_it_once(stories, tmp_path):
 def test_a_shard_keeps_tensors_its_index_does_not_list(stories, tmp_path):
     """The pruned shard used to lose a tensor the index left out; weight files that are not the model's are
     named and not copied."""
-    model, tensors, shards = two_shard_layout(stories, tmp_path)
+    model, tensors, shards = shard_layout(stories, tmp_path)
     inv_freq = "model.layers.0.self_attn.rotary_emb.inv_freq"
     weight_map = {}
     for shard, members in shards.items():

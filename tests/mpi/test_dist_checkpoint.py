@@ -9,10 +9,12 @@ import signal
 import subprocess
 import time
 
+import h5py
+import numpy as np
 import pytest
 
 from conftest import DIST, MPIEXEC, mpirun
-from prune_support import output_digest, stories_job, symprune, uninterrupted_run
+from prune_support import output_digest, sharded_stories, stories_job, symprune, uninterrupted_run
 
 RUN = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "16", "--seqlen", "64", "--micro-batch", "3",
        "--eval-seqlen", "64", "--eval-max-chunks", "20", "--threads", "1"]
@@ -129,6 +131,49 @@ def test_a_resumed_run_reports_the_communication_of_every_attempt_once(job, tmp_
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["resumed"]["block"] in (2, 3)  # blocks 1..3 are saved, or not yet installed
     assert report["communication_bytes"] == whole
+
+
+@pytest.mark.parametrize("ranks,resume_ranks", [(3, 2), (2, 3)])
+def test_each_rank_keeps_saves_and_restores_the_masks_of_the_shards_it_writes(stories, tmp_path, have_mpirun,
+                                                                             ranks, resume_ranks):
+    """A three-shard copy of stories260K: a rank keeps only the mask bits of the tensors in the shards it
+    writes (shard i: rank i mod R), and saves them into a segment of the checkpoint's masks dataset that
+    starts on a checksum unit of its own. Killed in block 5 and resumed with another rank count (each rank
+    reading the masks it now keeps, wherever they lie), the output is byte-identical to one process's, and
+    the largest rank's host plan counts fewer mask bits than one process keeps. (Shards: the embeddings and
+    blocks 1-2 in part; blocks 2-4 in part; blocks 4-5 and the final norm.)"""
+    model, shards = sharded_stories(stories, tmp_path, 3)
+    job = ["--model", model, "--calib", stories.first, "--eval", stories.second, *RUN]
+    digest, whole = uninterrupted_run(job, tmp_path / "reference")
+    run = tmp_path / "run"
+    run.mkdir()
+    # The checkpoint of blocks 1..4 is installed during block 5 (its writing has had 2 s), before the kill.
+    proc = mpirun(ranks, *job, *checkpoint_args(run), env={"SYMPRUNE_FAULT": "block:4:busy=2,masks_done:4:abort"},
+                  timeout=120)
+    assert proc.returncode != 0 and "blocks 1..4 of 5 saved" in proc.stderr, proc.stderr
+    with h5py.File(run / "run.h5", "r") as f:
+        state = json.loads(bytes(np.asarray(f["state"])).decode())
+        dataset_bytes = f["masks"].shape[0]
+    assert state["next_block"] == 4
+    keeper = {name: i % ranks for i, names in enumerate(shards) for name in names}
+    index = sorted(state["masks"], key=lambda m: m["offset"])
+    assert len(index) == 7 * state["next_block"]
+    segments = [[m for m in index if keeper[m["name"]] == r] for r in range(ranks)]
+    assert all(segments), "every rank keeps some masks"
+    for r, segment in enumerate(segments):
+        assert [m["name"] for m in segment] == sorted(m["name"] for m in segment)  # name order
+        start = segment[0]["offset"]
+        assert start == 0 if r == 0 else start % (1 << 20) == 0, (r, start)
+        for a, b in zip(segment, segment[1:]):  # back to back
+            assert b["offset"] == a["offset"] + (a["rows"] * a["cols"] + 7) // 8
+    last = index[-1]
+    assert dataset_bytes == last["offset"] + (last["rows"] * last["cols"] + 7) // 8
+    proc = mpirun(resume_ranks, *job, *checkpoint_args(run), "--resume", "auto", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert output_digest(run / "out") == digest
+    report = json.loads((run / "report.json").read_text())
+    assert report["perplexity"] == whole["perplexity"] and report["resumed"] is not None
+    assert 0 < report["host_memory"]["plan"]["masks"] < whole["host_memory"]["plan"]["masks"]
 
 
 def mpirun_with_rank_1_blind_to(directory, *args, timeout=120):

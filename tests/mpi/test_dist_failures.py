@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import DIST, MPIEXEC, mpirun
-from prune_support import head_overflowing_model, symprune, two_shard_layout
+from prune_support import head_overflowing_model, sharded_stories, symprune
 
 RUN = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "16", "--seqlen", "64", "--micro-batch", "3",
        "--threads", "1"]
@@ -183,12 +183,7 @@ def test_an_output_another_writer_rank_cannot_write_fails_before_any_work(storie
     when rank 1 wrote its shard; now every rank stops before the first block, with rank 1's reason."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("a private read-only mount for one rank needs root and unshare")
-    model, tensors, shards = two_shard_layout(stories, tmp_path)
-    weight_map = {}
-    for shard, names in shards.items():
-        save_file({name: tensors[name] for name in names}, str(model / shard))
-        weight_map.update({name: shard for name in names})
-    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    model, _ = sharded_stories(stories, tmp_path, 2)
     parent = tmp_path / "outputs"
     parent.mkdir()
     wrapper = tmp_path / "rank1_read_only.sh"

@@ -20,9 +20,12 @@
 #include "core/masks.h"
 #include "dist/communicator.h"
 #include "engine/block_statistics.h"
+#include "engine/checkpoint.h"
 #include "engine/pruned_model_writer.h"
 #include "engine/run_plan.h"
 #include "io/calibration.h"
+#include "io/checkpoint_file.h"
+#include "io/model_layout.h"
 #include "io/model_resolver.h"
 #include "io/output_dir.h"
 #include "io/safetensors.h"
@@ -778,6 +781,105 @@ TEST(MemoryPlan, Llama2_70BInBf16FitsOne80GBGpu) {
 
 // The host plan of the run that was killed by the kernel on a 24 GiB machine before there was one:
 // LLaMA-2-70B on the CPU with 128 x 2048 calibration tokens in micro-batches of 8 windows, 2 threads.
+// LLaMA-2-7B in bf16 is three 5 GB shards: on two ranks rank 0 writes the first and the third, rank 1 the
+// second. Every rank records each mask's shape; only the writer of its tensor keeps the bits.
+TEST(ModelMasks, EachRankKeepsTheBitsOfTheTensorsInTheShardsItWrites) {
+  const io::SyntheticModel source(io::parse_synthetic_spec("synthetic:llama2-7b"));
+  const auto shards = source.shards();
+  ASSERT_EQ(shards.size(), 3u);
+  ModelMasks rank0(source, 0, 2), rank1(source, 1, 2), alone(source, 0, 1);
+  const std::string first = shards[0].tensors.back(), second = shards[1].tensors.front(),
+                    third = shards[2].tensors.front();
+  EXPECT_EQ(rank0.keeper(first), 0);
+  EXPECT_EQ(rank1.keeper(second), 1);
+  EXPECT_EQ(rank1.keeper(third), 0);
+  EXPECT_TRUE(rank0.is_tensor(first) && !rank0.is_tensor("model.layers.99.mlp.up_proj.weight"));
+  const PackedMask mask{2, 5, {0x1f, 0x02}};  // 10 bits
+  for (ModelMasks* masks : {&rank0, &rank1, &alone}) {
+    masks->add(second, mask);
+    masks->add(third, mask);
+  }
+  for (const ModelMasks* masks : {&rank0, &rank1, &alone}) {
+    ASSERT_EQ(masks->shapes().size(), 2u);
+    EXPECT_EQ(masks->shapes().at(second).rows, 2);
+    EXPECT_EQ(masks->shapes().at(third).bytes(), 2);
+  }
+  EXPECT_EQ(rank0.kept().size(), 1u);
+  EXPECT_EQ(rank0.kept().at(third).bits, mask.bits);
+  EXPECT_EQ(rank1.kept().size(), 1u);
+  EXPECT_EQ(rank1.kept().at(second).bits, mask.bits);
+  EXPECT_EQ(alone.kept().size(), 2u);
+  // What the host plan counts: the two ranks' shares of every linear's bits make the whole.
+  std::vector<std::pair<std::string, ModelMasks::Shape>> linears;
+  int64_t every = 0;
+  for (const auto& e : io::expected_tensors(source.config()))
+    if (e.shape.size() == 2 && e.name.starts_with("model.layers.")) {
+      linears.push_back({e.name, {e.shape[0], e.shape[1]}});
+      every += (e.shape[0] * e.shape[1] + 7) / 8;
+    }
+  ASSERT_EQ(linears.size(), 32u * 7);
+  EXPECT_EQ(rank0.kept_bytes(linears) + rank1.kept_bytes(linears), every);
+  EXPECT_EQ(alone.kept_bytes(linears), every);
+  EXPECT_GT(rank1.kept_bytes(linears), every / 4);  // 5 GB of 13.5 GB
+  EXPECT_GT(rank0.kept_bytes(linears), every / 2);
+}
+
+// A checkpoint's masks, written from where they are kept (several pieces per checksum unit, pieces larger
+// than a unit, one ending the dataset mid-unit) and read back: the same bits, shapes and names; a mask's
+// unit corrupted on disk fails the checksum and the checkpoint is not used.
+TEST(ModelMasks, CheckpointedMasksReadBackBitForBit) {
+  const io::SyntheticModel source(io::parse_synthetic_spec("synthetic:llama2-7b"));
+  const auto names = source.shards()[1].tensors;
+  const auto local = dist::make_local_communicator();
+  ModelMasks masks(source, 0, 1);
+  std::mt19937 random(7);
+  // 0.4 MiB, 1.5 MiB, 10 bits, 2 MiB + 3 bytes: units hold parts of several masks, and masks whole units.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1024, 3277}, {3000, 4194}, {2, 5}, {4096, 4096 + 6}};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    PackedMask m{shapes[i].first, shapes[i].second, {}};
+    m.bits.resize(static_cast<size_t>(ModelMasks::Shape{m.rows, m.cols}.bytes()));
+    for (auto& byte : m.bits) byte = static_cast<uint8_t>(random());
+    masks.add(names[i], std::move(m));
+  }
+  const fs::path dir = testing::make_temp_dir("symprune_masks_ckpt");
+  const fs::path file = dir / "run.h5";
+  const nlohmann::json identity = {{"config", {{"method", "wanda"}}}};
+  {
+    Checkpointer writer(*local, file, 1, 4, "run-1");
+    writer.start(2, {{"identity", identity}}, masks, {});
+    writer.finish();
+  }
+  ModelMasks read(source, 0, 1);
+  ASSERT_TRUE(load_resume_point(*local, "auto", file, identity, read, [](const io::CheckpointReader&) {}));
+  ASSERT_EQ(read.shapes().size(), masks.shapes().size());
+  for (const auto& [name, mask] : masks.kept()) {
+    EXPECT_EQ(read.shapes().at(name).rows, mask.rows) << name;
+    EXPECT_EQ(read.shapes().at(name).cols, mask.cols) << name;
+    EXPECT_EQ(read.kept().at(name).bits, mask.bits) << name;
+  }
+  // A bit of the largest mask flipped in the file (found by its first 64 bytes): its unit's checksum fails.
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto& largest = masks.kept().at(names[3]).bits;
+  const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(largest.data()), 64));
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 1000000] = static_cast<char>(bytes[at + 1000000] ^ 0x10);
+  testing::write_file(file, bytes);
+  ModelMasks again(source, 0, 1);
+  try {
+    load_resume_point(*local, "auto", file, identity, again, [](const io::CheckpointReader&) {});
+    ADD_FAILURE() << "a corrupt mask was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("masks"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(again.shapes().empty());
+  fs::remove_all(dir);
+}
+
 TEST(MemoryPlan, HostPlanOfLlama2_70BOnTheCpuCountsEveryTerm) {
   const io::ModelConfig config =
       io::SyntheticModel(io::parse_synthetic_spec("synthetic:llama2-70b")).config();
@@ -804,12 +906,15 @@ TEST(MemoryPlan, HostPlanOfLlama2_70BOnTheCpuCountsEveryTerm) {
   EXPECT_GT(p.total(), 43 * 1024.0 * 1024 * 1024);  // 43.2 GiB: refused on a 24 GiB machine
   EXPECT_LT(p.total(), 44 * 1024.0 * 1024 * 1024);
 
-  // A checkpoint's writer holds a third copy of H and a copy of the mask bits.
+  // A checkpoint's writer holds a third copy of H, and reads the mask bits where they are kept.
   HostMemoryShape checkpointed = shape;
   checkpointed.checkpoint = true;
   const MemoryPlan c = plan_host_memory(config, DType::kBF16, checkpointed);
   EXPECT_DOUBLE_EQ(c.calibration - p.calibration, 4 * tokens * d);
-  EXPECT_DOUBLE_EQ(c.masks, 2 * p.masks);
+  EXPECT_DOUBLE_EQ(c.masks, p.masks);
+  // A rank of several keeps the bits of the tensors it writes only (ModelMasks).
+  checkpointed.kept_mask_bytes = 12345;
+  EXPECT_DOUBLE_EQ(plan_host_memory(config, DType::kBF16, checkpointed).masks, 12345);
   // Several ranks hold the next block's share in the stored dtype, and unpack the gathered mask.
   HostMemoryShape four = shape;
   four.ranks = 4;
