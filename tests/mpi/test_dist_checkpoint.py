@@ -148,8 +148,8 @@ def test_each_rank_keeps_saves_and_restores_the_masks_of_the_shards_it_writes(st
     run = tmp_path / "run"
     run.mkdir()
     # The checkpoint of blocks 1..4 is installed during block 5 (its writing has had 2 s), before the kill.
-    proc = mpirun(ranks, *job, *checkpoint_args(run), env={"SYMPRUNE_FAULT": "block:4:busy=2,masks_done:4:abort"},
-                  timeout=120)
+    proc = mpirun(ranks, *job, *checkpoint_args(run),
+                  env={"SYMPRUNE_FAULT": "block:4:busy=2,masks_done:4:abort"}, timeout=120)
     assert proc.returncode != 0 and "blocks 1..4 of 5 saved" in proc.stderr, proc.stderr
     with h5py.File(run / "run.h5", "r") as f:
         state = json.loads(bytes(np.asarray(f["state"])).decode())

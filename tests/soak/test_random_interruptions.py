@@ -14,6 +14,7 @@ After the last attempt: the model's digest, the report's perplexity, masks' coun
 equal the uninterrupted run's, and the directory holds exactly the model, the report and the checkpoint's
 completion marker (no lock, staging directory or checkpoint left by the killed attempts).
 
+The model is stories260K in three shards, so that three ranks each keep the masks of one (ModelMasks).
 Single process (`symprune prune`): SIGKILL, SIGTERM, SIGINT, SIGHUP or SIGUSR1 to the process, or two SIGTERMs
 20 ms apart (the second stops at once). Several ranks (`mpirun -n 3 symprune_dist`): SIGUSR1 to mpirun
 (forwarded to every rank), SIGTERM, two SIGTERMs or SIGKILL to one rank, SIGTERM to mpirun (its own abort).
@@ -34,8 +35,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from prune_support import (BIN, Stories, assert_same_as_uninterrupted, output_digest, stories_job,  # noqa: E402
-                           uninterrupted_run)
+from prune_support import (BIN, Stories, assert_same_as_uninterrupted, output_digest,  # noqa: E402
+                           sharded_stories, uninterrupted_run)
 
 DIST = os.environ.get("SYMPRUNE_DIST_BIN", "")
 MPIEXEC = os.environ.get("SYMPRUNE_MPIEXEC", "mpirun")
@@ -53,8 +54,10 @@ def stories(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def job(stories):
-    return stories_job(stories, *RUN)
+def job(stories, tmp_path_factory):
+    """stories260K in three shards: with three ranks each keeps, saves and restores the masks of its own."""
+    model, _ = sharded_stories(stories, tmp_path_factory.mktemp("sharded"), 3)
+    return ["--model", model, "--calib", stories.first, "--eval", stories.second, *RUN]
 
 
 @pytest.fixture(scope="module")
