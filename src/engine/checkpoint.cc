@@ -60,7 +60,8 @@ MaskLayout mask_layout(const ModelMasks& masks) {
     int64_t& next = start[static_cast<size_t>(masks.keeper(name))];
     layout.index.push_back({{"name", name}, {"rows", shape.rows}, {"cols", shape.cols}, {"offset", next}});
     next += shape.bytes();
-    if (masks.keeps(name)) layout.pieces.push_back(std::as_bytes(std::span(masks.kept().at(name).bits)));
+    if (masks.keeps(name) && shape.bytes() > 0)
+      layout.pieces.push_back(std::as_bytes(std::span(masks.kept().at(name).bits)));
   }
   return layout;
 }
@@ -394,6 +395,9 @@ ResumePoint read_point(const fs::path& file) {
   return point;
 }
 
+// Units of the masks dataset read at once on resume (64 MiB).
+constexpr int64_t kMaskReadUnits = 64;
+
 // Reads the masks of the state's index into `masks`: every one's shape, and the bits of those this rank
 // keeps (their units' checksums verified), read in runs of masks that lie back to back.
 void read_masks(const io::CheckpointReader& reader, const nlohmann::json& state, ModelMasks& masks) {
@@ -414,8 +418,15 @@ void read_masks(const io::CheckpointReader& reader, const nlohmann::json& state,
       SYMPRUNE_CHECK(
           shape.rows > 0 && shape.cols > 0 && offset >= 0 && offset + shape.bytes() <= dataset_bytes,
           "checkpoint {}: mask {} lies outside the masks dataset", file, name);
+      // Checked here, under the ranks' agreement (a bad index falls back to FILE.prev on every rank), and
+      // not only by the one rank that keeps the mask.
       SYMPRUNE_CHECK(masks.is_tensor(name),
                      "checkpoint {}: its mask index names '{}', not a tensor of this model", file, name);
+      SYMPRUNE_CHECK(masks.fits(name, shape),
+                     "checkpoint {}: its mask of '{}' is [{}, {}], not the tensor's shape", file, name,
+                     shape.rows, shape.cols);
+      SYMPRUNE_CHECK(masks.shapes().count(name) == 0, "checkpoint {}: its mask index names '{}' twice", file,
+                     name);
       masks.add_shape(name, shape);
       if (masks.keeps(name)) kept.push_back({name, {shape.rows, shape.cols, {}}, offset});
     }
@@ -423,22 +434,30 @@ void read_masks(const io::CheckpointReader& reader, const nlohmann::json& state,
     fail("checkpoint {}: its mask index is malformed: {}", file, e.what());
   }
   std::sort(kept.begin(), kept.end(), [](const Kept& a, const Kept& b) { return a.offset < b.offset; });
-  std::vector<std::byte> run;
+  const auto bytes_of = [](const PackedMask& m) { return ModelMasks::Shape{m.rows, m.cols}.bytes(); };
+  for (Kept& k : kept) k.mask.bits.resize(static_cast<size_t>(bytes_of(k.mask)));
+  // Each run of back-to-back masks is read once, at most kMaskReadUnits units at a time (a bounded buffer
+  // beside the bits, which the host plan counts).
+  std::vector<std::byte> chunk;
   for (size_t first = 0, last = 0; first < kept.size(); first = last) {
     int64_t end = kept[first].offset;
     for (last = first; last < kept.size() && kept[last].offset == end; ++last)
-      end += ModelMasks::Shape{kept[last].mask.rows, kept[last].mask.cols}.bytes();
-    const int64_t first_unit = kept[first].offset / unit;
+      end += bytes_of(kept[last].mask);
     const int64_t run_end = std::min((end + unit - 1) / unit * unit, dataset_bytes);
-    run.resize(static_cast<size_t>(run_end - first_unit * unit));
-    reader.read_units("masks", first_unit, run);
-    for (size_t i = first; i < last; ++i) {
-      PackedMask& m = kept[i].mask;
-      const auto* from = reinterpret_cast<const uint8_t*>(run.data()) + (kept[i].offset - first_unit * unit);
-      m.bits.assign(from, from + ModelMasks::Shape{m.rows, m.cols}.bytes());
-      masks.add(kept[i].name, std::move(m));
+    for (int64_t at_unit = kept[first].offset / unit; at_unit * unit < end; at_unit += kMaskReadUnits) {
+      const int64_t from = at_unit * unit, to = std::min((at_unit + kMaskReadUnits) * unit, run_end);
+      chunk.resize(static_cast<size_t>(to - from));
+      reader.read_units("masks", at_unit, chunk);
+      for (size_t i = first; i < last; ++i) {
+        const int64_t begin = std::max(kept[i].offset, from);
+        const int64_t stop = std::min(kept[i].offset + bytes_of(kept[i].mask), to);
+        if (begin < stop)
+          std::memcpy(kept[i].mask.bits.data() + (begin - kept[i].offset), chunk.data() + (begin - from),
+                      static_cast<size_t>(stop - begin));
+      }
     }
   }
+  for (Kept& k : kept) masks.add(k.name, std::move(k.mask));
 }
 
 // A checkpoint this process may not read is not a corrupt one: skipping it would resume from FILE.prev and

@@ -209,7 +209,8 @@ std::string index_json(const io::TensorSource& source, const std::vector<io::Ten
 
 }  // namespace
 
-ModelMasks::ModelMasks(const io::TensorSource& source, int rank, int ranks) : rank_(rank), ranks_(ranks) {
+ModelMasks::ModelMasks(const io::TensorSource& source, int rank, int ranks)
+    : rank_(rank), ranks_(ranks), source_(&source) {
   SYMPRUNE_ASSERT(ranks >= 1 && rank >= 0 && rank < ranks, "rank {} of {}", rank, ranks);
   const std::vector<io::TensorSource::Shard> shards = source.shards();
   for (size_t i = 0; i < shards.size(); ++i)
@@ -220,6 +221,12 @@ int ModelMasks::keeper(const std::string& name) const {
   const auto it = keepers_.find(name);
   SYMPRUNE_ASSERT(it != keepers_.end(), "mask of tensor '{}', which no shard holds", name);
   return it->second;
+}
+
+bool ModelMasks::fits(const std::string& name, Shape shape) const {
+  if (!is_tensor(name)) return false;
+  const std::vector<int64_t>& tensor = source_->info(name).shape;
+  return tensor.size() == 2 && tensor[0] == shape.rows && tensor[1] == shape.cols;
 }
 
 void ModelMasks::add(const std::string& name, PackedMask mask) {

@@ -63,6 +63,8 @@ class ModelMasks {
   // The rank that writes the shard holding tensor `name` of the source, and keeps its mask.
   int keeper(const std::string& name) const;
   bool is_tensor(const std::string& name) const { return keepers_.count(name) > 0; }
+  // Whether `shape` is the shape of tensor `name` of the source (a matrix).
+  bool fits(const std::string& name, Shape shape) const;
   bool keeps(const std::string& name) const { return keeper(name) == rank_; }
 
   // Records the mask of tensor `name`: its shape on every rank, its bits on the keeper only.
@@ -77,6 +79,7 @@ class ModelMasks {
 
  private:
   int rank_ = 0, ranks_ = 1;
+  const io::TensorSource* source_ = nullptr;
   std::map<std::string, int> keepers_;  // every tensor of the source
   std::map<std::string, Shape> shapes_;
   std::map<std::string, PackedMask> kept_;

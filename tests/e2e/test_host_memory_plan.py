@@ -35,7 +35,7 @@ def prune(tmp_path, *args, env=None):
     ["--method", "wanda"],
     # Gram matrices of every input group, in fp64.
     ["--method", "ria", "--refine", "recon"],
-    # The checkpoint writer's copies of H and of the mask bits.
+    # The checkpoint writer's copy of H (it reads the mask bits where they are kept).
     ["--method", "wanda", "--refine", "dsnot", "--checkpoint", "CHECKPOINT"],
     # The evaluation streams and the logits.
     ["--method", "wanda", *EVAL],
