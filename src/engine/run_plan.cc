@@ -649,7 +649,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   host.refine = refining;
   host.compat_ria = mask.compat_ria_fp16;
   host.checkpoint = !c.checkpoint.empty();
-  std::vector<std::pair<std::string, ModelMasks::Shape>> masked;
+  std::vector<std::pair<std::string, ModelMasks::Shape>> masked;  // every block's linears
   for (int64_t b = 0; b < model.num_blocks(); ++b)
     for (const auto& shape : model.linear_shapes())
       masked.push_back({model.stored_weight_name({b, shape.name}), {shape.out, shape.in}});
@@ -754,11 +754,11 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
     if (!c.checkpoint.empty()) {
       io::check_output_file(c.checkpoint, inputs, "--checkpoint", r.out ? &*r.out : nullptr,
                             checkpoint_companions(c.checkpoint));
-      int64_t mask_bytes = 0;
-      for (const auto& shape : model.linear_shapes()) mask_bytes += (shape.out * shape.in + 7) / 8;
+      int64_t mask_bytes = 0;  // every block's
+      for (const auto& [name, shape] : masked) mask_bytes += shape.bytes();
       const int64_t hidden = model.hidden_size() * 4;
       const int64_t size = (r.needs_stats ? c.nsamples * r.seqlen * hidden : 0) +
-                           2 * eval_chunks_total * eval_seqlen * hidden + mask_bytes * model.num_blocks();
+                           2 * eval_chunks_total * eval_seqlen * hidden + mask_bytes;
       // Each rank's masks start on a checksum unit of their own (checkpoint.cc mask_layout).
       check_checkpoint_space(c.checkpoint, size + (comm.size() - 1) * io::kByteUnit);
       r.checkpoint_lock = std::make_unique<io::PathLock>(c.checkpoint, "--checkpoint");
