@@ -958,15 +958,26 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
 
   // --- Evaluation: final norm, head and NLL of every rank's chunks, gathered in chunk order. A chunk's
   // non-finite loss is an error that every rank agrees on (its rank may be any), not one rank's abort.
+  // Before each batch the ranks agree whether to stop (a signal on any rank, received even where local
+  // checks are off: under a checkpoint every block is saved by now), so a long evaluation stops within one
+  // batch with any number of ranks, as in one process.
   std::optional<interrupt::Interrupted> interrupted;
+  const auto agreed_batch = [&comm](std::string fault_point) {
+    return [&comm, fault_point = std::move(fault_point)](const std::function<void()>& batch) {
+      agree_on_errors(comm, [&] {
+        if (const int s = interrupt::received(); s != 0) throw interrupt::Interrupted(s);
+        fault::at(fault_point, comm.rank());  // tests: a long batch, to be signalled in
+        batch();
+      });
+    };
+  };
   if (plan.evaluate) {
     try {
       const auto t = Clock::now();
       std::vector<double> dense_local, pruned_local;
-      agree_on_errors(comm, [&] {
-        dense_local = dense_eval->local_chunk_nll(eval_progress("dense", t));
-        fault::at("eval_scored:dense", comm.rank());  // tests: a signal while the last batch is scored
-      });
+      dense_local = dense_eval->local_chunk_nll(eval_progress("dense", t), agreed_batch("eval_batch:dense"));
+      // tests: a signal while the last batch is scored
+      agree_on_errors(comm, [&] { fault::at("eval_scored:dense", comm.rank()); });
       result.timings.eval_dense += seconds_since(t);
       // Kept before the stopping point: a signal that arrived while the last batch was scored stops the run
       // after the dense perplexity, not in place of it.
@@ -978,11 +989,11 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
       stopping_point(comm);
       log::info("scoring the pruned model's evaluation chunks");
       const auto tp = Clock::now();
-      agree_on_errors(comm, [&] {
-        fault::at("pruned_eval", comm.rank());  // tests: an error in one rank's chunks, agreed on by all
-        pruned_local = pruned_eval->local_chunk_nll(eval_progress("pruned", tp));
-        fault::at("eval_scored:pruned", comm.rank());
-      });
+      // tests: an error in one rank's chunks, agreed on by all
+      agree_on_errors(comm, [&] { fault::at("pruned_eval", comm.rank()); });
+      pruned_local =
+          pruned_eval->local_chunk_nll(eval_progress("pruned", tp), agreed_batch("eval_batch:pruned"));
+      agree_on_errors(comm, [&] { fault::at("eval_scored:pruned", comm.rank()); });
       result.timings.eval_pruned += seconds_since(tp);
       // No stopping point after it: what is left (the report) is written either way, and a signal that
       // arrived while the last batch was scored stopped nothing (said at the end).

@@ -41,6 +41,7 @@ PerplexityStream::PerplexityStream(DecoderModel& model, std::span<const int32_t>
   const dist::Range mine = dist::partition(batches, parts, part);
   first_chunk_ = std::min(mine.begin * batch_, chunks_);
   local_chunks_ = std::min(mine.end * batch_, chunks_) - first_chunk_;
+  batch_slots_ = (batches + parts - 1) / parts;  // the largest part's (partition sizes differ by one at most)
   for (int64_t c0 = first_chunk_; c0 < first_chunk_ + local_chunks_; c0 += batch_) {
     const int64_t n = std::min(batch_, first_chunk_ + local_chunks_ - c0);
     hidden_.push_back(
@@ -80,15 +81,15 @@ void PerplexityStream::restore_hidden(std::span<const float> values) {
   }
 }
 
-std::vector<double> PerplexityStream::local_chunk_nll(const PerplexityProgress& progress) {
+std::vector<double> PerplexityStream::local_chunk_nll(const PerplexityProgress& progress,
+                                                      const BatchSlot& slot) {
   const int64_t T = seqlen_;
   std::vector<double> nll;
   nll.reserve(static_cast<size_t>(local_chunks_));
   Backend& backend = model_.backend();
   Tensor slab, logits;
   int64_t c0 = first_chunk_;
-  for (Tensor& h : hidden_) {
-    interrupt::check();
+  const auto score_batch = [&](Tensor& h) {
     const int64_t n = h.numel() / (T * model_.hidden_size());
     const Tensor final = model_.final_hidden(h);
     h = Tensor();  // this batch's hidden states are no longer needed
@@ -118,6 +119,18 @@ std::vector<double> PerplexityStream::local_chunk_nll(const PerplexityProgress& 
     }
     c0 += n;
     if (progress) progress(c0 - first_chunk_, local_chunks_);
+  };
+  const BatchSlot run_slot = slot ? slot : [](const std::function<void()>& batch) {
+    interrupt::check();
+    batch();
+  };
+  SYMPRUNE_ASSERT(static_cast<int64_t>(hidden_.size()) <= batch_slots_, "{} local batches for {} slots",
+                  hidden_.size(), batch_slots_);
+  for (int64_t i = 0; i < batch_slots_; ++i) {
+    const auto b = static_cast<size_t>(i);
+    run_slot([&] {
+      if (b < hidden_.size()) score_batch(hidden_[b]);
+    });
   }
   hidden_.clear();
   return nll;

@@ -39,6 +39,10 @@ struct PerplexityResult {
 using PerplexityProgress = std::function<void(int64_t done, int64_t total)>;
 // Called after each block with (blocks done, blocks total).
 using BlockProgress = std::function<void(int64_t done, int64_t total)>;
+// Runs one batch slot of local_chunk_nll: its work (the batch's final norm, head and NLLs, or nothing for a
+// part that has run out of batches), with what must come before it. The default checks for an interrupt,
+// then runs the work.
+using BatchSlot = std::function<void(const std::function<void()>& batch)>;
 
 // Perplexity computed block by block, for a pipeline that visits every block once (the pruning loop runs
 // a dense and a pruned stream beside its calibration passes) and for evaluate_perplexity. The chunks are
@@ -62,13 +66,18 @@ class PerplexityStream {
   // restore_hidden puts such values back (same part, any number of parts on the saving side).
   std::vector<float> local_hidden() const;
   void restore_hidden(std::span<const float> values);
-  // Final norm, head and NLL, batch by batch; `progress` gets (local chunks done, local chunks).
-  std::vector<double> local_chunk_nll(const PerplexityProgress& progress = {});
+  // Final norm, head and NLL, batch by batch; `progress` gets (local chunks done, local chunks). Each batch
+  // runs inside a call of `slot`, and every part calls it the same number of times (batch_slots(): the
+  // most batches a part holds; a part with fewer runs empty slots after its last batch), so that a slot
+  // may be a collective: where the ranks agree to stop (or on an error) between batches.
+  std::vector<double> local_chunk_nll(const PerplexityProgress& progress = {}, const BatchSlot& slot = {});
+  int64_t batch_slots() const { return batch_slots_; }
 
  private:
   DecoderModel& model_;
   std::span<const int32_t> all_tokens_;
   int64_t seqlen_ = 0, chunks_ = 0, batch_ = 0, first_chunk_ = 0, local_chunks_ = 0, tokens_ = 0;
+  int64_t batch_slots_ = 0;
   std::vector<Tensor> hidden_;  // per local batch
 };
 

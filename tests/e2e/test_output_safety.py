@@ -526,8 +526,7 @@ def test_a_signal_while_the_report_is_written_is_said_to_have_stopped_nothing(st
 
 @pytest.mark.parametrize("fault,stage,resumed_stage", [
     ("before_install:sleep=60", "block 5/5 done", "resuming from checkpoint"),
-    # The evaluations run whole under a checkpoint (stops at agreed points): one signalled during the dense
-    # one stops after it. (One signalled during the pruned one lets the run finish: nothing is left to save.)
+    # One signalled while the last dense batch is scored stops after the dense evaluation.
     ("eval_scored:dense:sleep=60", "dense perplexity: chunks", "dense perplexity: chunks")])
 def test_a_signal_after_the_last_block_with_a_checkpoint_exits_75_and_resumes(stories, tmp_path, fault, stage,
                                                                               resumed_stage):
@@ -556,20 +555,42 @@ def test_a_signal_after_the_last_block_with_a_checkpoint_exits_75_and_resumes(st
     assert (tmp_path / "run.h5.done").exists() and (out / "model.safetensors").exists()
 
 
-def test_a_signal_in_the_pruned_evaluation_with_a_checkpoint_finishes_the_run(stories, tmp_path):
-    """Under a checkpoint the evaluation runs whole: it used to be thrown away after it (exit 75, a requeue that
-    wrote and evaluated everything again); the run now finishes, its checkpoint marked done."""
+def test_a_signal_in_the_pruned_evaluation_with_a_checkpoint_exits_75_and_resumes(stories, tmp_path):
+    """Under a checkpoint the evaluations stop at the next batch as in a run without one; every block is saved
+    by then, so the stop is a saved one (75) and --resume auto writes and evaluates again. (They used to run to
+    their end, and a warning early in a long evaluation took effect only after it.)"""
     out, report, checkpoint = tmp_path / "out", tmp_path / "r.json", tmp_path / "run.h5"
-    run = Run(prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64", "--eval-max-chunks", "4",
-                         "--report", report, "--checkpoint", checkpoint, "--resume", "auto"),
-              env={"SYMPRUNE_FAULT": "pruned_eval:busy=3"})
+    args = prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64", "--eval-max-chunks", "4",
+                      "--report", report, "--checkpoint", checkpoint, "--resume", "auto")
+    run = Run(args, env={"SYMPRUNE_FAULT": "pruned_eval:busy=3"})
     run.wait_for("scoring the pruned model's evaluation chunks")
     run.proc.send_signal(signal.SIGUSR1)
-    assert run.finish() == 0, run.stderr
-    assert "SIGUSR1 arrived after the run's last safe point" in run.stderr
+    assert run.finish() == 75, run.stderr
+    assert f"the pruned model {out} is complete, but its evaluation was not finished" in run.stderr
+    assert f"blocks 1..5 of 5 are saved in checkpoint {checkpoint}; continue with --resume auto" in run.stderr
+    r = read_json(report)
+    assert r["incomplete"] == "pruned evaluation interrupted by SIGUSR1", r
+    assert r["perplexity"]["dense"] > 1 and r["perplexity"]["pruned"] is None
+    assert not (tmp_path / "run.h5.done").exists() and (out / "model.safetensors").exists()
+    resumed = symprune(*args)
+    assert "resuming from checkpoint" in resumed.stderr
     r = read_json(report)
     assert "incomplete" not in r and r["perplexity"]["pruned"] > 1
-    assert (tmp_path / "run.h5.done").exists() and (out / "model.safetensors").exists()
+    assert (tmp_path / "run.h5.done").exists()
+
+
+def test_a_long_evaluation_under_a_checkpoint_stops_within_a_batch(stories, tmp_path):
+    """25 batches of 128 chunks, each first waiting 60 s for a signal: the run stops at the batch after the
+    signal's (exit 75, no perplexity yet), where it used to finish the whole dense evaluation first."""
+    out, report, checkpoint = tmp_path / "out", tmp_path / "r.json", tmp_path / "run.h5"
+    args = prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64", "--report", report,
+                      "--checkpoint", checkpoint)
+    run = Run(args, env={"SYMPRUNE_FAULT": "eval_batch:dense:sleep=60"})
+    run.wait_for(f"wrote {out}")
+    run.proc.send_signal(signal.SIGUSR1)
+    assert run.finish() == 75, run.stderr
+    r = read_json(report)
+    assert r["incomplete"] == "dense and pruned evaluation interrupted by SIGUSR1" and "perplexity" not in r, r
 
 
 def test_a_closed_log_pipe_does_not_kill_the_run(stories, tmp_path):

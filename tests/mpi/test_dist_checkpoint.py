@@ -7,6 +7,7 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
 
 import h5py
@@ -252,3 +253,60 @@ def test_sigusr1_to_mpirun_saves_and_exits_75_then_resumes(job, reference, tmp_p
     assert not (tmp_path / "out").exists()
     report = resume_and_compare(job, tmp_path, reference, 2)
     assert report["resumed"]["block"] == int(saved.group(1))
+
+
+LONG_EVAL = [*RUN[:RUN.index("--eval-max-chunks")], "--eval-max-chunks", "0"]  # 3110 chunks, 25 batches
+
+
+@pytest.fixture(scope="module")
+def long_eval_job(stories):
+    return stories_job(stories, *LONG_EVAL)
+
+
+@pytest.mark.parametrize("stage,checkpoint", [("dense", True), ("pruned", False)])
+def test_the_ranks_agree_to_stop_a_long_evaluation_within_a_batch(stories, long_eval_job, tmp_path, have_mpirun,
+                                                                 stage, checkpoint):
+    """With several ranks an evaluation used to run to its end before they could agree to stop: a signal in
+    the dense one took effect after it, one in the pruned one stopped nothing (exit 0). The ranks now agree
+    before each batch. Rank 1 spends 2 s on each of its 12 batches whatever signal comes."""
+    run_dir = tmp_path
+    args = [*long_eval_job, "--out", run_dir / "out", "--report", run_dir / "report.json"]
+    if checkpoint:
+        args += ["--checkpoint", run_dir / "run.h5"]
+    command = [MPIEXEC, "-n", "2", "--oversubscribe", "--allow-run-as-root", DIST, *map(str, args)]
+    env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1",
+           "SYMPRUNE_FAULT": f"eval_batch:{stage}@1:busy=2"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    waited_for = f"wrote {run_dir / 'out'}" if stage == "dense" else "scoring the pruned model's evaluation chunks"
+    deadline = time.time() + 120
+    while not any(waited_for in line for line in list(lines)) and time.time() < deadline:
+        assert proc.poll() is None, "".join(lines)
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR1)  # mpirun forwards SIGUSR1 to every rank
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    stderr = "".join(lines)
+    report = json.loads((run_dir / "report.json").read_text())
+    assert (run_dir / "out" / "model.safetensors").exists()  # the model is complete and kept
+    if stage == "dense":
+        assert proc.returncode == 75, stderr
+        assert report["incomplete"] == "dense and pruned evaluation interrupted by SIGUSR1", report
+        assert "perplexity" not in report
+        assert "blocks 1..5 of 5 are saved in checkpoint" in stderr
+        resumed = mpirun(3, *args, "--resume", "auto")
+        assert resumed.returncode == 0, resumed.stderr
+        report = json.loads((run_dir / "report.json").read_text())
+        for model, which in ((stories.model, "dense"), (run_dir / "out", "pruned")):
+            symprune("eval", "--model", model, "--text", stories.second, "--seqlen", "64", "--threads", "1",
+                     "--report", run_dir / f"{which}.json")
+            alone = json.loads((run_dir / f"{which}.json").read_text())["perplexity"]
+            assert report["perplexity"][which] == pytest.approx(alone, rel=1e-6), (which, report["perplexity"])
+        assert "incomplete" not in report and (run_dir / "run.h5.done").exists()
+    else:
+        assert proc.returncode == 128 + signal.SIGUSR1, stderr
+        assert report["incomplete"] == "pruned evaluation interrupted by SIGUSR1", report
+        assert report["perplexity"]["dense"] > 1 and report["perplexity"]["pruned"] is None
+        assert "arrived after the run's last safe point" not in stderr
