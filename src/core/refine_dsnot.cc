@@ -235,11 +235,14 @@ RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContex
     if (!(e > 0.0 ? d[static_cast<size_t>(g)] > 0.0f : d[static_cast<size_t>(g)] < 0.0f)) break;
     int64_t p = -1;
     if (ctx.nm) {
-      // Kept-and-untouched entry of g's block with the smallest prune key (lowest column on ties).
+      // Kept-and-untouched entry of g's block with the smallest prune key (lowest column on ties), among
+      // those that move e towards 0, as in the unstructured lists (the reference code takes the smallest
+      // key whatever its sign, so that |e| may grow as long as its sign holds).
       const int64_t start = g - g % ctx.nm->m;
       for (int64_t c = start; c < start + ctx.nm->m; ++c) {
         const size_t uc = static_cast<size_t>(c);
         if (touched[uc]) continue;
+        if (!options.nm_prune_any_sign && (e < 0.0 ? !(d[uc] > 0.0f) : d[uc] > 0.0f)) continue;
         if (p < 0 || score_order_key(prune_key[uc]) < score_order_key(prune_key[static_cast<size_t>(p)]))
           p = c;
       }

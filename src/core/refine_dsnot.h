@@ -32,10 +32,14 @@
 //  * Regrow keys that are NaN (0/0: D = 0 on a zero-variance channel) carry no information and are passed
 //    over; the reference sorts them last, where an e > 0 row starts.
 //  * N:M (always same-sign, per §5.3): p = the kept, not yet touched entry of g's M-block with the
-//    smallest |W|·act_norm (ties: lowest column); "touched" = initially pruned or pruned by a swap, even if
-//    regrown later (the reference's S' = +inf). The reference uses the initial score S_init there: the
-//    caller passes act_norm = a_c^α for an initial score |W|·a_c^α (engine/refine_linear.h), which makes
-//    the key S_init; otherwise a_c (the Wanda score). A block with no such entry stops the row.
+//    smallest |W|·act_norm (ties: lowest column) among those whose D moves e towards 0 (the sign guard
+//    above); "touched" = initially pruned or pruned by a swap, even if regrown later (the reference's
+//    S' = +inf). The reference uses the initial score S_init there: the caller passes act_norm = a_c^α for
+//    an initial score |W|·a_c^α (engine/refine_linear.h), which makes the key S_init; otherwise a_c (the
+//    Wanda score). A block with no such entry stops the row. The reference code takes the block's
+//    smallest key whatever D's sign: its swaps then let |e| grow as long as e keeps its sign (on
+//    stories260K's 2:4 wanda q_proj of block 0, 686 of 1029 swaps did, the layer's reconstruction error
+//    0.20 → 0.59). options.nm_prune_any_sign (--compat dsnot) takes the reference's pick.
 //
 // R²-DSnoT (options.r2 set) keeps the cycle mechanics and changes only the two keys. With W̃ the
 // initially pruned matrix (kept entries of W) and R[r,c] = 1/‖W̃[r,:]‖₁ + 1/‖W̃[:,c]‖₁ (a zero norm
@@ -81,6 +85,9 @@ struct DsnotOptions {
   double threshold = 0.1;       // τ: a row stops when |e_r| <= τ (in μ̃ units: per-sequence sums)
   double var_power = 1.0;       // p_g: regrow key D / v^p_g (0: no division)
   bool same_sign = false;       // unstructured only; N:M always applies the sign test
+  // N:M: the prune pick is the block's smallest key whatever the sign of its D, as the DSnoT code takes it
+  // (--compat dsnot); otherwise only entries that move e towards 0 are candidates.
+  bool nm_prune_any_sign = false;
   std::optional<R2Options> r2;  // set: R²-DSnoT keys
 };
 

@@ -44,6 +44,7 @@ RefineSettings resolve_refine_settings(const PruneConfig& c) {
   s.skip = c.refine_skip;
   s.guard = c.refine_guard;
   s.dsnot = c.refine_options;
+  s.dsnot.nm_prune_any_sign = c.compat == "dsnot";  // the DSnoT code's N:M prune pick
   s.dsnot.r2.reset();
   if (c.refine == "r2dsnot") s.dsnot.r2 = c.r2;
   validate_dsnot_options(s.dsnot);

@@ -35,6 +35,7 @@ class Options:
     gamma_grow: float = 0.0
     gamma_prune: float = 0.0
     alpha: float = 0.5
+    nm_prune_any_sign: bool = False  # --compat dsnot: the code's N:M prune pick, whatever D's sign
 
 
 @dataclass
@@ -176,6 +177,9 @@ def refine(w, mu, var, act, mask, opt, nm=None, initial_scores=None):
                 start = g - g % nm[1]
                 block = np.arange(start, start + nm[1])
                 free = block[~touched[r, block]]
+                # Only those that move e towards 0, as in the unstructured lists (the code: any sign).
+                if not opt.nm_prune_any_sign:
+                    free = free[d[r, free] > 0] if e[r] < 0 else free[~(d[r, free] > 0)]
                 if free.size == 0:
                     stop(r, "N:M block exhausted")
                     continue

@@ -68,6 +68,9 @@ CASES = [
                  dref.Options(same_sign=True), "none", id="wanda60-dsnot-samesign-all"),
     pytest.param("wanda", None, (2, 4), "dsnot", ["--refine-skip", "none"], dref.Options(), "none",
                  id="wanda2:4-dsnot-all"),
+    # --compat dsnot: the code's N:M prune pick, the group's smallest score whatever its sign.
+    pytest.param("wanda", None, (2, 4), "dsnot", ["--refine-skip", "none", "--compat", "dsnot"],
+                 dref.Options(nm_prune_any_sign=True), "none", id="wanda2:4-dsnot-all-compat"),
     # The N:M prune pick reads the initial score, |W| here (not the Wanda score).
     pytest.param("magnitude", None, (2, 4), "dsnot", ["--refine-skip", "none"], dref.Options(), "none",
                  id="magnitude2:4-dsnot-all"),

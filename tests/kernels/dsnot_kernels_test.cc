@@ -130,6 +130,9 @@ TEST_F(DsnotKernelTest, NmDsnotEqualsTheCpu) {
     SCOPED_TRACE(std::to_string(nm.n) + ":" + std::to_string(nm.m));
     const Layer layer = make_layer(20, 288, 2 + static_cast<uint32_t>(nm.m), nm);
     expect_device_equals_cpu(layer, DsnotOptions{}, nm);
+    DsnotOptions reference_pick;  // --compat dsnot
+    reference_pick.nm_prune_any_sign = true;
+    expect_device_equals_cpu(layer, reference_pick, nm);
   }
 }
 

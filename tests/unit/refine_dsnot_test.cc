@@ -188,9 +188,36 @@ TEST(RefineDsnot, RegrowPointerIntoKeptRegionStopsTheRow) {
   EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{1}));
 }
 
-TEST(RefineDsnot, NmTraceExhaustsBlocks) {
-  // 2:4, pruned {0,1 | 4,5}: W = 0.9 0.2 0.5 0.6 | 0.3 0.1 -0.4 0.7, e = 1.5 (sign +).
+TEST(RefineDsnot, NmPrunesOnlyAKeptEntryThatMovesTheErrorTowardsZero) {
+  // 2:4, pruned {0,1 | 4,5}: W = 0.9 0.2 0.25 -0.3 | 0.3 0.1 -0.4 0.7 (μ = 1, so D = W), e = 1.5 (sign +).
   // A = zeros c2 c3 c6 c7, then c5(.1) c1(.2) c4(.3) c0(.9) = [2,3,6,7,5,1,4,0].
+  // cycle 1: g=A[7]=0, block 0 kept: c2 (key .25, but D > 0 would move e away from 0) and c3 (key .3,
+  //          D < 0) -> p=3, e = 1.5 - .3 - .9 = 0.3. (The reference code takes c2, e = 0.85, and goes on to
+  //          two swaps and e = 0.15 with c2 and c6 pruned.)
+  // cycle 2: g=A[6]=4, block 1 kept: c6 (D -.4) -> e = 0.3 - .4 - .3 = -0.4: the sign flips, stop.
+  Tensor w({1, 8}, {0.9f, 0.2f, 0.25f, -0.3f, 0.3f, 0.1f, -0.4f, 0.7f});
+  Mask mask = mask_from(1, 8, {{0, 1, 4, 5}});
+  RefineStats stats = refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, DsnotOptions{}, NmPattern{2, 4});
+  EXPECT_EQ(stats.swaps, 1);
+  EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{1, 3, 4, 5}));
+  EXPECT_NEAR(stats.mean_abs_error_after, 0.3, 1e-6);
+}
+
+TEST(RefineDsnot, NmStopsARowWhoseBlockKeepsOnlyEntriesThatMoveTheErrorAway) {
+  // 2:4, pruned {0,1 | 4,5}: W = 0.9 0.2 0.5 0.6 | 0.3 0.1 -0.4 0.7, e = 1.5. cycle 1: g = 0, whose block
+  // keeps c2 and c3, both with D > 0: pruning either would let |e| grow (the reference code prunes c2 and
+  // makes four swaps, e 1.5 -> 1.1 -> 0.4 -> 0.8 -> 1.4). The row stops unchanged.
+  Tensor w({1, 8}, {0.9f, 0.2f, 0.5f, 0.6f, 0.3f, 0.1f, -0.4f, 0.7f});
+  Mask mask = mask_from(1, 8, {{0, 1, 4, 5}});
+  RefineStats stats = refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, DsnotOptions{}, NmPattern{2, 4});
+  EXPECT_EQ(stats.swaps, 0);
+  EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{0, 1, 4, 5}));
+  EXPECT_NEAR(stats.mean_abs_error_after, 1.5, 1e-6);
+}
+
+TEST(RefineDsnot, NmTakesTheReferenceCodesPickUnderCompatDsnot) {
+  // The row above with the DSnoT code's pick, the block's smallest key whatever its sign:
+  // A = [2,3,6,7,5,1,4,0].
   // cycle 1: g=A[7]=0, block 0 kept: c2(.5) c3(.6) -> p=2, e = 1.5 + .5 - .9 = 1.1
   // cycle 2: g=A[6]=4, block 1 kept: c6(.4) c7(.7) -> p=6, e = 1.1 - .4 - .3 = 0.4
   // cycle 3: g=A[5]=1, block 0 untouched kept: c3 -> p=3, e = 0.4 + .6 - .2 = 0.8
@@ -198,16 +225,19 @@ TEST(RefineDsnot, NmTraceExhaustsBlocks) {
   // cycle 5: g=A[3]=7 (pruned in cycle 4), block 1 has no untouched kept entry: stop.
   Tensor w({1, 8}, {0.9f, 0.2f, 0.5f, 0.6f, 0.3f, 0.1f, -0.4f, 0.7f});
   Mask mask = mask_from(1, 8, {{0, 1, 4, 5}});
-  RefineStats stats = refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, DsnotOptions{}, NmPattern{2, 4});
+  DsnotOptions options;
+  options.nm_prune_any_sign = true;
+  RefineStats stats = refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, options, NmPattern{2, 4});
   EXPECT_EQ(stats.swaps, 4);
   EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{2, 3, 6, 7}));
   EXPECT_NEAR(stats.mean_abs_error_after, 1.4, 1e-6);
 }
 
 TEST(RefineDsnot, NmAlwaysAppliesSameSign) {
-  // As above with c6 = 1.4, c7 = -0.9: cycle 2 picks p=7 (Wanda .9 < 1.4), e = 1.1 - .9 - .3 = -0.1:
-  // the sign flips, so the row stops after one swap even though same_sign is off in the options.
-  Tensor w({1, 8}, {0.9f, 0.2f, 0.5f, 0.6f, 0.3f, 0.1f, 1.4f, -0.9f});
+  // W = 0.9 0.2 -0.4 0.6 | 0.3 0.1 1.4 -1.2, e = 1.5. cycle 1: g=0, p=2 (the block's only D <= 0 kept
+  // entry), e = 1.5 - .4 - .9 = 0.2. cycle 2: g=4, p=7 (D -1.2), e = 0.2 - 1.2 - .3 = -1.3: the sign flips,
+  // so the row stops after one swap even though same_sign is off in the options.
+  Tensor w({1, 8}, {0.9f, 0.2f, -0.4f, 0.6f, 0.3f, 0.1f, 1.4f, -1.2f});
   Mask mask = mask_from(1, 8, {{0, 1, 4, 5}});
   RefineStats stats = refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, DsnotOptions{}, NmPattern{2, 4});
   EXPECT_EQ(stats.swaps, 1);

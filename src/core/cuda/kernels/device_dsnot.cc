@@ -19,6 +19,7 @@ DsnotKernelOptions kernel_options(const DsnotOptions& options, std::optional<NmP
   k.divide_by_var = options.var_power != 0.0;
   k.same_sign = options.same_sign;
   k.nm_m = nm ? nm->m : 0;
+  k.nm_prune_any_sign = options.nm_prune_any_sign;
   if (const auto& r2 = options.r2) {
     k.r2 = true;
     k.grow_relative = r2->grow_relative;

@@ -257,11 +257,14 @@ __device__ void run_swaps(const RowContext& x, const RowLists& lists, uint8_t* c
     if (!(e > 0.0 ? dg > 0.0f : dg < 0.0f)) break;  // the regrown weight must move e towards 0
     int64_t p = -1;
     if (o.nm_m > 0) {
-      // Kept-and-untouched entry of g's block with the smallest prune key (lowest column on ties).
+      // Kept-and-untouched entry of g's block with the smallest prune key (lowest column on ties), among
+      // those that move e towards 0 (refine_dsnot.cc).
       const int64_t start = g - g % o.nm_m;
       uint32_t best = 0;
       for (int64_t c = start; c < start + o.nm_m; ++c) {
         if (touched[c]) continue;
+        const float dc = expected_term(x.w, x.columns.mu, c);
+        if (!o.nm_prune_any_sign && (e < 0.0 ? !(dc > 0.0f) : dc > 0.0f)) continue;
         const uint32_t key = order_key(prune_key(x, c));
         if (p < 0 || key < best) {
           p = c;

@@ -18,6 +18,7 @@ struct DsnotKernelOptions {
   bool divide_by_var = true;  // var_power != 0
   bool same_sign = false;     // options.same_sign (N:M applies the sign test anyway)
   int nm_m = 0;               // M of an N:M pattern, 0 for unstructured
+  bool nm_prune_any_sign = false;  // options.nm_prune_any_sign
   bool r2 = false;            // R²-DSnoT keys; the rest is read only then
   bool grow_relative = true;
   bool prune_relative = true;
