@@ -31,7 +31,8 @@ reports="$work/tsan"
 mkdir -p "$reports" "$work/stories" "$work/sharded"
 # OpenMP and OpenBLAS are not instrumented: one thread each, so their workers make no reports of theirs.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-export TSAN_OPTIONS="log_path=$reports/report second_deadlock_stack=1 suppressions=$root/tests/sanitizers/tsan.supp"
+# exitcode=0: a report must not end a run early (set -e, or a stopped run's 75): they are looked for at the end.
+export TSAN_OPTIONS="exitcode=0 log_path=$reports/report second_deadlock_stack=1 suppressions=$root/tests/sanitizers/tsan.supp"
 export SYMPRUNE_BIN="$build/apps/symprune" SYMPRUNE_SOURCE_DIR="$root"
 
 model=$("$python" - "$root/tests/e2e" "$work" <<'EOF'

@@ -44,7 +44,8 @@ floor(m*n*R) per matrix (--group layer); --nm N:M prunes N of every M consecutiv
 (--group layer uses "<= threshold"), and --seqlen defaults to max_position_embeddings. --compat ria: per layer "<= threshold" unless --group row, and
 RIA's fp16 rounding of the relative-importance term for ri and ria. --compat dsnot: as wanda, with
 --seqlen 2048 (DSnoT's fixed length), but with --refine dsnot or r2dsnot magnitude's initial mask is per row
-(DSnoT's --initial_method magnitude); the refinement options' defaults are DSnoT's already.
+(DSnoT's --initial_method magnitude), and N:M DSnoT prunes the group's smallest score whatever its sign (the
+DSnoT code's pick); the refinement options' defaults are DSnoT's already.
 
 Refinement (--refine, after the initial mask, before the pruned pass; only the mask changes):
   dsnot     DSnoT: per output row, swap one pruned and one kept weight per cycle to drive the expected
@@ -54,7 +55,8 @@ Refinement (--refine, after the initial mask, before the pruned pass; only the m
             a row stops for good when |e_r| <= --refine-threshold, after --max-cycles swaps, (with
             --same-sign; always for N:M) when a swap would flip the sign of its error, or when its next
             swap would not move e_r towards 0 or a candidate list runs out (the row keeps its pruned
-            count; the reference code's pointers run on there).
+            count; the reference code's pointers run on there; N:M under --compat dsnot: the code's
+            prune pick, whatever its sign).
   r2dsnot   R2-DSnoT: DSnoT with the relative factor 1/||W~[r,:]||1 + 1/||W~[:,c]||1 in the regrow key
             (--grow-relative) and the prune key (--prune-relative), a_c^--refine-alpha in the prune key,
             and lp regularizers gamma*||row after the move||_p (--reg-p, --gamma-grow, --gamma-prune).

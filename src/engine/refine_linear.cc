@@ -53,7 +53,7 @@ RefineSettings resolve_refine_settings(const PruneConfig& c) {
   return s;
 }
 
-nlohmann::json refine_config_json(const RefineSettings& s) {
+nlohmann::json refine_config_json(const RefineSettings& s, bool nm) {
   if (!s.enabled()) return nullptr;
   nlohmann::json j = {
       {"method", s.method}, {"skip", s.skip}, {"max_cycles", s.dsnot.max_cycles}, {"guard", s.guard}};
@@ -65,6 +65,9 @@ nlohmann::json refine_config_json(const RefineSettings& s) {
   j["threshold"] = s.dsnot.threshold;
   j["var_power"] = s.dsnot.var_power;
   j["same_sign"] = s.dsnot.same_sign;
+  // Which N:M prune pick: part of the run's identity, so that a checkpoint of a build with the other rule
+  // (or the other --compat) is not continued.
+  if (nm) j["nm_prune"] = s.dsnot.nm_prune_any_sign ? "smallest score (DSnoT code)" : "towards zero";
   if (const auto& r2 = s.dsnot.r2) {
     j["grow_relative"] = r2->grow_relative;
     j["prune_relative"] = r2->prune_relative;

@@ -39,8 +39,8 @@ struct RefineSettings {
 RefineSettings resolve_refine_settings(const PruneConfig& config);
 
 // The report's config.refine: null without refinement; recon reports its pool and shortlist instead of
-// the DSnoT keys it does not read.
-nlohmann::json refine_config_json(const RefineSettings& settings);
+// the DSnoT keys it does not read; with an N:M mask (`nm`), dsnot and r2dsnot name their prune pick.
+nlohmann::json refine_config_json(const RefineSettings& settings, bool nm);
 
 // Refines `mask`, the initial mask of `w` [m, n], in place. stats: the linear's dense-pass statistics
 // (DSnoT's μ̃, variance and norms); gram: its G = XᵀX, n × n. The result holds the swaps, DSnoT's

@@ -702,7 +702,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       {"mask", r.mask_description},
       {"compat", c.compat},
       {"compat_ria_fp16", mask.compat_ria_fp16},
-      {"refine", refine_config_json(refine)},
+      {"refine", refine_config_json(refine, !c.nm.empty())},
       {"calib", c.calib.empty() ? nlohmann::json() : nlohmann::json(c.calib)},
       {"calib_used", r.needs_stats},
       {"calib_format", c.calib_format},

@@ -527,20 +527,22 @@ def test_a_signal_while_the_report_is_written_is_said_to_have_stopped_nothing(st
 @pytest.mark.parametrize("fault,stage,resumed_stage", [
     ("before_install:sleep=60", "block 5/5 done", "resuming from checkpoint"),
     # One signalled while the last dense batch is scored stops after the dense evaluation.
-    ("eval_scored:dense:sleep=60", "dense perplexity: chunks", "dense perplexity: chunks")])
+    ("eval_scored:dense:sleep=60", "dense perplexity: chunks 4/4", "dense perplexity: chunks 4/4")])
 def test_a_signal_after_the_last_block_with_a_checkpoint_exits_75_and_resumes(stories, tmp_path, fault, stage,
                                                                               resumed_stage):
     """The checkpoint holds every block by then: the stop is a saved one (75, what the Slurm scripts requeue
     on), and --resume auto writes and evaluates again."""
     out, report, checkpoint = tmp_path / "out", tmp_path / "r.json", tmp_path / "run.h5"
-    args = prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64", "--report", report,
-                      "--checkpoint", checkpoint, "--resume", "auto")
+    args = prune_args(stories, out, "--eval", stories.second, "--eval-seqlen", "64", "--eval-max-chunks", "4",
+                      "--report", report, "--checkpoint", checkpoint, "--resume", "auto")
     run = Run(args, env={"SYMPRUNE_FAULT": fault})
     run.wait_for(stage)
     run.proc.send_signal(signal.SIGUSR1)
     assert run.finish() == 75, run.stderr
     assert f"blocks 1..5 of 5 are saved in checkpoint {checkpoint}; continue with --resume auto" in run.stderr
     assert checkpoint.exists() and not (tmp_path / "run.h5.done").exists()
+    if fault.startswith("eval_scored"):  # the dense evaluation had finished: its perplexity is reported
+        assert read_json(report)["incomplete"] == "pruned evaluation interrupted by SIGUSR1"
     # Stopped again after resuming at the end: nothing new was saved, and yet the stop is a saved one.
     again = Run(args, env={"SYMPRUNE_FAULT": fault})
     again.wait_for(resumed_stage)

@@ -66,6 +66,11 @@ def test_report_records_the_refinement_config(stories, tmp_path):
                       "gamma_grow": 0.0, "gamma_prune": 1e-3, "alpha": 0.5}
     timings = read_json(tmp_path / "r2.json")["timings"]
     assert timings["refine"] > 0
+    # With N:M the prune pick is named (part of the run's identity: a checkpoint of the other rule is refused).
+    run(stories, tmp_path / "nm", "--nm", "2:4", "--refine", "dsnot")
+    assert read_json(tmp_path / "nm.json")["config"]["refine"]["nm_prune"] == "towards zero"
+    run(stories, tmp_path / "nm_compat", "--nm", "2:4", "--refine", "dsnot", "--compat", "dsnot")
+    assert read_json(tmp_path / "nm_compat.json")["config"]["refine"]["nm_prune"] == "smallest score (DSnoT code)"
 
 
 @pytest.mark.parametrize("skip,refined", [("mlp", {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",

@@ -268,7 +268,7 @@ def test_the_ranks_agree_to_stop_a_long_evaluation_within_a_batch(stories, long_
                                                                  stage, checkpoint):
     """With several ranks an evaluation used to run to its end before they could agree to stop: a signal in
     the dense one took effect after it, one in the pruned one stopped nothing (exit 0). The ranks now agree
-    before each batch. Rank 1 spends 2 s on each of its 12 batches whatever signal comes."""
+    before each batch. Rank 1 spends 2 s on each of its 13 batches whatever signal comes."""
     run_dir = tmp_path
     args = [*long_eval_job, "--out", run_dir / "out", "--report", run_dir / "report.json"]
     if checkpoint:

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -135,6 +136,52 @@ TEST_F(TinyLlama, PerplexityIsExpOfMeanChunkNllAndDropsTheTail) {
   const auto r3 = evaluate_perplexity(m, tokens, {.seqlen = T, .max_chunks = 1});
   EXPECT_EQ(r3.chunks, 1);
   EXPECT_NEAR(r3.mean_nll, per_chunk[0], 1e-5);
+}
+
+// Each part of a split evaluation runs as many batch slots as the largest part holds batches (so that a
+// slot may be a collective), its own batches first and empty slots after them; the parts' NLLs, concatenated
+// in part order, are one stream's.
+TEST_F(TinyLlama, EveryPartRunsTheSameNumberOfBatchSlots) {
+  auto m = DecoderModel::open(*dir_);
+  const int64_t T = 4;
+  struct Split {
+    int64_t chunks, batch;
+    int parts;
+    int64_t slots;  // ceil(ceil(chunks / batch) / parts)
+  };
+  for (const Split split : {Split{5, 2, 2, 2}, Split{3, 1, 5, 1}, Split{4, 4, 3, 1}, Split{7, 2, 3, 2}}) {
+    SCOPED_TRACE(std::to_string(split.chunks) + " chunks, batch " + std::to_string(split.batch) + ", " +
+                 std::to_string(split.parts) + " parts");
+    const auto tokens = random_tokens(split.chunks * T, 11);
+    const PerplexityOptions options{.seqlen = T, .batch_sequences = split.batch};
+    std::vector<double> whole;
+    {
+      PerplexityStream one(m, tokens, options);
+      for (int64_t b = 0; b < m.num_blocks(); ++b) one.run_block(b);
+      whole = one.local_chunk_nll();
+    }
+    std::vector<double> joined;
+    for (int part = 0; part < split.parts; ++part) {
+      PerplexityStream stream(m, tokens, options, split.parts, part);
+      EXPECT_EQ(stream.batch_slots(), split.slots);
+      for (int64_t b = 0; b < m.num_blocks(); ++b) stream.run_block(b);
+      std::vector<int64_t> done_after_slot;  // local chunks done after each slot
+      int64_t done = 0;
+      const auto nll = stream.local_chunk_nll([&](int64_t d, int64_t) { done = d; },
+                                              [&](const std::function<void()>& batch) {
+                                                batch();
+                                                done_after_slot.push_back(done);
+                                              });
+      ASSERT_EQ(static_cast<int64_t>(done_after_slot.size()), split.slots);
+      for (int64_t i = 0; i < split.slots; ++i)  // the part's batches in order, then empty slots
+        EXPECT_EQ(done_after_slot[static_cast<size_t>(i)],
+                  std::min((i + 1) * split.batch, stream.local_chunks()));
+      EXPECT_EQ(static_cast<int64_t>(nll.size()), stream.local_chunks());
+      joined.insert(joined.end(), nll.begin(), nll.end());
+    }
+    ASSERT_EQ(joined.size(), whole.size());
+    for (size_t i = 0; i < whole.size(); ++i) EXPECT_DOUBLE_EQ(joined[i], whole[i]) << "chunk " << i;
+  }
 }
 
 TEST_F(TinyLlama, PerplexityErrors) {

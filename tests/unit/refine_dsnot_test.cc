@@ -203,6 +203,37 @@ TEST(RefineDsnot, NmPrunesOnlyAKeptEntryThatMovesTheErrorTowardsZero) {
   EXPECT_NEAR(stats.mean_abs_error_after, 0.3, 1e-6);
 }
 
+TEST(RefineDsnot, NmPrunesOnlyAPositiveEntryWhenTheErrorIsNegative) {
+  // The first row with every sign flipped: e = -1.5, A = c0(-.9) c4(-.3) c1(-.2) c5(-.1), then zeros.
+  // cycle 1: g=A[0]=0, block 0 kept: c2 (key .25, D < 0: away from 0) and c3 (D .3) -> p=3, e = -0.3.
+  // cycle 2: g=A[1]=4, block 1 kept: c6 (D .4) -> e = -0.3 + .4 + .3 = 0.4: the sign flips, stop.
+  Tensor w({1, 8}, {-0.9f, -0.2f, -0.25f, 0.3f, -0.3f, -0.1f, 0.4f, -0.7f});
+  Mask mask = mask_from(1, 8, {{0, 1, 4, 5}});
+  RefineStats stats = refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, DsnotOptions{}, NmPattern{2, 4});
+  EXPECT_EQ(stats.swaps, 1);
+  EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{1, 3, 4, 5}));
+  EXPECT_NEAR(stats.mean_abs_error_after, 0.3, 1e-6);
+}
+
+TEST(RefineDsnot, NmPrunesAZeroTermOnlyWhenTheErrorIsPositive) {
+  // D = 0 leaves e where it is: a candidate with e > 0 (as in the unstructured D <= 0 list), not with e < 0.
+  // e = 1.5: cycle 1, g=0, block 0 kept: c2 (D 0, key 0) and c3 (D -.3) -> p=2, e = 0.6; cycle 2, g=4,
+  // p=6 (D -.4), e = -0.1: the sign flips, stop.
+  Tensor positive({1, 8}, {0.9f, 0.2f, 0.0f, -0.3f, 0.3f, 0.1f, -0.4f, 0.7f});
+  Mask mask = mask_from(1, 8, {{0, 1, 4, 5}});
+  RefineStats stats = refine_dsnot(positive, kOnes8, kOnes8, kOnes8, mask, DsnotOptions{}, NmPattern{2, 4});
+  EXPECT_EQ(stats.swaps, 1);
+  EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{1, 2, 4, 5}));
+  EXPECT_NEAR(stats.mean_abs_error_after, 0.6, 1e-6);
+  // e = -1.5: cycle 1, g=0, block 0 kept: c2 (D 0, the smallest key, passed over) and c3 (D .3) -> p=3.
+  Tensor negative({1, 8}, {-0.9f, -0.2f, 0.0f, 0.3f, -0.3f, -0.1f, 0.4f, -0.7f});
+  mask = mask_from(1, 8, {{0, 1, 4, 5}});
+  stats = refine_dsnot(negative, kOnes8, kOnes8, kOnes8, mask, DsnotOptions{}, NmPattern{2, 4});
+  EXPECT_EQ(stats.swaps, 1);
+  EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{1, 3, 4, 5}));
+  EXPECT_NEAR(stats.mean_abs_error_after, 0.3, 1e-6);
+}
+
 TEST(RefineDsnot, NmStopsARowWhoseBlockKeepsOnlyEntriesThatMoveTheErrorAway) {
   // 2:4, pruned {0,1 | 4,5}: W = 0.9 0.2 0.5 0.6 | 0.3 0.1 -0.4 0.7, e = 1.5. cycle 1: g = 0, whose block
   // keeps c2 and c3, both with D > 0: pruning either would let |e| grow (the reference code prunes c2 and
