@@ -177,12 +177,58 @@ const std::unordered_map<uint32_t, uint8_t>& unicode_to_byte() {
 
 // ---- PCRE2 regex --------------------------------------------------------------------------------
 
+// The pattern with \s and \S (outside a class) as Unicode's White_Space.
+std::string with_unicode_white_space(const std::string& pattern) {
+  // Unicode's White_Space property (PropList.txt), which Python's regex and Hugging Face's tokenizers read
+  // \s as. PCRE2 with UCP also counts U+180E (Mongolian vowel separator, White_Space before Unicode 6.3).
+  static const std::string kWhiteSpace =
+      "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
+      "\\x{205F}\\x{3000}";
+  std::string out;
+  out.reserve(pattern.size() + 64);
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char next = pattern[++i];
+      if (next == 's') {
+        out += in_class ? kWhiteSpace : "[" + kWhiteSpace + "]";
+      } else if (next == 'S' && !in_class) {
+        out += "[^" + kWhiteSpace + "]";
+      } else {  // any other escape (\S inside a class, rare in tokenizers, keeps PCRE2's meaning)
+        out += c;
+        out += next;
+      }
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      const size_t end = pattern.find(":]", i + 2);  // a POSIX class such as [:alpha:]
+      if (end != std::string::npos) {
+        out.append(pattern, i, end + 2 - i);
+        i = end + 1;
+        continue;
+      }
+    }
+    out += c;
+    if (!in_class && c == '[') {
+      in_class = true;
+      // A ']' first in the class (after an optional '^') is a literal.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+    } else if (in_class && c == ']') {
+      in_class = false;
+    }
+  }
+  return out;
+}
+
 class Regex {
  public:
-  Regex(const std::string& pattern, bool literal, const std::string& source) {
+  Regex(const std::string& given, bool literal, const std::string& source) {
     int error = 0;
     PCRE2_SIZE error_offset = 0;
     uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    const std::string pattern = literal ? given : with_unicode_white_space(given);
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error,
                           &error_offset, nullptr);
     if (!code_) {

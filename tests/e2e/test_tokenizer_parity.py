@@ -42,6 +42,8 @@ SAMPLES = [
     # Unicode whitespace and format characters where regex engines could disagree on \s, \p{L}, \p{N}.
     "a\u0085b \u2028c\u2029 d\u200be\ufeff f\u000bg\u000ch\u001fi\u001cj \u180e k\u2007l\u202fm\u205fn",
     "x\u00adz \u01c5 \u216b \u00bd \u00b2 \u0661\u0662\u0663 \u0d67\u0d68 \U0001F600\U0001F3FB \U000E0001",
+    # U+180E is not White_Space since Unicode 6.3, but PCRE2's \s (with UCP) still matches it.
+    "x\u180e't \u180e<s a\u180eb\u180e\u180e 1\u180e2 \u180e\n\u180e",
 ]
 
 
