@@ -8,6 +8,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +28,41 @@ def symprune(*args, check=True, env=None):
         raise AssertionError(f"symprune {' '.join(map(str, args))} exited {proc.returncode}:\n"
                              f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+class Run:
+    """symprune (or `launcher`, e.g. mpirun ... symprune_dist, then `args`) in the background; wait_for(text)
+    blocks until stderr shows it."""
+
+    def __init__(self, args, env=None, preexec_fn=None, launcher=(BIN,)):
+        self.proc = subprocess.Popen([*map(str, launcher), *map(str, args)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+                                     preexec_fn=preexec_fn)
+        self.lines = []
+        self.seen = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            with self.seen:
+                self.lines.append(line)
+                self.seen.notify_all()
+
+    def wait_for(self, text, timeout=120):
+        deadline = time.time() + timeout
+        with self.seen:
+            while not any(text in line for line in self.lines):
+                left = deadline - time.time()
+                assert left > 0 and self.proc.poll() is None, f"never saw {text!r}:\n{''.join(self.lines)}"
+                self.seen.wait(min(left, 0.5))
+
+    def finish(self, timeout=60):
+        rc = self.proc.wait(timeout=timeout)
+        self.reader.join(timeout=10)
+        self.stdout = self.proc.stdout.read()
+        self.stderr = "".join(self.lines)
+        return rc
 
 
 def stories_job(stories, *options):

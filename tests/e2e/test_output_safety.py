@@ -9,15 +9,14 @@ import shutil
 import signal
 import stat
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from prune_support import (BIN, DATA, PROVENANCE, Stories, head_overflowing_model, output_digest, read_json, symprune,
-                           tree_digest)
+from prune_support import (BIN, DATA, PROVENANCE, Run, Stories, head_overflowing_model, output_digest, read_json,
+                           symprune, tree_digest)
 
 SMALL = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "8", "--seqlen", "64"]
 
@@ -42,39 +41,6 @@ def prune_args(stories, out, *extra):
 
 def listing(root):
     return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*"))
-
-
-class Run:
-    """symprune in the background; wait_for(text) blocks until stderr shows it."""
-
-    def __init__(self, args, env=None, preexec_fn=None):
-        self.proc = subprocess.Popen([BIN, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env={**os.environ, **(env or {})}, preexec_fn=preexec_fn)
-        self.lines = []
-        self.seen = threading.Condition()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.proc.stderr:
-            with self.seen:
-                self.lines.append(line)
-                self.seen.notify_all()
-
-    def wait_for(self, text, timeout=120):
-        deadline = time.time() + timeout
-        with self.seen:
-            while not any(text in line for line in self.lines):
-                left = deadline - time.time()
-                assert left > 0 and self.proc.poll() is None, f"never saw {text!r}:\n{''.join(self.lines)}"
-                self.seen.wait(min(left, 0.5))
-
-    def finish(self, timeout=60):
-        rc = self.proc.wait(timeout=timeout)
-        self.reader.join(timeout=10)
-        self.stdout = self.proc.stdout.read()
-        self.stderr = "".join(self.lines)
-        return rc
 
 
 # --- where outputs may go ---------------------------------------------------------------------------

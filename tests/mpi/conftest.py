@@ -16,10 +16,19 @@ DIST_EMULATED = os.environ.get("SYMPRUNE_DIST_EMULATED_BIN", "")
 MPIEXEC = os.environ.get("SYMPRUNE_MPIEXEC", "mpirun")
 
 
+# What mpirun needs here beside the caller's environment (more ranks than the machine's cores).
+MPI_ENV = {"OMPI_MCA_rmaps_base_oversubscribe": "1"}
+
+
+def launcher(ranks, binary=DIST):
+    """The command line before the program's options: symprune_dist (or `binary`) on `ranks` processes."""
+    return [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", binary]
+
+
 def mpirun(ranks, *args, env=None, timeout=300, binary=DIST):
     """symprune_dist (or `binary`) on `ranks` processes; CompletedProcess with text output."""
-    command = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", binary, *map(str, args)]
-    full_env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1", **(env or {})}
+    command = [*launcher(ranks, binary), *map(str, args)]
+    full_env = {**os.environ, **MPI_ENV, **(env or {})}
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 

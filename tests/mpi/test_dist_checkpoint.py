@@ -7,15 +7,14 @@ import re
 import shlex
 import signal
 import subprocess
-import threading
 import time
 
 import h5py
 import numpy as np
 import pytest
 
-from conftest import DIST, MPIEXEC, mpirun
-from prune_support import output_digest, sharded_stories, stories_job, symprune, uninterrupted_run
+from conftest import DIST, MPI_ENV, MPIEXEC, launcher, mpirun
+from prune_support import Run, output_digest, sharded_stories, stories_job, symprune, uninterrupted_run
 
 RUN = ["--method", "wanda", "--sparsity", "0.5", "--nsamples", "16", "--seqlen", "64", "--micro-batch", "3",
        "--eval-seqlen", "64", "--eval-max-chunks", "20", "--threads", "1"]
@@ -233,9 +232,8 @@ def test_a_corrupt_checkpoint_is_reported_once_and_the_previous_one_used(job, re
 
 
 def test_sigusr1_to_mpirun_saves_and_exits_75_then_resumes(job, reference, tmp_path, have_mpirun):
-    command = [MPIEXEC, "-n", "3", "--oversubscribe", "--allow-run-as-root", DIST,
-               *map(str, [*job, *checkpoint_args(tmp_path)])]
-    env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1", "SYMPRUNE_FAULT": "block:2:busy=3"}
+    command = [*launcher(3), *map(str, [*job, *checkpoint_args(tmp_path)])]
+    env = {**os.environ, **MPI_ENV, "SYMPRUNE_FAULT": "block:2:busy=3"}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 60
     while not (tmp_path / "run.h5").exists() and time.time() < deadline:
@@ -273,26 +271,15 @@ def test_the_ranks_agree_to_stop_a_long_evaluation_within_a_batch(stories, long_
     args = [*long_eval_job, "--out", run_dir / "out", "--report", run_dir / "report.json"]
     if checkpoint:
         args += ["--checkpoint", run_dir / "run.h5"]
-    command = [MPIEXEC, "-n", "2", "--oversubscribe", "--allow-run-as-root", DIST, *map(str, args)]
-    env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1",
-           "SYMPRUNE_FAULT": f"eval_batch:{stage}@1:busy=2"}
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    lines = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
-    reader.start()
-    waited_for = f"wrote {run_dir / 'out'}" if stage == "dense" else "scoring the pruned model's evaluation chunks"
-    deadline = time.time() + 120
-    while not any(waited_for in line for line in list(lines)) and time.time() < deadline:
-        assert proc.poll() is None, "".join(lines)
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGUSR1)  # mpirun forwards SIGUSR1 to every rank
-    proc.wait(timeout=120)
-    reader.join(timeout=10)
-    stderr = "".join(lines)
+    run = Run(args, env={**MPI_ENV, "SYMPRUNE_FAULT": f"eval_batch:{stage}@1:busy=2"}, launcher=launcher(2))
+    run.wait_for(f"wrote {run_dir / 'out'}" if stage == "dense" else "scoring the pruned model's evaluation chunks")
+    run.proc.send_signal(signal.SIGUSR1)  # mpirun forwards SIGUSR1 to every rank
+    returncode = run.finish(timeout=120)
+    stderr = run.stderr
     report = json.loads((run_dir / "report.json").read_text())
     assert (run_dir / "out" / "model.safetensors").exists()  # the model is complete and kept
     if stage == "dense":
-        assert proc.returncode == 75, stderr
+        assert returncode == 75, stderr
         assert report["incomplete"] == "dense and pruned evaluation interrupted by SIGUSR1", report
         assert "perplexity" not in report
         assert "blocks 1..5 of 5 are saved in checkpoint" in stderr
@@ -306,7 +293,7 @@ def test_the_ranks_agree_to_stop_a_long_evaluation_within_a_batch(stories, long_
             assert report["perplexity"][which] == pytest.approx(alone, rel=1e-6), (which, report["perplexity"])
         assert "incomplete" not in report and (run_dir / "run.h5.done").exists()
     else:
-        assert proc.returncode == 128 + signal.SIGUSR1, stderr
+        assert returncode == 128 + signal.SIGUSR1, stderr
         assert report["incomplete"] == "pruned evaluation interrupted by SIGUSR1", report
         assert report["perplexity"]["dense"] > 1 and report["perplexity"]["pruned"] is None
         assert "arrived after the run's last safe point" not in stderr
