@@ -52,11 +52,13 @@ Refinement (--refine, after the initial mask, before the pruned pass; only the m
             error e_r = sum over pruned c of W[r,c]*mu_c towards 0 (mu_c: mean per-sequence input sum);
             regrow by W*mu/var^p (--var-power), prune by the Wanda score (N:M: by the initial score of
             magnitude and wanda, as the DSnoT code) split by the sign of W*mu;
-            a row stops for good when |e_r| <= --refine-threshold, after --max-cycles swaps, (with
+            a row stops for good when |e_r| <= --refine-threshold, after --max-cycles cycles, (with
             --same-sign; always for N:M) when a swap would flip the sign of its error, or when its next
             swap would not move e_r towards 0 or a candidate list runs out (the row keeps its pruned
-            count; the reference code's pointers run on there; N:M under --compat dsnot: the code's
-            prune pick, whatever its sign).
+            count; the reference code's pointers run on there). N:M: the pruned weight is in the
+            regrown one's group; a group without a kept weight that moves e_r towards 0 passes that
+            regrow candidate over, spending the cycle (--compat dsnot: the code's prune pick, the
+            group's smallest initial score whatever its sign).
   r2dsnot   R2-DSnoT: DSnoT with the relative factor 1/||W~[r,:]||1 + 1/||W~[:,c]||1 in the regrow key
             (--grow-relative) and the prune key (--prune-relative), a_c^--refine-alpha in the prune key,
             and lp regularizers gamma*||row after the move||_p (--reg-p, --gamma-grow, --gamma-prune).
@@ -231,7 +233,7 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
   sub->add_option("--refine-skip", c.refine_skip,
                   "linears left unrefined: mlp (default, as DSnoT), attn or none");
   sub->add_option("--max-cycles", c.refine_options.max_cycles,
-                  "refinement: swaps per row at most (default 50)");
+                  "refinement: cycles per row at most, one swap each (default 50)");
   sub->add_option("--refine-threshold", c.refine_options.threshold,
                   "refinement: a row stops when |e_r| <= this (default 0.1, in per-sequence-sum units)");
   sub->add_option("--var-power", c.refine_options.var_power,

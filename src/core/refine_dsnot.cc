@@ -233,11 +233,16 @@ RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContex
     if (g < 0) break;
     // Sign guard (the paper's Δ < 0 condition): the regrown weight must move e towards 0.
     if (!(e > 0.0 ? d[static_cast<size_t>(g)] > 0.0f : d[static_cast<size_t>(g)] < 0.0f)) break;
+    // Guard: only a genuine swap (g pruned now, p kept now) keeps the row's pruned count. A kept g means the
+    // pointer ran into the kept middle of the order (or onto an entry regrown earlier): the row stops.
+    if (!mask[static_cast<size_t>(g)]) break;
     int64_t p = -1;
     if (ctx.nm) {
       // Kept-and-untouched entry of g's block with the smallest prune key (lowest column on ties), among
       // those that move e towards 0, as in the unstructured lists (the reference code takes the smallest
-      // key whatever its sign, so that |e| may grow as long as its sign holds).
+      // key whatever its sign, so that |e| may grow as long as its sign holds). A block without one only
+      // rules out this g: the cycle is spent (its pointer has moved on) and the next cycle tries the next g.
+      // Under --compat dsnot the block ran out of untouched entries, where the code would read garbage.
       const int64_t start = g - g % ctx.nm->m;
       for (int64_t c = start; c < start + ctx.nm->m; ++c) {
         const size_t uc = static_cast<size_t>(c);
@@ -246,7 +251,10 @@ RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContex
         if (p < 0 || score_order_key(prune_key[uc]) < score_order_key(prune_key[static_cast<size_t>(p)]))
           p = c;
       }
-      if (p < 0) break;
+      if (p < 0) {
+        if (options.nm_prune_any_sign) break;
+        continue;
+      }
     } else {
       // Sign guard: for e >= 0 the pruned weight must have D <= 0, for e < 0 D > 0. A part runs out only
       // in a row with fewer kept weights of the needed sign than cycles; the reference's pointer would then
@@ -256,8 +264,7 @@ RowResult refine_row(const float* w, std::span<uint8_t> mask, const MatrixContex
       if (next >= part.size()) break;
       p = part[next++];
     }
-    // Guard: only a genuine swap (g pruned now, p kept now) keeps the row's pruned count.
-    if (!mask[static_cast<size_t>(g)] || mask[static_cast<size_t>(p)]) break;
+    if (mask[static_cast<size_t>(p)]) break;
     const double e_after =
         e + static_cast<double>(d[static_cast<size_t>(p)]) - static_cast<double>(d[static_cast<size_t>(g)]);
     if (same_sign && sign_of(e_after) != e0) break;

@@ -36,10 +36,12 @@
 //    above); "touched" = initially pruned or pruned by a swap, even if regrown later (the reference's
 //    S' = +inf). The reference uses the initial score S_init there: the caller passes act_norm = a_c^α for
 //    an initial score |W|·a_c^α (engine/refine_linear.h), which makes the key S_init; otherwise a_c (the
-//    Wanda score). A block with no such entry stops the row. The reference code takes the block's
-//    smallest key whatever D's sign: its swaps then let |e| grow as long as e keeps its sign (on
-//    stories260K's 2:4 wanda q_proj of block 0, 686 of 1029 swaps did, the layer's reconstruction error
-//    0.20 → 0.59). options.nm_prune_any_sign (--compat dsnot) takes the reference's pick.
+//    Wanda score). A block with no such entry passes g over: the cycle is spent and the next one takes
+//    the next g (stopping the row there left 2:4 rows after 2.3 swaps on average). The reference code
+//    takes the block's smallest key whatever D's sign: its swaps then let |e| grow as long as e keeps
+//    its sign (on stories260K's 2:4 wanda q_proj of block 0, 686 of 1029 swaps did, the layer's
+//    reconstruction error 0.20 → 0.59). options.nm_prune_any_sign (--compat dsnot) takes the reference's
+//    pick.
 //
 // R²-DSnoT (options.r2 set) keeps the cycle mechanics and changes only the two keys. With W̃ the
 // initially pruned matrix (kept entries of W) and R[r,c] = 1/‖W̃[r,:]‖₁ + 1/‖W̃[:,c]‖₁ (a zero norm

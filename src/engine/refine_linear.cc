@@ -67,7 +67,9 @@ nlohmann::json refine_config_json(const RefineSettings& s, bool nm) {
   j["same_sign"] = s.dsnot.same_sign;
   // Which N:M prune pick: part of the run's identity, so that a checkpoint of a build with the other rule
   // (or the other --compat) is not continued.
-  if (nm) j["nm_prune"] = s.dsnot.nm_prune_any_sign ? "smallest score (DSnoT code)" : "towards zero";
+  if (nm)
+    j["nm_prune"] = s.dsnot.nm_prune_any_sign ? "smallest score (DSnoT code)"
+                                              : "towards zero, else the next regrow candidate";
   if (const auto& r2 = s.dsnot.r2) {
     j["grow_relative"] = r2->grow_relative;
     j["prune_relative"] = r2->prune_relative;

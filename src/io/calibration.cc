@@ -288,8 +288,9 @@ CalibrationSet load_calibration(const CalibrationOptions& options, const Tokeniz
                                 int64_t vocab_size) {
   if (vocab_size <= 0) vocab_size = tokenizer.vocab_size();
   const std::string path = options.file.string();
-  SYMPRUNE_CHECK(options.nsamples >= 1, "{}: --nsamples must be at least 1 (got {})", path, options.nsamples);
-  SYMPRUNE_CHECK(options.seqlen >= 1, "{}: --seqlen must be at least 1 (got {})", path, options.seqlen);
+  // The catalogue's wording (E-CAL-NSAMPLES), as `prune` says it: these are options, not the file's fault.
+  SYMPRUNE_CHECK(options.nsamples >= 1, "--nsamples must be at least 1, got {}", options.nsamples);
+  SYMPRUNE_CHECK(options.seqlen >= 1, "--seqlen must be at least 1, got {}", options.seqlen);
   SYMPRUNE_CHECK(options.nsamples <= kMaxCalibrationTokens / options.seqlen,
                  "{}: --nsamples {} × --seqlen {} is more than the {} calibration tokens supported", path,
                  options.nsamples, options.seqlen, kMaxCalibrationTokens);

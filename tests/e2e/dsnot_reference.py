@@ -172,6 +172,9 @@ def refine(w, mu, var, act, mask, opt, nm=None, initial_scores=None):
             if not (d[r, g] > 0 if e[r] > 0 else d[r, g] < 0):
                 stop(r, "regrow sign")
                 continue
+            if not mask[r, g]:
+                stop(r, "not a swap")
+                continue
             # Prune pick.
             if nm is not None:
                 start = g - g % nm[1]
@@ -181,7 +184,9 @@ def refine(w, mu, var, act, mask, opt, nm=None, initial_scores=None):
                 if not opt.nm_prune_any_sign:
                     free = free[d[r, free] > 0] if e[r] < 0 else free[~(d[r, free] > 0)]
                 if free.size == 0:
-                    stop(r, "N:M block exhausted")
+                    if opt.nm_prune_any_sign:
+                        stop(r, "N:M block exhausted")
+                    # else: this g is ruled out; the cycle is spent and the next one tries the next g.
                     continue
                 p = free[np.argsort(nm_pk[r, free], kind="stable")[0]]
             else:
@@ -196,7 +201,7 @@ def refine(w, mu, var, act, mask, opt, nm=None, initial_scores=None):
                 if (d[r, p] <= 0) if e[r] < 0 else (d[r, p] > 0):
                     stop(r, "prune sign")
                     continue
-            if not mask[r, g] or mask[r, p]:
+            if mask[r, p]:
                 stop(r, "not a swap")
                 continue
             e_after = e[r] + d64[r, p] - d64[r, g]

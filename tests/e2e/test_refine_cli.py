@@ -68,7 +68,7 @@ def test_report_records_the_refinement_config(stories, tmp_path):
     assert timings["refine"] > 0
     # With N:M the prune pick is named (part of the run's identity: a checkpoint of the other rule is refused).
     run(stories, tmp_path / "nm", "--nm", "2:4", "--refine", "dsnot")
-    assert read_json(tmp_path / "nm.json")["config"]["refine"]["nm_prune"] == "towards zero"
+    assert read_json(tmp_path / "nm.json")["config"]["refine"]["nm_prune"] == "towards zero, else the next regrow candidate"
     run(stories, tmp_path / "nm_compat", "--nm", "2:4", "--refine", "dsnot", "--compat", "dsnot")
     assert read_json(tmp_path / "nm_compat.json")["config"]["refine"]["nm_prune"] == "smallest score (DSnoT code)"
 

@@ -234,16 +234,27 @@ TEST(RefineDsnot, NmPrunesAZeroTermOnlyWhenTheErrorIsPositive) {
   EXPECT_NEAR(stats.mean_abs_error_after, 0.3, 1e-6);
 }
 
-TEST(RefineDsnot, NmStopsARowWhoseBlockKeepsOnlyEntriesThatMoveTheErrorAway) {
-  // 2:4, pruned {0,1 | 4,5}: W = 0.9 0.2 0.5 0.6 | 0.3 0.1 -0.4 0.7, e = 1.5. cycle 1: g = 0, whose block
-  // keeps c2 and c3, both with D > 0: pruning either would let |e| grow (the reference code prunes c2 and
-  // makes four swaps, e 1.5 -> 1.1 -> 0.4 -> 0.8 -> 1.4). The row stops unchanged.
+TEST(RefineDsnot, NmSkipsARegrowCandidateWhoseBlockKeepsOnlyEntriesThatMoveTheErrorAway) {
+  // 2:4, pruned {0,1 | 4,5}: W = 0.9 0.2 0.5 0.6 | 0.3 0.1 -0.4 0.7, e = 1.5, A = [2,3,6,7,5,1,4,0].
+  // cycle 1: g=A[7]=0, whose block keeps c2 and c3, both with D > 0: pruning either would let |e| grow
+  //          (the reference code prunes c2 and makes four swaps, e 1.5 -> 1.1 -> 0.4 -> 0.8 -> 1.4), so this
+  //          g is passed over and the cycle is spent.
+  // cycle 2: g=A[6]=4, block 1 kept: c6 (D -.4) and c7 (D .7) -> p=6, e = 1.5 - .4 - .3 = 0.8.
+  // cycle 3: g=A[5]=1, block 0 again: passed over. cycle 4: g=A[4]=5, block 1's only untouched kept entry
+  //          is c7 (D > 0): passed over. cycle 5: g=A[3]=7 is kept: the row stops.
   Tensor w({1, 8}, {0.9f, 0.2f, 0.5f, 0.6f, 0.3f, 0.1f, -0.4f, 0.7f});
   Mask mask = mask_from(1, 8, {{0, 1, 4, 5}});
   RefineStats stats = refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, DsnotOptions{}, NmPattern{2, 4});
+  EXPECT_EQ(stats.swaps, 1);
+  EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{0, 1, 5, 6}));
+  EXPECT_NEAR(stats.mean_abs_error_after, 0.8, 1e-6);
+  // Passing over spends a cycle: with one cycle the row is unchanged.
+  mask = mask_from(1, 8, {{0, 1, 4, 5}});
+  DsnotOptions one_cycle;
+  one_cycle.max_cycles = 1;
+  stats = refine_dsnot(w, kOnes8, kOnes8, kOnes8, mask, one_cycle, NmPattern{2, 4});
   EXPECT_EQ(stats.swaps, 0);
   EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{0, 1, 4, 5}));
-  EXPECT_NEAR(stats.mean_abs_error_after, 1.5, 1e-6);
 }
 
 TEST(RefineDsnot, NmTakesTheReferenceCodesPickUnderCompatDsnot) {

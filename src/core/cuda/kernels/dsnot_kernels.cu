@@ -255,10 +255,12 @@ __device__ void run_swaps(const RowContext& x, const RowLists& lists, uint8_t* c
     if (g < 0) break;
     const float dg = expected_term(x.w, x.columns.mu, g);
     if (!(e > 0.0 ? dg > 0.0f : dg < 0.0f)) break;  // the regrown weight must move e towards 0
+    if (!current[g]) break;  // only a genuine swap (g pruned, p kept) keeps the row's pruned count
     int64_t p = -1;
     if (o.nm_m > 0) {
       // Kept-and-untouched entry of g's block with the smallest prune key (lowest column on ties), among
-      // those that move e towards 0 (refine_dsnot.cc).
+      // those that move e towards 0 (refine_dsnot.cc). None: this cycle is spent, the next tries the next g
+      // (under --compat dsnot none means the block ran out, and the row stops).
       const int64_t start = g - g % o.nm_m;
       uint32_t best = 0;
       for (int64_t c = start; c < start + o.nm_m; ++c) {
@@ -271,7 +273,10 @@ __device__ void run_swaps(const RowContext& x, const RowLists& lists, uint8_t* c
           best = key;
         }
       }
-      if (p < 0) break;
+      if (p < 0) {
+        if (o.nm_prune_any_sign) break;
+        continue;
+      }
     } else if (e < 0.0) {
       if (positive_next >= lists.positive_count) break;
       p = lists.positive[positive_next++];
@@ -279,7 +284,7 @@ __device__ void run_swaps(const RowContext& x, const RowLists& lists, uint8_t* c
       if (nonpositive_next >= lists.nonpositive_count) break;
       p = lists.nonpositive[nonpositive_next++];
     }
-    if (!current[g] || current[p]) break;  // only a genuine swap keeps the row's pruned count
+    if (current[p]) break;
     const double e_after = __dsub_rn(__dadd_rn(e, static_cast<double>(expected_term(x.w, x.columns.mu, p))),
                                      static_cast<double>(dg));
     if (same_sign && sign_of(e_after) != e0) break;
