@@ -22,13 +22,13 @@
 //  * A swap is made only when the regrow candidate g is currently pruned, the prune candidate p currently
 //    kept, both pointers are inside their lists, and both move e towards 0 (D[g] has the sign of e,
 //    D[p] the opposite sign or 0: the paper's Δ < 0 condition). Otherwise the row stops as if it had met
-//    the threshold. The reference code checks none of this: its pointers run on into the other sign's
-//    part of the lists (pruning the highest-scoring kept weights of the wrong sign), into the kept
-//    zero-key middle of the regrow list, or off the end (index error), which changes the row's pruned
-//    count. For wide rows (about n/2 candidates per sign against at most 50 cycles) the lists rarely
-//    run out; on narrow rows (stories260K, n = 64) the guards stop most rows, and the result differs from
-//    a literal replay of the reference code. With these guards the pruned count per row (and the N:M
-//    pattern) is preserved by construction.
+//    the threshold (N:M: except a block without such a p, which passes g over; below). The reference code
+//    checks none of this: its pointers run on into the other sign's part of the lists (pruning the
+//    highest-scoring kept weights of the wrong sign), into the kept zero-key middle of the regrow list, or
+//    off the end (index error), which changes the row's pruned count. For wide rows (about n/2 candidates per
+//    sign against at most 50 cycles) the lists rarely run out; on narrow rows (stories260K, n = 64) the
+//    guards stop most rows, and the result differs from a literal replay of the reference code. With these
+//    guards the pruned count per row (and the N:M pattern) is preserved by construction.
 //  * Regrow keys that are NaN (0/0: D = 0 on a zero-variance channel) carry no information and are passed
 //    over; the reference sorts them last, where an e > 0 row starts.
 //  * N:M (always same-sign, per §5.3): p = the kept, not yet touched entry of g's M-block with the
@@ -83,7 +83,7 @@ struct R2Options {
 };
 
 struct DsnotOptions {
-  int max_cycles = 50;          // K: swaps per row at most
+  int max_cycles = 50;          // K: cycles per row at most, one swap each (N:M: or one g passed over)
   double threshold = 0.1;       // τ: a row stops when |e_r| <= τ (in μ̃ units: per-sequence sums)
   double var_power = 1.0;       // p_g: regrow key D / v^p_g (0: no division)
   bool same_sign = false;       // unstructured only; N:M always applies the sign test

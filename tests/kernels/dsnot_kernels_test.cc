@@ -136,6 +136,23 @@ TEST_F(DsnotKernelTest, NmDsnotEqualsTheCpu) {
   }
 }
 
+// The hand-traced rows of RefineDsnot.NmSkipsARegrowCandidateWhoseBlockKeepsOnlyEntriesThatMoveTheErrorAway
+// (e > 0 and e < 0): the first regrow candidate's block has no prune candidate and is passed over, the
+// second one swaps. With two cycles a row that stopped at the first block would make no swap.
+TEST_F(DsnotKernelTest, NmBlockWithoutAPruneCandidateIsPassedOverAsOnTheCpu) {
+  Layer layer;
+  layer.w = Tensor({2, 8}, {0.9f, 0.2f, 0.5f, 0.6f, 0.3f, 0.1f, -0.4f, 0.7f,  //
+                            -0.9f, -0.2f, -0.5f, -0.6f, -0.3f, -0.1f, 0.4f, -0.7f});
+  layer.mu = layer.var = layer.act = std::vector<double>(8, 1.0);
+  layer.mask = Mask(2, 8);
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t c : {0, 1, 4, 5}) layer.mask.set(r, c, true);
+  expect_device_equals_cpu(layer, DsnotOptions{}, NmPattern{2, 4});
+  DsnotOptions two_cycles;
+  two_cycles.max_cycles = 2;
+  expect_device_equals_cpu(layer, two_cycles, NmPattern{2, 4});
+}
+
 TEST_F(DsnotKernelTest, R2DsnotKeysEqualTheCpu) {
   const Layer layer = make_layer(8, 260, 3, std::nullopt);
   for (const R2Options& keys : {R2Options{}, r2_keys(1.0, 1e-2, 0.0), r2_keys(2.0, 5e-3, 5e-3, 1.0),

@@ -248,6 +248,14 @@ TEST(RefineDsnot, NmSkipsARegrowCandidateWhoseBlockKeepsOnlyEntriesThatMoveTheEr
   EXPECT_EQ(stats.swaps, 1);
   EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{0, 1, 5, 6}));
   EXPECT_NEAR(stats.mean_abs_error_after, 0.8, 1e-6);
+  // e < 0 (every sign flipped): A = [0,4,1,5,2,3,6,7] read from the front; g=0 passed over (c2, c3 have
+  // D < 0), g=4 prunes c6 (D .4), e = -0.8; g=1 and g=5 passed over; g=2 is kept: stop.
+  Tensor flipped({1, 8}, {-0.9f, -0.2f, -0.5f, -0.6f, -0.3f, -0.1f, 0.4f, -0.7f});
+  mask = mask_from(1, 8, {{0, 1, 4, 5}});
+  stats = refine_dsnot(flipped, kOnes8, kOnes8, kOnes8, mask, DsnotOptions{}, NmPattern{2, 4});
+  EXPECT_EQ(stats.swaps, 1);
+  EXPECT_EQ(pruned_columns(mask, 0), (std::vector<int>{0, 1, 5, 6}));
+  EXPECT_NEAR(stats.mean_abs_error_after, 0.8, 1e-6);
   // Passing over spends a cycle: with one cycle the row is unchanged.
   mask = mask_from(1, 8, {{0, 1, 4, 5}});
   DsnotOptions one_cycle;
