@@ -15,17 +15,23 @@
 #
 # Requeue: the job is sent SIGUSR1 (#SBATCH --signal=B:USR1@SECONDS, or `scancel --signal=USR1 --batch`);
 # this script forwards it to the ranks, which finish their block, save the checkpoint and exit 75; the
-# script then runs `scontrol requeue` and the job starts again later, resuming. SIGTERM (scancel,
-# preemption) reaches the ranks from Slurm itself: they save and exit 75 too (with mpirun, which then
-# exits 1, the script reports 75 when it was sent SIGTERM and the checkpoint exists), but the job is
-# requeued only when Slurm does so (preemption with PreemptMode=REQUEUE), never after a user's scancel.
-# Needs bash 4.4 or later.
+# script then runs `scontrol requeue` and the job starts again later, resuming. After the warning any end
+# of the step counts as that stop (a launcher may report 137 or 143 instead of 75: srun --kill-on-bad-exit
+# kills the ranks still tearing down when the first exits, and a block that outlasts the lead time is
+# killed at the time limit); the checkpoint holds the blocks saved before. A start that saved no block
+# (the time before the warning covered no block, or only part of the final write and evaluation) counts
+# as idle: after SYMPRUNE_MAX_IDLE_REQUEUES (default 2) idle starts in a row the job is not requeued
+# again, since the next start would end the same way. SIGTERM (scancel, preemption) ends the step: srun
+# answers it by killing the ranks at once ("forcing job termination"), mpirun passes it on, which stops
+# them at once too (a second signal); either way the checkpoint holds the blocks saved before, the script
+# reports 75 when the checkpoint exists, and the job is requeued only when Slurm does so (preemption with
+# PreemptMode=REQUEUE), never after a user's scancel. Needs bash 4.4 or later.
 #
 # Other environment: SYMPRUNE_HOME (the checkout with build/apps; default SLURM_SUBMIT_DIR),
 # SYMPRUNE_DIST (the symprune_dist binary; default SYMPRUNE_HOME/build/apps/symprune_dist, else PATH),
 # SYMPRUNE_MODULES (environment modules to `module load` first), SYMPRUNE_SRUN_MPI (srun --mpi, default
 # pmix), SYMPRUNE_MPIRUN_ARGS (extra mpirun options), SYMPRUNE_THREADS (CPU threads per rank; default
-# SLURM_CPUS_PER_TASK, else 1).
+# SLURM_CPUS_PER_TASK, else 1), SYMPRUNE_MAX_IDLE_REQUEUES (see above).
 
 symprune_job_log() { printf '[symprune-job %s] %s\n' "$(date '+%F %T')" "$*"; }
 symprune_job_die() {
@@ -75,6 +81,12 @@ symprune_job_setting() {
   symprune_job_recipe_value "${name#--}" "$recipe"
 }
 
+# Identity of the checkpoint file (inode, modification time, size), or "none": a save writes a new file and
+# renames it into place, so the stamp changes exactly when the step saved a block.
+symprune_job_checkpoint_stamp() {
+  stat -c '%i %Y %s' -- "$1" 2>/dev/null || printf 'none'
+}
+
 symprune_job_environment() {
   if [[ -n ${SYMPRUNE_MODULES:-} ]]; then
     command -v module >/dev/null 2>&1 || symprune_job_die "SYMPRUNE_MODULES is set but 'module' is not available"
@@ -95,6 +107,26 @@ symprune_job_run() {
   if ((BASH_VERSINFO[0] < 4 || (BASH_VERSINFO[0] == 4 && BASH_VERSINFO[1] < 4))); then
     symprune_job_die "these scripts need bash 4.4 or later; this is bash $BASH_VERSION"
   fi
+  # The signals are taken from the start: a warning while the options are read or modules load (before the
+  # step exists) must not kill this shell, which would end the job unrequeued.
+  local warned=0 forwarded=0 terminated=0 status pid=
+  symprune_job_usr1() {
+    if ((warned)); then
+      symprune_job_log "SIGUSR1 again: the ranks were asked already; not passed on (a second signal would stop" \
+        "them at once, without saving)"
+      return
+    fi
+    warned=1
+    if [[ -z $pid ]]; then
+      symprune_job_log "SIGUSR1 before the step started"
+      return
+    fi
+    forwarded=1
+    symprune_job_log "SIGUSR1: asking the ranks to checkpoint and stop"
+    kill -USR1 "$pid" 2>/dev/null
+  }
+  trap 'symprune_job_usr1' USR1
+  trap 'terminated=1' TERM
   local launcher=$1
   shift
   [[ $launcher == srun || $launcher == mpirun ]] || symprune_job_die "launcher must be srun or mpirun, not '$launcher'"
@@ -158,11 +190,19 @@ symprune_job_run() {
 
   local -a command
   if [[ $launcher == srun ]]; then
-    command=(srun --mpi="${SYMPRUNE_SRUN_MPI:-pmix}" --kill-on-bad-exit=1 "$dist" "${args[@]}")
+    # srun does not take --cpus-per-task from the allocation since Slurm 22.05: without it every rank is
+    # bound to one CPU and its OMP_NUM_THREADS threads share it.
+    command=(srun --mpi="${SYMPRUNE_SRUN_MPI:-pmix}" --kill-on-bad-exit=1
+      ${SLURM_CPUS_PER_TASK:+"--cpus-per-task=$SLURM_CPUS_PER_TASK"} "$dist" "${args[@]}")
   else
     local -a mpirun_args
     read -r -a mpirun_args <<<"${SYMPRUNE_MPIRUN_ARGS:-}"
     ((EUID == 0)) && mpirun_args+=(--allow-run-as-root)
+    # Each rank on its own OMP_NUM_THREADS cores: Open MPI binds more than two ranks to a whole socket by
+    # default, and OMP_PROC_BIND=close then puts thread k of every rank of the socket on the same core.
+    if ((OMP_NUM_THREADS > 1)) && [[ " ${mpirun_args[*]} " != *" --map-by "* ]]; then
+      mpirun_args+=(--map-by "slot:PE=$OMP_NUM_THREADS")
+    fi
     # Open MPI reads the allocation (nodes, tasks per node) from Slurm; one rank per task.
     command=(mpirun -n "${SLURM_NTASKS:-1}" "${mpirun_args[@]}" -x OMP_NUM_THREADS -x OMP_PROC_BIND
       -x OMP_PLACES -x NCCL_DEBUG "$dist" "${args[@]}")
@@ -178,27 +218,30 @@ symprune_job_run() {
   # (scancel, preemption) is not passed on, since Slurm sends it to the step itself (a second one would
   # stop the ranks at once, unsaved); this shell only outlives it to report the end.
   # The warning is passed on once: a second SIGUSR1 (the warning sent twice) would stop the ranks at once,
-  # unsaved.
-  local warned=0 terminated=0 status pid=
-  symprune_job_usr1() {
-    if [[ -z $pid ]]; then  # in the instant before the step starts: nothing to pass it to yet
-      symprune_job_log "SIGUSR1 before the step started: not passed on"
-      return
+  # unsaved. A warning before the step started: it is not started (the job is requeued below).
+  # Starts in a row that saved no block, kept beside the checkpoint across requeues; a new submission
+  # (not a requeued start) counts from 0.
+  local idle_file=$checkpoint.idle-starts max_idle=${SYMPRUNE_MAX_IDLE_REQUEUES:-2}
+  [[ $max_idle =~ ^[0-9]+$ ]] || symprune_job_die "SYMPRUNE_MAX_IDLE_REQUEUES must be a count, not '$max_idle'"
+  ((${SLURM_RESTART_COUNT:-0} > 0)) || rm -f -- "$idle_file"
+  local saved_before
+  saved_before=$(symprune_job_checkpoint_stamp "$checkpoint")
+  if ((terminated)); then
+    symprune_job_log "SIGTERM before the step started: not starting it"
+    return 143
+  elif ((warned)); then
+    symprune_job_log "the warning came before the step started: not starting it"
+    status=75
+  else
+    "${command[@]}" &
+    pid=$!
+    if ((warned && !forwarded)); then  # the warning came between the check above and pid=$!
+      forwarded=1
+      symprune_job_log "SIGUSR1: asking the ranks to checkpoint and stop"
+      kill -USR1 "$pid" 2>/dev/null
     fi
-    if ((warned)); then
-      symprune_job_log "SIGUSR1 again: the ranks were asked already; not passed on (a second signal would stop" \
-        "them at once, without saving)"
-      return
-    fi
-    warned=1
-    symprune_job_log "SIGUSR1: asking the ranks to checkpoint and stop"
-    kill -USR1 "$pid" 2>/dev/null
-  }
-  trap 'symprune_job_usr1' USR1
-  trap 'terminated=1' TERM
-  "${command[@]}" &
-  pid=$!
-  while true; do
+  fi
+  while [[ -n $pid ]]; do
     wait "$pid"
     status=$?
     # wait returns >128 when a trapped signal interrupted it. The step may still run (wait again), or have
@@ -213,13 +256,22 @@ symprune_job_run() {
   done
   trap - USR1 TERM
 
-  # The ranks exit 75 after saving, but a signalled mpirun exits 1 whatever they did. Under scancel or
-  # preemption Slurm's SIGTERM reaches the ranks and mpirun, which passes it on: a second signal stops the
-  # ranks at once, so the checkpoint holds the blocks saved before the block that was running.
-  if ((terminated && status != 0 && status != 75)) && [[ $launcher == mpirun && -e $checkpoint ]]; then
-    symprune_job_log "SIGTERM: mpirun exited $status; $checkpoint holds the blocks saved before the signal" \
-      "(the block in progress is done again on resuming)"
-    status=75
+  # The ranks exit 75 after saving, but the launcher may report something else: srun --kill-on-bad-exit
+  # kills the ranks still tearing down when the first one exits (137, 143), a block that outlasts the
+  # warning's lead time is killed at the time limit, and a signalled mpirun exits 1 whatever the ranks did.
+  # Under scancel or preemption Slurm's SIGTERM reaches the ranks and the launcher: srun kills them at once,
+  # mpirun passes it on (a second signal stops them at once). In each case the checkpoint holds the blocks
+  # saved before the block that was running.
+  if ((status != 0 && status != 75)); then
+    if ((warned)); then
+      symprune_job_log "the step ended with exit code $status after the warning: taken as the stop it asked for" \
+        "(the checkpoint holds the blocks saved before; a block in progress is done again on resuming)"
+      status=75
+    elif ((terminated)) && [[ -e $checkpoint ]]; then
+      symprune_job_log "SIGTERM: the step exited $status; $checkpoint holds the blocks saved before the signal" \
+        "(the block in progress is done again on resuming)"
+      status=75
+    fi
   fi
   case $status in
     0)
@@ -228,12 +280,27 @@ symprune_job_run() {
         symprune_job_log "error: the step exited 0 but the run did not finish ($checkpoint.done is missing)"
         return 1
       fi
+      rm -f -- "$idle_file"
       symprune_job_log "done: output $out"
       return 0
       ;;
     75)
-      if ((warned)) && [[ -n ${SLURM_JOB_ID:-} ]]; then
-        symprune_job_log "checkpoint saved; requeueing job $SLURM_JOB_ID (it resumes with --resume auto)"
+      local idle=0
+      if [[ $(symprune_job_checkpoint_stamp "$checkpoint") == "$saved_before" ]]; then
+        idle=$(cat -- "$idle_file" 2>/dev/null)
+        [[ $idle =~ ^[0-9]+$ ]] || idle=0
+        idle=$((idle + 1))
+        printf '%s\n' "$idle" >"$idle_file"
+        symprune_job_log "this start saved no block ($idle in a row; up to $max_idle are requeued)"
+      else
+        rm -f -- "$idle_file"
+      fi
+      if ((warned && idle > max_idle)); then
+        symprune_job_log "error: $idle starts in a row saved no block: the time before the warning covers" \
+          "neither loading the model and one block nor the final write and evaluation; not requeueing" \
+          "(give the job more --time, then submit it again; SYMPRUNE_MAX_IDLE_REQUEUES=$max_idle)"
+      elif ((warned)) && [[ -n ${SLURM_JOB_ID:-} ]]; then
+        symprune_job_log "stopped; requeueing job $SLURM_JOB_ID (it resumes with --resume auto)"
         if scontrol requeue "$SLURM_JOB_ID"; then
           # Slurm ends this batch script itself when it requeues the job; do not report a failure.
           sleep 60

@@ -149,32 +149,114 @@ def test_out_with_a_trailing_slash_gets_its_defaults_beside_it(tmp_path):
                       f"--checkpoint {tmp_path}/pruned.checkpoint.h5 --resume auto --threads 1")
 
 
+def fake_commands(tmp_path, step_body):
+    """A bin directory with stand-ins: srun and mpirun write their options to launcher_args and run the step,
+    scontrol writes its arguments to scontrol_calls and fails (so the job script does not wait for Slurm to
+    end it); and the step: a bash script that marks itself started and then runs step_body."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir(exist_ok=True)
+    launcher = (f'#!/bin/bash\nwhile [[ $1 == -* ]]; do printf "%s\\n" "$1" >> {tmp_path}/launcher_args; '
+                'if [[ $1 == -n || $1 == -x || $1 == --map-by ]]; then shift; printf "%s\\n" "$1" >> '
+                f'{tmp_path}/launcher_args; fi; shift; done\nexec "$@"\n')
+    (fake_bin / "srun").write_text(launcher)
+    (fake_bin / "mpirun").write_text(launcher)
+    (fake_bin / "scontrol").write_text(f'#!/bin/bash\necho "$*" >> {tmp_path}/scontrol_calls\nexit 1\n')
+    step = tmp_path / "step.sh"
+    step.write_text(f"#!/bin/bash\ntouch {tmp_path}/started\n{step_body}\n")
+    for path in (fake_bin / "srun", fake_bin / "mpirun", fake_bin / "scontrol", step):
+        path.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "SYMPRUNE_DIST": str(step)}
+    for name in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_CPUS_PER_TASK", "SYMPRUNE_THREADS"):
+        env.pop(name, None)
+    return env
+
+
+def run_job(tmp_path, env, launcher="srun", warnings=1):
+    """Runs symprune_job_run with --out tmp_path/o and sends SIGUSR1 `warnings` times (0.5 s apart) once the
+    step has started. Returns (exit code, log)."""
+    (tmp_path / "started").unlink(missing_ok=True)
+    job = subprocess.Popen(["bash", "-c", f"source {SLURM}/symprune_job.sh; symprune_job_run {launcher} --out "
+                            f"{tmp_path}/o"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 30
+    while warnings and not (tmp_path / "started").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    for i in range(warnings):
+        if i:
+            time.sleep(0.5)
+        job.send_signal(signal.SIGUSR1)
+    stdout, stderr = job.communicate(timeout=60)
+    return job.returncode, stdout + stderr
+
+
 def test_the_warning_signal_is_passed_on_to_the_step_once(tmp_path):
     """The warning sent twice (`scancel --signal=USR1 --batch` again) used to reach the ranks twice: a second
     signal stops them at once, without saving. A stand-in step counts the SIGUSR1 it gets and exits 75."""
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    (fake_bin / "srun").write_text('#!/bin/bash\nshift 2\nexec "$@"\n')  # drops --mpi=... --kill-on-bad-exit=1
-    step = tmp_path / "step.sh"
-    step.write_text(f"#!/bin/bash\ntrap 'echo usr1 >> {tmp_path}/signals' USR1\ntouch {tmp_path}/started\n"
-                    "for i in $(seq 100); do sleep 0.05; done\nexit 75\n")
-    for path in (fake_bin / "srun", step):
-        path.chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "SYMPRUNE_DIST": str(step)}
-    env.pop("SLURM_JOB_ID", None)
-    job = subprocess.Popen(["bash", "-c", f"source {SLURM}/symprune_job.sh; symprune_job_run srun --out "
-                            f"{tmp_path}/o"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 30
-    while not (tmp_path / "started").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    job.send_signal(signal.SIGUSR1)
-    time.sleep(0.5)
-    job.send_signal(signal.SIGUSR1)
-    stdout, stderr = job.communicate(timeout=60)
-    log = stdout + stderr
-    assert job.returncode == 75, log
+    env = fake_commands(tmp_path, f"trap 'echo usr1 >> {tmp_path}/signals' USR1\n"
+                        "for i in $(seq 100); do sleep 0.05; done\nexit 75")
+    status, log = run_job(tmp_path, env, warnings=2)
+    assert status == 75, log
     assert (tmp_path / "signals").read_text() == "usr1\n", log
     assert "SIGUSR1 again: the ranks were asked already; not passed on" in log
+
+
+def test_any_end_of_the_step_after_the_warning_is_the_stop_it_asked_for(tmp_path):
+    """srun --kill-on-bad-exit kills the ranks still tearing down when the first exits 75, and a block that
+    outlasts the lead time is killed at the time limit: srun then reports 137 or 143, not 75. After the
+    warning that is still the stop (requeued); without a warning it is a failure."""
+    env = fake_commands(tmp_path, "trap 'exit 137' USR1\nfor i in $(seq 100); do sleep 0.05; done\nexit 3")
+    status, log = run_job(tmp_path, env)
+    assert status == 75, log
+    assert "the step ended with exit code 137 after the warning: taken as the stop it asked for" in log
+    status, log = run_job(tmp_path, env, warnings=0)
+    assert status == 3 and "symprune_dist failed with exit code 3" in log, log
+
+
+def test_starts_that_save_no_block_are_requeued_only_a_few_times_in_a_row(tmp_path):
+    """A warning before any block is saved (the allocation too short for loading and one block, or for the
+    final write and evaluation) would requeue the job for ever: the third such start in a row is not
+    requeued. A start that saves a block (the checkpoint file is replaced) counts from 0 again."""
+    checkpoint = tmp_path / "o.checkpoint.h5"
+    env = fake_commands(tmp_path, f"trap 'if [[ -e {tmp_path}/save ]]; then echo new > {checkpoint}.tmp; "
+                        f"mv {checkpoint}.tmp {checkpoint}; fi; exit 75' USR1\n"
+                        "for i in $(seq 100); do sleep 0.05; done\nexit 3")
+    env.update(SLURM_JOB_ID="42", SLURM_RESTART_COUNT="1")
+    calls = tmp_path / "scontrol_calls"
+    for start in (1, 2):
+        status, log = run_job(tmp_path, env)
+        assert status == 75 and f"this start saved no block ({start} in a row; up to 2 are requeued)" in log, log
+        assert calls.read_text().splitlines() == ["requeue 42"] * start, log
+    status, log = run_job(tmp_path, env)
+    assert status == 75 and "error: 3 starts in a row saved no block" in log, log
+    assert calls.read_text().splitlines() == ["requeue 42"] * 2, log
+    # A start that saves a block: requeued, and the count starts again.
+    (tmp_path / "save").touch()
+    status, log = run_job(tmp_path, env)
+    assert status == 75 and "saved no block" not in log, log
+    assert not (tmp_path / "o.checkpoint.h5.idle-starts").exists()
+    assert calls.read_text().splitlines() == ["requeue 42"] * 3, log
+    # A new submission (not a requeued start) counts from 0 too.
+    (tmp_path / "save").unlink()
+    (tmp_path / "o.checkpoint.h5.idle-starts").write_text("7\n")
+    status, log = run_job(tmp_path, {**env, "SLURM_RESTART_COUNT": "0"})
+    assert "this start saved no block (1 in a row" in log, log
+
+
+def test_launchers_get_the_tasks_cpus(tmp_path):
+    """srun takes --cpus-per-task from the allocation no longer (Slurm 22.05): the script passes it; mpirun
+    gets each rank its own cores (--map-by slot:PE=N) unless SYMPRUNE_MPIRUN_ARGS maps the ranks itself."""
+    env = {**fake_commands(tmp_path, "exit 3"), "SLURM_CPUS_PER_TASK": "3", "SLURM_NTASKS": "2"}
+    args = tmp_path / "launcher_args"
+    run_job(tmp_path, env, warnings=0)
+    assert "--cpus-per-task=3" in args.read_text().split(), args.read_text()
+    args.unlink()
+    run_job(tmp_path, env, launcher="mpirun", warnings=0)
+    assert "--map-by\nslot:PE=3\n" in args.read_text(), args.read_text()
+    args.unlink()
+    run_job(tmp_path, {**env, "SYMPRUNE_MPIRUN_ARGS": "--map-by node"}, launcher="mpirun", warnings=0)
+    assert args.read_text().count("--map-by") == 1 and "node\n" in args.read_text(), args.read_text()
+    args.unlink()
+    run_job(tmp_path, {**env, "SLURM_CPUS_PER_TASK": "1"}, launcher="mpirun", warnings=0)
+    assert "--map-by" not in args.read_text(), args.read_text()
 
 
 def test_a_sweep_line_may_not_set_where_its_cell_writes(tmp_path):
