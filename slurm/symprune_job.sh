@@ -16,15 +16,15 @@
 # Requeue: the job is sent SIGUSR1 (#SBATCH --signal=B:USR1@SECONDS, or `scancel --signal=USR1 --batch`);
 # this script forwards it to the ranks, which finish their block, save the checkpoint and exit 75; the
 # script then runs `scontrol requeue` and the job starts again later, resuming. After the warning any end
-# of the step counts as that stop (a launcher may report 137 or 143 instead of 75: srun --kill-on-bad-exit
-# kills the ranks still tearing down when the first exits, and a block that outlasts the lead time is
-# killed at the time limit); the checkpoint holds the blocks saved before. A start that saved no block
+# of the step counts as that stop (a launcher may report 137 instead of 75: srun --kill-on-bad-exit ends
+# the ranks still tearing down when the first exits, and a block that outlasts the lead time is killed at
+# the time limit); the checkpoint holds the blocks saved before. A start that saved no block
 # (the time before the warning covered no block, or only part of the final write and evaluation) counts
 # as idle: after SYMPRUNE_MAX_IDLE_REQUEUES (default 2) idle starts in a row the job is not requeued
-# again, since the next start would end the same way. SIGTERM (scancel, preemption) ends the step: srun
-# answers it by killing the ranks at once ("forcing job termination"), mpirun passes it on, which stops
-# them at once too (a second signal); either way the checkpoint holds the blocks saved before, the script
-# reports 75 when the checkpoint exists, and the job is requeued only when Slurm does so (preemption with
+# again, since the next start would end the same way. SIGTERM (scancel, preemption) reaches the ranks from
+# Slurm itself: they save at the next block boundary if it comes before KillWait (mpirun passes it on
+# again, which stops them at once: the checkpoint holds the blocks saved before); the script reports 75
+# when the checkpoint exists, and the job is requeued only when Slurm does so (preemption with
 # PreemptMode=REQUEUE), never after a user's scancel. Needs bash 4.4 or later.
 #
 # Other environment: SYMPRUNE_HOME (the checkout with build/apps; default SLURM_SUBMIT_DIR),
@@ -257,11 +257,11 @@ symprune_job_run() {
   trap - USR1 TERM
 
   # The ranks exit 75 after saving, but the launcher may report something else: srun --kill-on-bad-exit
-  # kills the ranks still tearing down when the first one exits (137, 143), a block that outlasts the
+  # ends the ranks still tearing down when the first one exits (137 if killed), a block that outlasts the
   # warning's lead time is killed at the time limit, and a signalled mpirun exits 1 whatever the ranks did.
-  # Under scancel or preemption Slurm's SIGTERM reaches the ranks and the launcher: srun kills them at once,
-  # mpirun passes it on (a second signal stops them at once). In each case the checkpoint holds the blocks
-  # saved before the block that was running.
+  # Under scancel or preemption Slurm's SIGTERM reaches the ranks and the launcher: mpirun passes it on (a
+  # second signal stops them at once), and KillWait ends ranks still working. In each case the checkpoint
+  # holds the blocks saved before the block that was running.
   if ((status != 0 && status != 75)); then
     if ((warned)); then
       symprune_job_log "the step ended with exit code $status after the warning: taken as the stop it asked for" \

@@ -24,6 +24,7 @@ namespace {
 
 std::atomic<int> g_received{0};
 std::atomic<bool> g_local_checks{true};
+std::atomic<int> g_saved_exit_code{0};  // set by an Interrupted with its own exit code (a saved stop)
 
 // What the watcher thread reads, never destroyed: the detached watcher may print a notice while the process
 // runs its static destructors (mpirun's SIGTERM reaching a rank that is already leaving main), and a
@@ -72,11 +73,14 @@ void forward_signal(int signal) {
       removed += path.string();
     }
   }
-  const std::string message = notice_prefix() + ": second " + signal_name(signal) + ": stopped at once" +
-                              (removed.empty() ? std::string(" (nothing to clean up)\n")
-                                               : "; removed the unfinished " + removed + "\n");
+  const int saved_exit_code = g_saved_exit_code.load();
+  const std::string message =
+      notice_prefix() + ": second " + signal_name(signal) + ": stopped at once" +
+      (removed.empty() ? std::string(" (nothing to clean up)") : "; removed the unfinished " + removed) +
+      (saved_exit_code != 0 ? fmt::format("; the stop was saved before: exit {}\n", saved_exit_code)
+                            : std::string("\n"));
   [[maybe_unused]] const ssize_t ignored = ::write(STDERR_FILENO, message.data(), message.size());
-  ::_exit(128 + signal);
+  ::_exit(saved_exit_code != 0 ? saved_exit_code : 128 + signal);
 }
 
 void watch() {
@@ -104,7 +108,9 @@ Interrupted::Interrupted(int signal, const std::string& detail, int exit_code)
             (detail.empty() ? std::string("stopped before finishing; unfinished outputs were removed")
                             : detail)),
       signal_(signal),
-      exit_code_(exit_code) {}
+      exit_code_(exit_code) {
+  if (exit_code != 0) g_saved_exit_code.store(exit_code);
+}
 
 void install() {
   static std::once_flag once;

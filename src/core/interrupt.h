@@ -8,7 +8,7 @@
 // Interrupted; the exception unwinds like any other error, so staging directories and temporary files are
 // removed by their destructors and the command exits with 128 + signal number. A second signal stops at once:
 // the watcher removes every path registered with CleanupOnStop (staging directories, temporary files) and
-// ends the process with _exit(128 + signal).
+// ends the process with _exit(128 + signal), or with the exit code of a saved stop already decided (below).
 //
 // Without install() (unit tests, library use) check() never throws and CleanupOnStop is a no-op list.
 #include <filesystem>
@@ -22,7 +22,10 @@ namespace symprune::interrupt {
 class Interrupted : public Error {
  public:
   // what(): "interrupted by SIGINT: <detail>"; the default detail says nothing unfinished was kept.
-  // exit_code 0 means 128 + signal; a run that saved a checkpoint before stopping gives its own code.
+  // exit_code 0 means 128 + signal; a run that saved a checkpoint before stopping gives its own code. Such
+  // a stop is saved once it is decided: from then on a second signal (a launcher ending the ranks that are
+  // still tearing down, e.g. srun --kill-on-bad-exit when the first rank has exited) ends the process with
+  // that code too, not 128 + signal.
   explicit Interrupted(int signal, const std::string& detail = "", int exit_code = 0);
   int signal() const { return signal_; }
   // 128 + signal, the shell's convention for a process ended by a signal, unless set.

@@ -109,5 +109,36 @@ TEST(Interrupt, ASecondSignalDuringAMoveIntoPlaceKeepsTheMovedOutput) {
   }
 }
 
+// In a forked child with the handlers installed: optionally decides a saved stop (an Interrupted with exit
+// code 75, as the pipeline throws once the checkpoint holds every finished block), then receives two
+// SIGTERMs. Returns the child's exit status.
+int two_signals(bool saved_stop) {
+  const pid_t child = ::fork();
+  if (child < 0) return -1;
+  if (child == 0) {
+    if (!std::freopen("/dev/null", "w", stderr)) ::_exit(90);
+    interrupt::install();
+    if (saved_stop) (void)interrupt::Interrupted(SIGUSR1, "saved", 75);
+    ::raise(SIGTERM);
+    ::raise(SIGTERM);
+    std::this_thread::sleep_for(std::chrono::seconds(10));  // the watcher ends the process before this
+    ::_exit(91);
+  }
+  int status = 0;
+  if (::waitpid(child, &status, 0) != child) return -1;
+  return status;
+}
+
+// srun --kill-on-bad-exit ends the ranks still tearing down when the first one has exited 75: that second
+// signal used to turn a saved stop into 143, which a job script reads as a failure.
+TEST(Interrupt, ASecondSignalAfterASavedStopEndsWithItsExitCode) {
+  int status = two_signals(/*saved_stop=*/true);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 75);
+  status = two_signals(/*saved_stop=*/false);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+}
+
 }  // namespace
 }  // namespace symprune
