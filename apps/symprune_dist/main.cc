@@ -20,6 +20,7 @@
 #include "core/accel.h"
 #include "core/build_info.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/interrupt.h"
 #include "core/log.h"
 #include "dist/mpi_communicator.h"
@@ -174,7 +175,10 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const interrupt::Interrupted& e) {
     if (root) std::fprintf(stderr, "symprune_dist: %s\n", io::printable_message(e.what()).c_str());
-    return e.exit_code();
+    const int exit_code = e.exit_code();
+    world.reset();                      // MPI_Finalize: the ranks leave together up to here
+    fault::at("after_finalize", rank);  // tests: a rank slower to leave (a GPU context's teardown)
+    return exit_code;
   } catch (const engine::CollectiveError& e) {
     if (root) std::fprintf(stderr, "symprune_dist: error: %s\n", io::printable_message(e.what()).c_str());
     return 1;

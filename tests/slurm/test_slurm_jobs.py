@@ -129,8 +129,11 @@ def test_job_output_equals_symprune_prune(cluster, stories, job_env, wanda50, tm
 def test_signalled_job_requeues_resumes_and_does_not_rerun(cluster, stories, job_env, wanda50, tmp_path, script):
     expected_digest, expected = wanda50
     out = tmp_path / "job" / "out"
-    # Block 3 takes 3 s more, so the signal lands mid-run, after blocks 1..2 were saved.
-    env = {**job_env, "SYMPRUNE_FAULT": "block:3:busy=3"}
+    # Block 3 takes 3 s more, so the signal lands mid-run, after blocks 1..2 were saved. Rank 1 leaves 5 s
+    # after rank 0 (both exit 75; MPI_Finalize holds them together until then, a GPU context's teardown
+    # does not): srun --kill-on-bad-exit (and mpirun) end it with SIGTERM, a second signal, which after a
+    # saved stop must exit 75 too (it gave 143, which the script took for a failure).
+    env = {**job_env, "SYMPRUNE_FAULT": "block:3:busy=3,after_finalize@1:busy=5"}
     job, log = submit(cluster, script, tmp_path / "job", env, *common(stories), *METHOD, "--out", out)
     wait_for_text(log, r"blocks 1\.\.2 of 5 saved")
     cluster.run("scancel", "--signal=USR1", "--batch", job)
@@ -141,6 +144,7 @@ def test_signalled_job_requeues_resumes_and_does_not_rerun(cluster, stories, job
     assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", text + cluster.log_tail("slurmd")
     saved = re.search(r"interrupted by SIGUSR1: blocks 1\.\.(\d) of 5 are saved", text)
     assert saved, text
+    assert "after the warning: taken as the stop" not in text, text  # the step itself exited 75
     assert "start 2 (requeued 1 times)" in text
     assert f"resuming from checkpoint {out}.checkpoint.h5: blocks 1..{saved.group(1)} of 5 were done" in text
     assert output_digest(out) == expected_digest
