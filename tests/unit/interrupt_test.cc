@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -59,16 +60,28 @@ TEST(Interrupt, TheNoticeOfASignalDuringExitNamesTheProgram) {
                 "to stop at once)\n");
 }
 
-// In a forked child with the handlers installed: registers `root`/staging for clean-up and runs release_after
-// with a move that sends two SIGTERMs (the second stops at once, removing what is registered), waits for the
-// watcher to reach the clean-up list, then renames staging to `root`/out and returns `moved`. Returns the
-// child's exit status.
-int second_signal_during_move(const std::filesystem::path& root, bool moved) {
+// Runs `body` in a forked child with the handlers installed (stderr to /dev/null); the body sends the
+// signals that should end the child before its 10 s wait is over. Returns the child's exit status.
+int status_of_child(const std::function<void()>& body) {
   const pid_t child = ::fork();
   if (child < 0) return -1;
   if (child == 0) {
     if (!std::freopen("/dev/null", "w", stderr)) ::_exit(90);
     interrupt::install();
+    body();
+    std::this_thread::sleep_for(std::chrono::seconds(10));  // the watcher ends the process before this
+    ::_exit(91);
+  }
+  int status = 0;
+  if (::waitpid(child, &status, 0) != child) return -1;
+  return status;
+}
+
+// Registers `root`/staging for clean-up and runs release_after with a move that sends two SIGTERMs (the
+// second stops at once, removing what is registered), waits for the watcher to reach the clean-up list,
+// then renames staging to `root`/out and returns `moved`. Returns the child's exit status.
+int second_signal_during_move(const std::filesystem::path& root, bool moved) {
+  return status_of_child([&] {
     interrupt::CleanupOnStop cleanup(root / "staging");
     cleanup.release_after([&] {
       ::raise(SIGTERM);
@@ -77,12 +90,7 @@ int second_signal_during_move(const std::filesystem::path& root, bool moved) {
       if (moved) std::filesystem::rename(root / "staging", root / "out");
       return moved;
     });
-    std::this_thread::sleep_for(std::chrono::seconds(10));  // the watcher ends the process before this
-    ::_exit(91);
-  }
-  int status = 0;
-  if (::waitpid(child, &status, 0) != child) return -1;
-  return status;
+  });
 }
 
 // On a file system without renameat2 an output replaces an earlier one by two renames (the old one aside,
@@ -109,24 +117,14 @@ TEST(Interrupt, ASecondSignalDuringAMoveIntoPlaceKeepsTheMovedOutput) {
   }
 }
 
-// In a forked child with the handlers installed: optionally decides a saved stop (an Interrupted with exit
-// code 75, as the pipeline throws once the checkpoint holds every finished block), then receives two
-// SIGTERMs. Returns the child's exit status.
+// Optionally decides a saved stop (an Interrupted with exit code 75, as the pipeline throws once the
+// checkpoint holds every finished block), then receives two SIGTERMs. Returns the child's exit status.
 int two_signals(bool saved_stop) {
-  const pid_t child = ::fork();
-  if (child < 0) return -1;
-  if (child == 0) {
-    if (!std::freopen("/dev/null", "w", stderr)) ::_exit(90);
-    interrupt::install();
+  return status_of_child([&] {
     if (saved_stop) (void)interrupt::Interrupted(SIGUSR1, "saved", 75);
     ::raise(SIGTERM);
     ::raise(SIGTERM);
-    std::this_thread::sleep_for(std::chrono::seconds(10));  // the watcher ends the process before this
-    ::_exit(91);
-  }
-  int status = 0;
-  if (::waitpid(child, &status, 0) != child) return -1;
-  return status;
+  });
 }
 
 // srun --kill-on-bad-exit ends the ranks still tearing down when the first one has exited 75: that second
