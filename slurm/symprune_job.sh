@@ -18,10 +18,10 @@
 # script then runs `scontrol requeue` and the job starts again later, resuming. After the warning any end
 # of the step counts as that stop (a launcher may report 137 instead of 75: srun --kill-on-bad-exit ends
 # the ranks still tearing down when the first exits, and a block that outlasts the lead time is killed at
-# the time limit); the checkpoint holds the blocks saved before. A start that saved no block
-# (the time before the warning covered no block, or only part of the final write and evaluation) counts
-# as idle: after SYMPRUNE_MAX_IDLE_REQUEUES (default 2) idle starts in a row the job is not requeued
-# again, since the next start would end the same way. SIGTERM (scancel, preemption) reaches the ranks from
+# the time limit); the checkpoint holds the blocks saved before. A warned start that saved no block
+# (the time before the warning covered no block, or only part of the final write and evaluation) is
+# idle: SYMPRUNE_MAX_IDLE_REQUEUES (default 2) idle starts in a row are requeued, the next one is not,
+# since every further start would end the same way (a new submission counts from 0). SIGTERM (scancel, preemption) reaches the ranks from
 # Slurm itself: they save at the next block boundary if it comes before KillWait (mpirun passes it on
 # again, which stops them at once: the checkpoint holds the blocks saved before); the script reports 75
 # when the checkpoint exists, and the job is requeued only when Slurm does so (preemption with
@@ -87,6 +87,7 @@ symprune_job_checkpoint_stamp() {
   stat -c '%i %Y %s' -- "$1" 2>/dev/null || printf 'none'
 }
 
+# $1: the launcher (srun | mpirun).
 symprune_job_environment() {
   if [[ -n ${SYMPRUNE_MODULES:-} ]]; then
     command -v module >/dev/null 2>&1 || symprune_job_die "SYMPRUNE_MODULES is set but 'module' is not available"
@@ -95,7 +96,14 @@ symprune_job_environment() {
   fi
   # One rank per GPU or per CPU slot; its CPU threads are the task's CPUs.
   export OMP_NUM_THREADS=${SYMPRUNE_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
-  export OMP_PROC_BIND=${OMP_PROC_BIND:-close} OMP_PLACES=${OMP_PLACES:-cores}
+  [[ $OMP_NUM_THREADS =~ ^[1-9][0-9]*$ ]] ||
+    symprune_job_die "threads per rank (SYMPRUNE_THREADS, else --cpus-per-task) must be a count, not '$OMP_NUM_THREADS'"
+  # srun binds each rank to its own --cpus-per-task CPUs, so its threads are pinned inside that set. mpirun
+  # binds more than two ranks to a whole socket: pinned there, thread k of every rank on the socket would
+  # share one core, so under mpirun the threads are left unpinned unless the environment pins them.
+  if [[ $1 == srun ]]; then
+    export OMP_PROC_BIND=${OMP_PROC_BIND:-close} OMP_PLACES=${OMP_PLACES:-cores}
+  fi
   # NCCL (--comm nccl): warnings only; the cluster's own NCCL_SOCKET_IFNAME / NCCL_IB_HCA pass through.
   export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
   # Open MPI under srun: let it find Slurm's PMIx server; no warnings about the missing InfiniBand.
@@ -185,7 +193,7 @@ symprune_job_run() {
     fi
   fi
   [[ -x $dist ]] || symprune_job_die "SYMPRUNE_DIST=$dist is not an executable"
-  symprune_job_environment
+  symprune_job_environment "$launcher"
   if ! symprune_job_setting --threads args >/dev/null; then args+=(--threads "$OMP_NUM_THREADS"); fi
 
   local -a command
@@ -198,14 +206,12 @@ symprune_job_run() {
     local -a mpirun_args
     read -r -a mpirun_args <<<"${SYMPRUNE_MPIRUN_ARGS:-}"
     ((EUID == 0)) && mpirun_args+=(--allow-run-as-root)
-    # Each rank on its own OMP_NUM_THREADS cores: Open MPI binds more than two ranks to a whole socket by
-    # default, and OMP_PROC_BIND=close then puts thread k of every rank of the socket on the same core.
-    if ((OMP_NUM_THREADS > 1)) && [[ " ${mpirun_args[*]} " != *" --map-by "* ]]; then
-      mpirun_args+=(--map-by "slot:PE=$OMP_NUM_THREADS")
-    fi
+    local name
+    for name in OMP_NUM_THREADS OMP_PROC_BIND OMP_PLACES NCCL_DEBUG; do
+      [[ -n ${!name:-} ]] && mpirun_args+=(-x "$name")
+    done
     # Open MPI reads the allocation (nodes, tasks per node) from Slurm; one rank per task.
-    command=(mpirun -n "${SLURM_NTASKS:-1}" "${mpirun_args[@]}" -x OMP_NUM_THREADS -x OMP_PROC_BIND
-      -x OMP_PLACES -x NCCL_DEBUG "$dist" "${args[@]}")
+    command=(mpirun -n "${SLURM_NTASKS:-1}" "${mpirun_args[@]}" "$dist" "${args[@]}")
   fi
 
   symprune_job_log "job ${SLURM_JOB_ID:-?}${SLURM_ARRAY_TASK_ID:+ (array task $SLURM_ARRAY_TASK_ID)}," \
@@ -228,6 +234,7 @@ symprune_job_run() {
   saved_before=$(symprune_job_checkpoint_stamp "$checkpoint")
   if ((terminated)); then
     symprune_job_log "SIGTERM before the step started: not starting it"
+    trap - USR1 TERM
     return 143
   elif ((warned)); then
     symprune_job_log "the warning came before the step started: not starting it"
@@ -254,7 +261,10 @@ symprune_job_run() {
     ((ended != 127)) && status=$ended
     break
   done
-  trap - USR1 TERM
+  # The step has ended: a late warning is ignored (the default action would end this shell before it
+  # requeues or reports).
+  trap '' USR1
+  trap - TERM
 
   # The ranks exit 75 after saving, but the launcher may report something else: srun --kill-on-bad-exit
   # ends the ranks still tearing down when the first one exits (137 if killed), a block that outlasts the
@@ -286,14 +296,14 @@ symprune_job_run() {
       ;;
     75)
       local idle=0
-      if [[ $(symprune_job_checkpoint_stamp "$checkpoint") == "$saved_before" ]]; then
+      if [[ $(symprune_job_checkpoint_stamp "$checkpoint") != "$saved_before" ]]; then
+        rm -f -- "$idle_file"
+      elif ((warned)); then  # only warned starts count (a preemption's SIGTERM does not)
         idle=$(cat -- "$idle_file" 2>/dev/null)
         [[ $idle =~ ^[0-9]+$ ]] || idle=0
         idle=$((idle + 1))
         printf '%s\n' "$idle" >"$idle_file"
         symprune_job_log "this start saved no block ($idle in a row; up to $max_idle are requeued)"
-      else
-        rm -f -- "$idle_file"
       fi
       if ((warned && idle > max_idle)); then
         symprune_job_log "error: $idle starts in a row saved no block: the time before the warning covers" \

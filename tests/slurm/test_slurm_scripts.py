@@ -234,6 +234,17 @@ def test_starts_that_save_no_block_are_requeued_only_a_few_times_in_a_row(tmp_pa
     assert status == 75 and "saved no block" not in log, log
     assert not (tmp_path / "o.checkpoint.h5.idle-starts").exists()
     assert calls.read_text().splitlines() == ["requeue 42"] * 3, log
+    # A start ended by SIGTERM without a warning (scancel, preemption) does not count.
+    (tmp_path / "o.checkpoint.h5.idle-starts").write_text("2\n")
+    (tmp_path / "started").unlink(missing_ok=True)
+    job = subprocess.Popen(["bash", "-c", f"source {SLURM}/symprune_job.sh; symprune_job_run srun --out "
+                            f"{tmp_path}/o"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 30
+    while not (tmp_path / "started").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    job.send_signal(signal.SIGTERM)
+    job.communicate(timeout=60)
+    assert (tmp_path / "o.checkpoint.h5.idle-starts").read_text() == "2\n"
     # A new submission (not a requeued start) counts from 0 too.
     (tmp_path / "save").unlink()
     (tmp_path / "o.checkpoint.h5.idle-starts").write_text("7\n")
@@ -241,22 +252,27 @@ def test_starts_that_save_no_block_are_requeued_only_a_few_times_in_a_row(tmp_pa
     assert "this start saved no block (1 in a row" in log, log
 
 
-def test_launchers_get_the_tasks_cpus(tmp_path):
-    """srun takes --cpus-per-task from the allocation no longer (Slurm 22.05): the script passes it; mpirun
-    gets each rank its own cores (--map-by slot:PE=N) unless SYMPRUNE_MPIRUN_ARGS maps the ranks itself."""
+def test_launchers_get_the_tasks_cpus_and_threads_are_pinned_only_under_srun(tmp_path):
+    """srun takes --cpus-per-task from the allocation no longer (Slurm 22.05): the script passes it, and srun
+    binds each rank to those CPUs, inside which the threads are pinned. mpirun binds more than two ranks to
+    a whole socket, where pinned threads of every rank would share cores: there they are left unpinned
+    unless the environment pins them. A thread count that is not a count is refused."""
     env = {**fake_commands(tmp_path, "exit 3"), "SLURM_CPUS_PER_TASK": "3", "SLURM_NTASKS": "2"}
+    for name in ("OMP_PROC_BIND", "OMP_PLACES"):
+        env.pop(name, None)
     args = tmp_path / "launcher_args"
     run_job(tmp_path, env, warnings=0)
     assert "--cpus-per-task=3" in args.read_text().split(), args.read_text()
     args.unlink()
     run_job(tmp_path, env, launcher="mpirun", warnings=0)
-    assert "--map-by\nslot:PE=3\n" in args.read_text(), args.read_text()
+    exported = args.read_text().split()
+    assert "OMP_NUM_THREADS" in exported and "OMP_PROC_BIND" not in exported, exported
     args.unlink()
-    run_job(tmp_path, {**env, "SYMPRUNE_MPIRUN_ARGS": "--map-by node"}, launcher="mpirun", warnings=0)
-    assert args.read_text().count("--map-by") == 1 and "node\n" in args.read_text(), args.read_text()
-    args.unlink()
-    run_job(tmp_path, {**env, "SLURM_CPUS_PER_TASK": "1"}, launcher="mpirun", warnings=0)
-    assert "--map-by" not in args.read_text(), args.read_text()
+    run_job(tmp_path, {**env, "OMP_PROC_BIND": "spread"}, launcher="mpirun", warnings=0)
+    assert "OMP_PROC_BIND" in args.read_text().split(), args.read_text()
+    status, log = run_job(tmp_path, {**env, "SYMPRUNE_THREADS": "auto"}, warnings=0)
+    assert status == 2 and "threads per rank (SYMPRUNE_THREADS, else --cpus-per-task) must be a count, not 'auto'" \
+        in log, log
 
 
 def test_a_sweep_line_may_not_set_where_its_cell_writes(tmp_path):
