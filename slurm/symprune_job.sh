@@ -21,11 +21,12 @@
 # the time limit); the checkpoint holds the blocks saved before. A warned start that saved no block
 # (the time before the warning covered no block, or only part of the final write and evaluation) is
 # idle: SYMPRUNE_MAX_IDLE_REQUEUES (default 2) idle starts in a row are requeued, the next one is not,
-# since every further start would end the same way (a new submission counts from 0). SIGTERM (scancel, preemption) reaches the ranks from
-# Slurm itself: they save at the next block boundary if it comes before KillWait (mpirun passes it on
-# again, which stops them at once: the checkpoint holds the blocks saved before); the script reports 75
-# when the checkpoint exists, and the job is requeued only when Slurm does so (preemption with
-# PreemptMode=REQUEUE), never after a user's scancel. Needs bash 4.4 or later.
+# since every further start would end the same way (a new submission counts from 0). SIGTERM (scancel,
+# preemption) reaches the ranks from Slurm itself: they save at the next block boundary if it comes
+# before KillWait (mpirun passes it on again, which stops them at once: the checkpoint holds the blocks
+# saved before); the script reports 75 when the checkpoint exists, and the job is requeued only when
+# Slurm does so (preemption with PreemptMode=REQUEUE), never after a user's scancel. Needs bash 4.4 or
+# later.
 #
 # Other environment: SYMPRUNE_HOME (the checkout with build/apps; default SLURM_SUBMIT_DIR),
 # SYMPRUNE_DIST (the symprune_dist binary; default SYMPRUNE_HOME/build/apps/symprune_dist, else PATH),
