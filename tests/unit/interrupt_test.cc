@@ -90,6 +90,8 @@ int second_signal_during_move(const std::filesystem::path& root, bool moved) {
       if (moved) std::filesystem::rename(root / "staging", root / "out");
       return moved;
     });
+    // Registered until the watcher has ended the process: it takes the clean-up list after the move.
+    std::this_thread::sleep_for(std::chrono::seconds(10));
   });
 }
 
