@@ -119,6 +119,13 @@ symprune_job_run() {
   # The signals are taken from the start: a warning while the options are read or modules load (before the
   # step exists) must not kill this shell, which would end the job unrequeued.
   local warned=0 forwarded=0 terminated=0 status pid=
+  # Passes the warning to the step once, when both exist.
+  symprune_job_forward_warning() {
+    ((warned && !forwarded)) && [[ -n $pid ]] || return 0
+    forwarded=1
+    symprune_job_log "SIGUSR1: asking the ranks to checkpoint and stop"
+    kill -USR1 "$pid" 2>/dev/null
+  }
   symprune_job_usr1() {
     if ((warned)); then
       symprune_job_log "SIGUSR1 again: the ranks were asked already; not passed on (a second signal would stop" \
@@ -126,13 +133,8 @@ symprune_job_run() {
       return
     fi
     warned=1
-    if [[ -z $pid ]]; then
-      symprune_job_log "SIGUSR1 before the step started"
-      return
-    fi
-    forwarded=1
-    symprune_job_log "SIGUSR1: asking the ranks to checkpoint and stop"
-    kill -USR1 "$pid" 2>/dev/null
+    [[ -n $pid ]] || symprune_job_log "SIGUSR1 before the step started"
+    symprune_job_forward_warning
   }
   trap 'symprune_job_usr1' USR1
   trap 'terminated=1' TERM
@@ -243,11 +245,7 @@ symprune_job_run() {
   else
     "${command[@]}" &
     pid=$!
-    if ((warned && !forwarded)); then  # the warning came between the check above and pid=$!
-      forwarded=1
-      symprune_job_log "SIGUSR1: asking the ranks to checkpoint and stop"
-      kill -USR1 "$pid" 2>/dev/null
-    fi
+    symprune_job_forward_warning  # a warning between the check above and pid=$!
   fi
   while [[ -n $pid ]]; do
     wait "$pid"

@@ -171,9 +171,9 @@ def fake_commands(tmp_path, step_body):
     return env
 
 
-def run_job(tmp_path, env, launcher="srun", warnings=1):
-    """Runs symprune_job_run with --out tmp_path/o and sends SIGUSR1 `warnings` times (0.5 s apart) once the
-    step has started. Returns (exit code, log)."""
+def run_job(tmp_path, env, launcher="srun", warnings=1, sent=signal.SIGUSR1):
+    """Runs symprune_job_run with --out tmp_path/o and sends it `sent` (SIGUSR1: the warning) `warnings`
+    times (0.5 s apart) once the step has started. Returns (exit code, log)."""
     (tmp_path / "started").unlink(missing_ok=True)
     job = subprocess.Popen(["bash", "-c", f"source {SLURM}/symprune_job.sh; symprune_job_run {launcher} --out "
                             f"{tmp_path}/o"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -183,7 +183,7 @@ def run_job(tmp_path, env, launcher="srun", warnings=1):
     for i in range(warnings):
         if i:
             time.sleep(0.5)
-        job.send_signal(signal.SIGUSR1)
+        job.send_signal(sent)
     stdout, stderr = job.communicate(timeout=60)
     return job.returncode, stdout + stderr
 
@@ -236,14 +236,7 @@ def test_starts_that_save_no_block_are_requeued_only_a_few_times_in_a_row(tmp_pa
     assert calls.read_text().splitlines() == ["requeue 42"] * 3, log
     # A start ended by SIGTERM without a warning (scancel, preemption) does not count.
     (tmp_path / "o.checkpoint.h5.idle-starts").write_text("2\n")
-    (tmp_path / "started").unlink(missing_ok=True)
-    job = subprocess.Popen(["bash", "-c", f"source {SLURM}/symprune_job.sh; symprune_job_run srun --out "
-                            f"{tmp_path}/o"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 30
-    while not (tmp_path / "started").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    job.send_signal(signal.SIGTERM)
-    job.communicate(timeout=60)
+    run_job(tmp_path, env, sent=signal.SIGTERM)
     assert (tmp_path / "o.checkpoint.h5.idle-starts").read_text() == "2\n"
     # A new submission (not a requeued start) counts from 0 too.
     (tmp_path / "save").unlink()
