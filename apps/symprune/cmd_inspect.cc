@@ -20,6 +20,7 @@
 #include "io/model_resolver.h"
 #include "io/safetensors.h"
 #include "io/text_file.h"
+#include "io/torch_checkpoint.h"
 #include "prune_cli.h"
 
 namespace symprune::app {
@@ -152,10 +153,17 @@ void run_inspect(const InspectOptions& options) {
   const auto shards = weights.shards();
   for (const auto& shard : shards)
     for (const auto& t : shard.tensors) weight_map[t] = shard.file;
+  // A PyTorch checkpoint: its own files are listed, not the safetensors names of a pruned copy.
+  const bool torch_checkpoint = !weights.input_weight_files().empty();
   fmt::print(
-      "weights: {} file(s){}{}\n", shards.size(),
-      weights.indexed() ? " via model.safetensors.index.json" : "",
-      resolved.is_synthetic() ? " (synthetic: generated from the seed, the files a pruned copy has)" : "");
+      "weights: {} file(s){}{}{}\n", shards.size(),
+      weights.indexed()
+          ? fmt::format(" via {}", torch_checkpoint ? io::kTorchIndexFile : io::kSafetensorsIndexFile)
+          : "",
+      resolved.is_synthetic() ? " (synthetic: generated from the seed, the files a pruned copy has)" : "",
+      torch_checkpoint ? " (a PyTorch checkpoint, read without running its code; a pruned copy is "
+                         "written as safetensors)"
+                       : "");
 
   const auto names = weights.names();
   size_t name_width = 4;
@@ -174,7 +182,9 @@ void run_inspect(const InspectOptions& options) {
     per_dtype[std::string(dtype_name(info.dtype))] += numel;
     if (!options.no_table) {
       fmt::print("{:<{}}  {:<5}  {:<20}  {}\n", n, name_width, dtype_name(info.dtype),
-                 shape_to_string(info.shape), weight_map.at(n));
+                 shape_to_string(info.shape),
+                 torch_checkpoint ? std::filesystem::path(weights.location(n)).filename().string()
+                                  : weight_map.at(n));
     }
   }
   std::string dtypes;

@@ -144,6 +144,8 @@ std::vector<std::string> copy_other_files(const fs::path& input_dir, const fs::p
                                           const std::vector<io::TensorSource::Shard>& shards) {
   std::set<std::string> weight_files;
   std::set<std::string> weight_subdirectories;  // shards may sit in subdirectories the index names
+  for (const auto& file : source.input_weight_files())
+    weight_files.insert(file);  // written in another format
   for (const auto& shard : shards) {
     weight_files.insert(shard.file);
     const fs::path relative(shard.file);
@@ -194,7 +196,7 @@ std::vector<std::string> copy_other_files(const fs::path& input_dir, const fs::p
   return written;
 }
 
-// The index of a sharded copy that has no input index to copy (synthetic models).
+// The index of a sharded copy that has no input index to copy (synthetic models, PyTorch checkpoints).
 std::string index_json(const io::TensorSource& source, const std::vector<io::TensorSource::Shard>& shards) {
   nlohmann::json weight_map = nlohmann::json::object();
   uint64_t total = 0;
@@ -338,10 +340,12 @@ WrittenModel write_pruned_model(dist::Communicator& comm, const io::TensorSource
   agree_on_errors(comm, [&] {
     if (!root) return;
     try {
-      if (!input_dir.empty()) {
+      if (!input_dir.empty())
         for (auto& name : copy_other_files(input_dir, tmp, source, shards))
           written.files.push_back(std::move(name));
-      } else if (source.indexed()) {
+      const bool index_copied = std::find(written.files.begin(), written.files.end(),
+                                          io::kSafetensorsIndexFile) != written.files.end();
+      if (source.indexed() && !index_copied) {
         io::write_file_atomically(tmp / io::kSafetensorsIndexFile, index_json(source, shards));
         written.files.push_back(io::kSafetensorsIndexFile);
       }

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "io/torch_checkpoint.h"
 
 namespace symprune::io {
 namespace fs = std::filesystem;
@@ -239,7 +240,7 @@ ModelConfig load_model_config(const ResolvedModel& resolved) {
 
 std::unique_ptr<TensorSource> open_tensor_source(const ResolvedModel& resolved) {
   if (resolved.is_synthetic()) return std::make_unique<SyntheticModel>(*resolved.synthetic);
-  return std::make_unique<SafetensorsModel>(SafetensorsModel::open_dir(resolved.dir));
+  return open_weights_dir(resolved.dir);
 }
 
 }  // namespace symprune::io

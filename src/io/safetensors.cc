@@ -56,8 +56,10 @@ uint64_t tensor_byte_size(const std::vector<int64_t>& shape, DType dtype, const 
 
 std::string conversion_hint(const fs::path& dir) {
   return fmt::format(
-      "symprune reads only safetensors (pickle checkpoints can run arbitrary code when loaded). Convert "
-      "once with Python, e.g.: python -c \"from transformers import AutoModelForCausalLM as M; "
+      "symprune reads safetensors, and of PyTorch pickles only pytorch_model.bin or its shards with "
+      "pytorch_model.bin.index.json, as a state dict without running their code (other pickles can run "
+      "arbitrary code when loaded). Convert once with Python, e.g.: python -c \"from transformers import "
+      "AutoModelForCausalLM as M; "
       "M.from_pretrained('{0}').save_pretrained('{0}-safetensors', safe_serialization=True)\" "
       "(copy the tokenizer files too), or for a single file: python -c \"import torch, safetensors.torch as "
       "s; "
@@ -122,9 +124,15 @@ uint64_t json_offset(const nlohmann::json& value, const std::string& what) {
   return value.get<uint64_t>();
 }
 
+}  // namespace
+
+int64_t TensorInfo::numel() const {
+  return shape_numel(shape);
+}
+
 // A shard file name from an index must stay inside the model directory. The check is lexical on
 // purpose: Hugging Face cache snapshots hold symlinks into ../../blobs, which are legitimate.
-void check_confined_name(const std::string& name, const fs::path& index_path) {
+void check_confined_shard_name(const std::string& name, const fs::path& index_path) {
   SYMPRUNE_CHECK(!name.empty(), "{}: empty shard file name in weight_map", index_path.string());
   SYMPRUNE_CHECK(name.find('\0') == std::string::npos, "{}: shard file name contains a NUL byte",
                  index_path.string());
@@ -137,12 +145,6 @@ void check_confined_name(const std::string& name, const fs::path& index_path) {
                    "{}: shard file name '{}' leaves the model directory ('..'); shards must lie inside it",
                    index_path.string(), name);
   }
-}
-
-}  // namespace
-
-int64_t TensorInfo::numel() const {
-  return shape_numel(shape);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -397,7 +399,7 @@ SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
       SYMPRUNE_CHECK(shard_value.is_string(), "{}: weight_map entry for '{}' must be a file name string",
                      index.string(), tensor);
       const std::string shard = shard_value.get<std::string>();
-      check_confined_name(shard, index);
+      check_confined_shard_name(shard, index);
       auto it = file_index.find(fs::path(shard).lexically_normal().generic_string());
       if (it == file_index.end()) {
         const fs::path shard_path = dir / shard;
@@ -467,7 +469,8 @@ SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
     fail("{}: no {} or {}; found other .safetensors files ({}...) but without an index they are not a model",
          dir.string(), kSingleFileName, kSafetensorsIndexFile, other_safetensors.front());
   }
-  fail("{}: no model weights found: expected {} or {}", dir.string(), kSingleFileName, kSafetensorsIndexFile);
+  fail("{}: no model weights found: expected {}, {}, pytorch_model.bin or pytorch_model.bin.index.json",
+       dir.string(), kSingleFileName, kSafetensorsIndexFile);
 }
 
 bool SafetensorsModel::contains(std::string_view name) const {

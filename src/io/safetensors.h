@@ -71,6 +71,10 @@ void release_pages(std::span<const std::byte> mapped);
 // Throws unless `info` is in a weight dtype (F32, F16, BF16), naming the tensor, the file and the dtype.
 void check_weight_dtype(const SafetensorsFile& file, const TensorInfo& info);
 
+// A shard file name from an index (`index_path`) must stay inside the model directory: throws for an empty,
+// absolute or '..' name. Lexical on purpose: Hugging Face cache snapshots hold symlinks into ../../blobs.
+void check_confined_shard_name(const std::string& name, const std::filesystem::path& index_path);
+
 // The index of a sharded model directory (its "weight_map" names each tensor's shard).
 inline constexpr const char* kSafetensorsIndexFile = "model.safetensors.index.json";
 

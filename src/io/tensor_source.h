@@ -1,7 +1,7 @@
 #pragma once
-// Where a model's tensors come from: the safetensors files of a directory (io/safetensors.h) or the
-// seeded synthetic models (io/synthetic_model.h). The model, the pipeline and the pruned-model writer see
-// only this interface.
+// Where a model's tensors come from: the safetensors files of a directory (io/safetensors.h), a PyTorch
+// checkpoint (io/torch_checkpoint.h) or the seeded synthetic models (io/synthetic_model.h). The model, the
+// pipeline and the pruned-model writer see only this interface.
 #include <cstddef>
 #include <map>
 #include <string>
@@ -43,6 +43,10 @@ class TensorSource {
   };
   virtual std::vector<Shard> shards() const = 0;
   virtual bool indexed() const = 0;
+  // Files of the input directory read as weights that a pruned copy replaces by other files (a PyTorch
+  // checkpoint written as safetensors): the writer leaves them out without a warning. Empty when the
+  // copy's shards are the input's own files, or for generated models.
+  virtual std::vector<std::string> input_weight_files() const { return {}; }
 };
 
 }  // namespace symprune::io

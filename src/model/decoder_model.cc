@@ -9,6 +9,7 @@
 #include "io/model_layout.h"
 #include "io/safetensors.h"
 #include "io/synthetic_model.h"
+#include "io/torch_checkpoint.h"
 
 namespace symprune::model {
 
@@ -61,7 +62,7 @@ DecoderModel DecoderModel::open(const std::filesystem::path& dir, Backend& backe
   SYMPRUNE_CHECK(std::filesystem::is_directory(dir), "{}: not a model directory", dir.string());
   SYMPRUNE_CHECK(std::filesystem::exists(config_path), "{}: missing config.json", dir.string());
   io::ModelConfig config = io::load_config(config_path);
-  auto weights = std::make_unique<io::SafetensorsModel>(io::SafetensorsModel::open_dir(dir));
+  auto weights = io::open_weights_dir(dir);
   return open_source(std::move(weights), std::move(config), dir, backend);
 }
 

@@ -194,7 +194,61 @@ def _(env, tmp):
 def _(env, tmp):
     model = copy_model(env, tmp)
     (model / "model.safetensors").unlink()
-    (model / "pytorch_model.bin").write_bytes(b"PK\x03\x04" + b"\0" * 64)
+    (model / "consolidated.00.pth").write_bytes(b"PK\x03\x04" + b"\0" * 64)
+    return prune(env, tmp, model=model)
+
+
+def torch_model(env, tmp, state=None, **save_options):
+    """The model with its weights as pytorch_model.bin (torch.save of `state`, default its state dict)."""
+    import torch
+    model = copy_model(env, tmp)
+    weights = model / "model.safetensors"
+    if state is None:
+        state = {name: torch.from_numpy(array) for name, array in load_file(weights).items()}
+    weights.unlink()
+    torch.save(state, model / "pytorch_model.bin", **save_options)
+    return model
+
+
+class RunsCode:
+    """Pickles as a call of os.system: a checkpoint that would create `marker` if it were unpickled."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@trigger("E-PT-UNSAFE-PICKLE")
+def _(env, tmp):
+    import pickle
+    import zipfile
+    model = copy_model(env, tmp)
+    (model / "model.safetensors").unlink()
+    # Had the pickle run, tmp/ran would exist: the catalogue test finds tmp changed.
+    with zipfile.ZipFile(model / "pytorch_model.bin", "w") as archive:
+        archive.writestr("pytorch_model/data.pkl", pickle.dumps({"w": RunsCode(tmp / "ran")}, protocol=2))
+        archive.writestr("pytorch_model/version", "3\n")
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-PT-NOT-STATE-DICT")
+def _(env, tmp):
+    import torch
+    return prune(env, tmp, model=torch_model(env, tmp, {"model": {"w": torch.zeros(2)}, "step": 3}))
+
+
+@trigger("E-PT-LEGACY")
+def _(env, tmp):
+    return prune(env, tmp, model=torch_model(env, tmp, _use_new_zipfile_serialization=False))
+
+
+@trigger("E-PT-TRUNCATED")
+def _(env, tmp):
+    model = torch_model(env, tmp)
+    weights = model / "pytorch_model.bin"
+    weights.write_bytes(weights.read_bytes()[:-4096])
     return prune(env, tmp, model=model)
 
 

@@ -227,10 +227,12 @@ def test_bad_config(tmp_path):
     expect_failure(d, str(d / "config.json"), "invalid JSON")
 
 
-def test_pickle_only_refused(tmp_path):
+def test_pickles_other_than_pytorch_model_bin_refused(tmp_path):
+    # pytorch_model.bin is read (test_torch_checkpoint.py); other pickle names are not.
     d = save(LlamaForCausalLM, llama_config(), tmp_path / "m", safe_serialization=False)
     assert (d / "pytorch_model.bin").exists() and not (d / "model.safetensors").exists()
-    expect_failure(d, str(d), "found PyTorch pickle weights (pytorch_model.bin)", "safe_serialization=True")
+    (d / "pytorch_model.bin").rename(d / "consolidated.00.pth")
+    expect_failure(d, str(d), "found PyTorch pickle weights (consolidated.00.pth)", "safe_serialization=True")
 
 
 def test_corrupt_header_does_not_crash(tmp_path):

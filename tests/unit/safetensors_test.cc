@@ -633,9 +633,10 @@ TEST_F(SafetensorsTest, DirectoryWithOnlyPickleWeightsIsRefused) {
 }
 
 TEST_F(SafetensorsTest, DirectoryWithoutWeights) {
-  expect_error(
-      [&] { SafetensorsModel::open_dir(dir_); },
-      {dir_.string(), "no model weights found: expected model.safetensors or model.safetensors.index.json"});
+  expect_error([&] { SafetensorsModel::open_dir(dir_); },
+               {dir_.string(),
+                "no model weights found: expected model.safetensors, model.safetensors.index.json, "
+                "pytorch_model.bin or pytorch_model.bin.index.json"});
   expect_error([&] { SafetensorsModel::open_dir(dir_ / "absent"); }, {"model directory not found"});
   write_bytes(dir_ / "stray.safetensors", raw_file("{}", ""));
   expect_error([&] { SafetensorsModel::open_dir(dir_); },
