@@ -183,8 +183,9 @@ void run_inspect(const InspectOptions& options) {
     if (!options.no_table) {
       fmt::print("{:<{}}  {:<5}  {:<20}  {}\n", n, name_width, dtype_name(info.dtype),
                  shape_to_string(info.shape),
-                 torch_checkpoint ? std::filesystem::path(weights.location(n)).filename().string()
-                                  : weight_map.at(n));
+                 torch_checkpoint
+                     ? std::filesystem::path(weights.location(n)).lexically_relative(resolved.dir).string()
+                     : weight_map.at(n));
     }
   }
   std::string dtypes;

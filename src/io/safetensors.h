@@ -84,7 +84,8 @@ inline constexpr const char* kSafetensorsIndexFile = "model.safetensors.index.js
 std::vector<std::filesystem::path> indexed_shard_files(const std::filesystem::path& dir);
 
 // All weights of a model directory: model.safetensors, or the shards listed by
-// model.safetensors.index.json. Pickle files (pytorch_model.bin, *.pt) are refused with a hint.
+// model.safetensors.index.json. A directory with only pickle files (pytorch_model.bin, *.pt) is refused with
+// a hint; io::open_weights_dir reads pytorch_model.bin with TorchModel instead (io/torch_checkpoint.h).
 class SafetensorsModel : public TensorSource {
  public:
   static SafetensorsModel open_dir(const std::filesystem::path& dir);

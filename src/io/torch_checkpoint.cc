@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/json_util.h"
+#include "io/text_file.h"
 
 namespace symprune::io {
 namespace fs = std::filesystem;
@@ -126,7 +127,8 @@ bool is_storage_type(std::string_view module, std::string_view name) {
 
 // The globals a state dict's pickle may name; nothing else is accepted.
 bool is_allowed_global(std::string_view module, std::string_view name) {
-  if (is_storage_type(module, name)) return true;
+  // Any storage type is a plain name (load_storage says which ones are read); none is ever called.
+  if (module == "torch" && name.ends_with("Storage")) return true;
   return (module == "collections" && name == "OrderedDict") ||
          (module == "torch._utils" && (name == "_rebuild_tensor_v2" || name == "_rebuild_parameter" ||
                                        name == "_rebuild_parameter_with_state")) ||
@@ -242,6 +244,9 @@ class Unpickler {
   }
 
   size_t make(Object object) {
+    SYMPRUNE_CHECK(heap_.size() < kMaxTorchPickleObjects,
+                   "{}: the pickle builds more than {} objects, far more than a state dict needs; refused",
+                   where_, kMaxTorchPickleObjects);
     heap_.push_back(std::move(object));
     return heap_.size() - 1;
   }
@@ -321,7 +326,12 @@ class Unpickler {
     Object tensor = make_object(Object::Kind::kTensor);
     tensor.tensor.storage = storage.text;
     tensor.tensor.dtype = storage.dtype;
+    tensor.tensor.storage_numel = storage.integer;
     tensor.tensor.storage_offset = integer(args[1], "the storage offset");
+    SYMPRUNE_CHECK(
+        heap_[args[2]].kind != Object::Kind::kTuple || heap_[args[2]].items.size() <= kMaxTorchTensorDims,
+        "{}: a tensor of {} dimensions (at most {} are read)", where_, heap_[args[2]].items.size(),
+        kMaxTorchTensorDims);
     tensor.tensor.shape = integers(args[2], "the size");
     tensor.tensor.stride = integers(args[3], "the stride");
     SYMPRUNE_CHECK(tensor.tensor.shape.size() == tensor.tensor.stride.size(),
@@ -371,15 +381,22 @@ class Unpickler {
         "{}: malformed pickle: a persistent id that is not ('storage', type, key, location, size)", where_);
     const Object& type = heap_[pid.items[1]];
     const Object& key = heap_[pid.items[2]];
-    SYMPRUNE_CHECK(type.kind == Object::Kind::kGlobal && is_storage_type(type.text, type.name),
-                   "{}: unsupported storage type in the pickle", where_);
+    SYMPRUNE_CHECK(
+        type.kind == Object::Kind::kGlobal && is_storage_type(type.text, type.name),
+        "{}: unsupported storage type {}{}{} (supported: Float, Half, BFloat16, Double, Long, Int, Short, "
+        "Char, Byte and Bool storages)",
+        where_, type.text, type.kind == Object::Kind::kGlobal ? "." : "", type.name);
     SYMPRUNE_CHECK(key.kind == Object::Kind::kString && !key.text.empty() &&
                        key.text.find_first_of("/\\") == std::string::npos && key.text != "." &&
                        key.text != "..",
                    "{}: malformed pickle: a storage key that is not a plain record name", where_);
+    const Object& numel = heap_[pid.items[4]];
+    SYMPRUNE_CHECK(numel.kind == Object::Kind::kInt && numel.integer >= 0,
+                   "{}: malformed pickle: a storage size that is not a count", where_);
     Object storage = make_object(Object::Kind::kStorage);
     storage.text = key.text;
     storage.dtype = storage_dtype(type.name);
+    storage.integer = numel.integer;
     return storage;
   }
 
@@ -595,6 +612,15 @@ std::string safetensors_name_for(const std::string& torch_name) {
   return path.generic_string();
 }
 
+// A name the safetensors output can hold: non-empty UTF-8, not its reserved key.
+void check_tensor_name(const std::string& name, const std::string& where) {
+  SYMPRUNE_CHECK(!name.empty() && name != "__metadata__" && is_valid_utf8(name),
+                 "{}: the state dict has a tensor named {}, which a model cannot have", where,
+                 name.empty()          ? std::string("''")
+                 : is_valid_utf8(name) ? "'" + name + "'"
+                                       : "with invalid UTF-8");
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -724,6 +750,9 @@ TorchCheckpointFile TorchCheckpointFile::open(const fs::path& path) {
   }
   SYMPRUNE_CHECK(pickle != nullptr,
                  "{}: a zip archive without a PREFIX/data.pkl record: not a PyTorch checkpoint", where);
+  SYMPRUNE_CHECK(pickle->size <= kMaxTorchPickleBytes,
+                 "{}: its data.pkl holds {} bytes, more than the {} a state dict's needs (corrupt?)", where,
+                 pickle->size, kMaxTorchPickleBytes);
   const std::string prefix = pickle->name.substr(0, pickle->name.size() - 8);
   if (const auto it = by_name.find(prefix + "byteorder"); it != by_name.end()) {
     const std::string order(reinterpret_cast<const char*>(file.map_ + it->second->offset),
@@ -736,40 +765,60 @@ TorchCheckpointFile TorchCheckpointFile::open(const fs::path& path) {
       unpickle_state_dict(archive.subspan(pickle->offset, pickle->size), where + " (data.pkl)");
   for (const auto& ref : refs) {
     const std::string what = fmt::format("{}: tensor '{}'", where, ref.name);
+    check_tensor_name(ref.name, where);
     const auto it = by_name.find(prefix + "data/" + ref.storage);
     SYMPRUNE_CHECK(it != by_name.end(), "{}: its storage record {}data/{} is missing", what, prefix,
                    ref.storage);
+    const ZipRecord& record = *it->second;
     const uint64_t element = static_cast<uint64_t>(dtype_size(ref.dtype));
-    const int64_t storage_numel = static_cast<int64_t>(it->second->size / element);
-    // The highest element the view reaches must lie in the storage; overflow-checked.
-    SYMPRUNE_CHECK(ref.storage_offset >= 0, "{}: negative storage offset {}", what, ref.storage_offset);
-    int64_t last = ref.storage_offset, numel = 1, expected_stride = 1;
-    bool contiguous = true;
-    for (size_t d = ref.shape.size(); d-- > 0;) {
-      const int64_t extent = ref.shape[d], stride = ref.stride[d];
-      SYMPRUNE_CHECK(extent >= 0 && stride >= 0, "{}: negative size or stride ({}, {})", what, extent,
-                     stride);
-      int64_t reach = 0;
-      SYMPRUNE_CHECK(!__builtin_mul_overflow(extent, numel, &numel) &&
-                         (extent == 0 || (!__builtin_mul_overflow(extent - 1, stride, &reach) &&
-                                          !__builtin_add_overflow(last, reach, &last))),
-                     "{}: size overflows", what);
-      if (extent != 1 && stride != expected_stride) contiguous = false;
-      expected_stride *= std::max<int64_t>(extent, 1);
+    SYMPRUNE_CHECK(
+        record.size % element == 0 && record.size / element == static_cast<uint64_t>(ref.storage_numel),
+        "{}: its storage record {} holds {} bytes, but the pickle says {} elements of {}: truncated "
+        "or corrupt",
+        what, record.name, record.size, ref.storage_numel, dtype_name(ref.dtype));
+    SYMPRUNE_CHECK(ref.storage_offset >= 0 && ref.storage_offset <= ref.storage_numel,
+                   "{}: storage offset {} outside its storage of {} elements", what, ref.storage_offset,
+                   ref.storage_numel);
+    // Element count, and the highest element the view reaches, overflow-checked. A view holds at most as many
+    // elements as its storage (a broadcast view of a few stored values would make a huge tensor of a small
+    // file); torch.save writes parameters and buffers as they are, never such views.
+    int64_t numel = 1;
+    for (const int64_t extent : ref.shape) {
+      SYMPRUNE_CHECK(extent >= 0, "{}: negative size in {}", what, shape_to_string(ref.shape));
+      SYMPRUNE_CHECK(!__builtin_mul_overflow(extent, numel, &numel), "{}: size {} overflows", what,
+                     shape_to_string(ref.shape));
     }
     SYMPRUNE_CHECK(
-        numel == 0 || last < storage_numel,
-        "{}: reaches element {} of a storage of {} (record {} holds {} bytes): truncated or corrupt", what,
-        last, storage_numel, it->second->name, it->second->size);
+        numel <= ref.storage_numel,
+        "{}: a view of {} elements over a storage of {}: a broadcast (expanded) tensor; save it with "
+        ".contiguous()",
+        what, numel, ref.storage_numel);
+    int64_t last = ref.storage_offset, expected_stride = 1;
+    bool contiguous = true;
+    for (size_t d = ref.shape.size(); numel > 0 && d-- > 0;) {
+      const int64_t extent = ref.shape[d], stride = ref.stride[d];
+      SYMPRUNE_CHECK(stride >= 0, "{}: negative stride in {}", what, shape_to_string(ref.stride));
+      int64_t reach = 0;
+      SYMPRUNE_CHECK(
+          !__builtin_mul_overflow(extent - 1, stride, &reach) && !__builtin_add_overflow(last, reach, &last),
+          "{}: stride {} overflows", what, shape_to_string(ref.stride));
+      if (extent != 1 && stride != expected_stride) contiguous = false;
+      expected_stride *= extent;  // at most numel: no overflow
+    }
+    SYMPRUNE_CHECK(numel == 0 || last < ref.storage_numel,
+                   "{}: reaches element {} of a storage of {} (record {}): corrupt", what, last,
+                   ref.storage_numel, record.name);
     TensorInfo info;
     info.name = ref.name;
     info.dtype = ref.dtype;
     info.shape = ref.shape;
-    info.data_begin = it->second->offset + static_cast<uint64_t>(ref.storage_offset) * element;
-    info.data_end = info.data_begin + static_cast<uint64_t>(numel) * element;
+    info.data_begin = record.offset + static_cast<uint64_t>(ref.storage_offset) * element;
+    info.data_end =
+        info.data_begin + static_cast<uint64_t>(numel) * element;  // row-major size: within the record
     file.index_.emplace(ref.name, file.tensors_.size());
     file.tensors_.push_back(std::move(info));
-    file.views_.push_back({it->second->offset, ref.storage_offset, ref.stride, contiguous});
+    file.views_.push_back(
+        {record.offset, record.offset + record.size, ref.storage_offset, ref.stride, contiguous});
   }
   return file;
 }
@@ -790,7 +839,7 @@ void TorchCheckpointFile::read_bytes(const TensorInfo& info, std::vector<std::by
   if (numel == 0) return;
   // The file may shrink under the mapping: checked against its size now, and SIGBUS-guarded while copying.
   struct stat st {};
-  SYMPRUNE_CHECK(::fstat(fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) >= info.data_end,
+  SYMPRUNE_CHECK(::fstat(fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) >= view.storage_end,
                  "{}: the file shrank while it was being read (tensor '{}')", path_.string(), info.name);
   const size_t dims = info.shape.size();
   std::vector<int64_t> index(dims, 0);  // outside the guarded copy, which is left by siglongjmp on SIGBUS
@@ -871,6 +920,12 @@ std::unique_ptr<TorchModel> TorchModel::open_dir(const fs::path& dir) {
   SYMPRUNE_CHECK(!model->files_.empty(), "{}: weight_map is empty", index.string());
   std::set<std::string> written;
   for (size_t i = 0; i < model->files_.size(); ++i) {
+    // A shard written as model.safetensors would be read as the whole model: loaders prefer it to an index.
+    SYMPRUNE_CHECK(
+        safetensors_name_for(model->file_names_[i]) != "model.safetensors",
+        "{}: shard {} would be written as model.safetensors, which loaders take for the whole model; "
+        "rename the shard (e.g. pytorch_model-00001-of-00002.bin) and its entries in the index",
+        index.string(), model->file_names_[i]);
     SYMPRUNE_CHECK(written.insert(safetensors_name_for(model->file_names_[i])).second,
                    "{}: two shards would both be written as {}", index.string(),
                    safetensors_name_for(model->file_names_[i]));

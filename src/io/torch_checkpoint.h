@@ -48,14 +48,22 @@ struct TorchTensorRef {
   std::string name;
   std::string storage;  // the storage's record key: data/KEY
   DType dtype = DType::kF32;
+  int64_t storage_numel = 0;  // elements the storage holds, as the pickle says
   int64_t storage_offset = 0;
   std::vector<int64_t> shape;
   std::vector<int64_t> stride;
 };
 
+// Largest data.pkl read, and most objects it may build (a state dict needs about 20 per tensor): a
+// pickle cannot make the reader allocate far more than a real state dict's.
+inline constexpr uint64_t kMaxTorchPickleBytes = 64ull << 20;
+inline constexpr size_t kMaxTorchPickleObjects = size_t{4} << 20;
+inline constexpr size_t kMaxTorchTensorDims = 64;
+
 // The tensors of the state dict pickled in `pickle` (data.pkl), in the dict's order. Refuses (Error naming
 // `where`) any opcode or global outside the allow-list above, a top-level object that is not a dict of
-// tensors, and malformed or truncated pickles.
+// tensors, more than kMaxTorchPickleObjects objects or kMaxTorchTensorDims dimensions, and malformed or
+// truncated pickles.
 std::vector<TorchTensorRef> unpickle_state_dict(std::span<const std::byte> pickle, const std::string& where);
 
 // One mmapped PyTorch zip checkpoint. Move-only; unmaps on destruction.
@@ -77,6 +85,7 @@ class TorchCheckpointFile {
   TorchCheckpointFile() = default;
   struct View {
     uint64_t storage_begin = 0;  // archive offset of the storage's first byte
+    uint64_t storage_end = 0;    // and one past its last
     int64_t storage_offset = 0;  // elements
     std::vector<int64_t> stride;
     bool contiguous = true;

@@ -85,8 +85,9 @@ std::string_view dtype_option_name(DType dtype);
 
 class DecoderModel {
  public:
-  // Reads config.json, opens the safetensors weights of `dir`, validates every tensor the config
-  // implies (io::validate_model_tensors: names and shapes) and loads embeddings, final norm and head.
+  // Reads config.json, opens the weights of `dir` (io::open_weights_dir: safetensors or pytorch_model.bin),
+  // validates every tensor the config implies (io::validate_model_tensors: names and shapes) and loads
+  // embeddings, final norm and head.
   static DecoderModel open(const std::filesystem::path& dir, Backend& backend = cpu_backend());
   // What io::resolve_model found: a directory, or a synthetic model (generated, never stored).
   static DecoderModel open(const io::ResolvedModel& resolved, Backend& backend = cpu_backend());

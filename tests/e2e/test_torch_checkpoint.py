@@ -174,3 +174,45 @@ def test_sharded_checkpoint_prunes_to_sharded_safetensors(tmp_path):
     model = LlamaForCausalLM.from_pretrained(written)
     assert torch.equal(model.model.layers[0].mlp.up_proj.weight.detach(),
                        tensors["model.layers.0.mlp.up_proj.weight"])
+
+
+def unused_tensor_copy(stories, tmp_path, tensor, name="extra"):
+    """stories260K as pytorch_model.bin plus one tensor the model does not use."""
+    return as_torch_copy(stories.model, tmp_path / "pt", lambda state: {**state, name: tensor})
+
+
+@pytest.mark.parametrize("case", ["huge-broadcast", "small-broadcast"])
+def test_broadcast_views_are_refused_before_any_allocation(stories, tmp_path, case):
+    # torch.save keeps an expanded tensor as a view of its few stored values: read, it would be a tensor far
+    # larger than the file (2^61 doubles from one), so the reader refuses it when the file is opened.
+    tensor = (torch.tensor([1.0], dtype=torch.float64).as_strided((2 ** 61 + 1,), (0,)) if case == "huge-broadcast"
+              else torch.zeros(4).expand(1000, 4))
+    model = unused_tensor_copy(stories, tmp_path, tensor)
+    result = symprune("inspect", "--model", model, check=False)
+    assert result.returncode == 1, result.stderr
+    assert "tensor 'extra': a view of" in result.stderr and "save it with .contiguous()" in result.stderr
+
+
+def test_empty_and_unused_tensors_pass_through(stories, tmp_path):
+    model = unused_tensor_copy(stories, tmp_path, torch.zeros(0, 2 ** 40))
+    symprune("prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out", tmp_path / "out")
+    written = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert tuple(written["extra"].shape) == (0, 2 ** 40)
+
+
+@pytest.mark.parametrize("name", ["__metadata__", ""])
+def test_tensor_names_a_safetensors_file_cannot_hold_are_refused_at_open(stories, tmp_path, name):
+    model = unused_tensor_copy(stories, tmp_path, torch.zeros(2), name)
+    result = symprune("prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                      tmp_path / "out", check=False)
+    assert result.returncode == 1 and "which a model cannot have" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_index_shard_that_would_become_model_safetensors_is_refused(stories, tmp_path):
+    model = as_torch_copy(stories.model, tmp_path / "pt")
+    (model / "pytorch_model.bin").rename(model / "model.bin")
+    state = torch.load(model / "model.bin")
+    (model / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {k: "model.bin" for k in state}}))
+    result = symprune("inspect", "--model", model, check=False)
+    assert result.returncode == 1 and "would be written as model.safetensors" in result.stderr, result.stderr

@@ -85,3 +85,42 @@ def test_perplexity_is_identical_to_the_last_printed_digit(stories, tmp_path, ha
         report = json.loads((tmp_path / f"r{ranks}-eval.json").read_text())
         reference = json.loads((tmp_path / "single-eval.json").read_text())
         assert report["perplexity"] == reference["perplexity"]
+
+
+def test_a_sharded_pytorch_checkpoint_prunes_alike_on_every_rank_count(stories, tmp_path, have_mpirun):
+    # stories260K as pytorch_model-0000i-of-00003.bin shards with their index: each rank writes the
+    # safetensors shards it owns, and rank 0 the generated model.safetensors.index.json.
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    model = tmp_path / "torch-model"
+    shutil.copytree(stories.model, model)
+    weights = load_file(str(model / "model.safetensors"))
+    (model / "model.safetensors").unlink()
+    names = sorted(weights)
+    weight_map = {}
+    for i in range(3):
+        shard = f"pytorch_model-{i + 1:05d}-of-00003.bin"
+        part = {name: weights[name] for name in names[i::3]}
+        torch.save(part, model / shard)
+        weight_map.update({name: shard for name in part})
+    (model / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    model_args = ["--model", model, "--calib", stories.first, *CALIB]
+    ref, _ = single(tmp_path, model_args, CASES["wanda+dsnot"], "torch")
+    assert sorted(p.name for p in ref.glob("model-*.safetensors")) == [
+        f"model-{i + 1:05d}-of-00003.safetensors" for i in range(3)]
+    expected = output_digest(ref)
+    for ranks in (2, 3):
+        out, _ = distributed(tmp_path, ranks, model_args, CASES["wanda+dsnot"], "torch")
+        assert output_digest(out) == expected, f"R={ranks} differs from one process"
+    # The same pruned tensors as from the safetensors original.
+    original, _ = single(tmp_path, ["--model", stories.model, "--calib", stories.first, *CALIB],
+                         CASES["wanda+dsnot"], "safetensors")
+    pruned = {}
+    for shard in ref.glob("model-*.safetensors"):
+        pruned.update(load_file(str(shard)))
+    reference = load_file(str(original / "model.safetensors"))
+    assert sorted(pruned) == sorted(reference)
+    assert all(torch.equal(pruned[name], reference[name]) for name in reference)
