@@ -244,6 +244,29 @@ def _(env, tmp):
     return prune(env, tmp, model=torch_model(env, tmp, _use_new_zipfile_serialization=False))
 
 
+@trigger("E-PT-STORAGE-SIZE")
+def _(env, tmp):
+    import zipfile
+    model = torch_model(env, tmp)
+    weights = model / "pytorch_model.bin"
+    with zipfile.ZipFile(weights) as archive:
+        records = {info.filename: archive.read(info) for info in archive.infolist()}
+    storage = next(name for name in records if name.endswith("/data/0"))
+    records[storage] = records[storage][:-4]
+    with zipfile.ZipFile(weights, "w") as archive:
+        for name, data in records.items():
+            archive.writestr(name, data)
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-PT-BROADCAST-VIEW")
+def _(env, tmp):
+    import torch
+    state = {name: torch.from_numpy(array) for name, array in load_file(env.model / "model.safetensors").items()}
+    state["ones"] = torch.ones(4).expand(64, 4)
+    return prune(env, tmp, model=torch_model(env, tmp, state))
+
+
 @trigger("E-PT-TRUNCATED")
 def _(env, tmp):
     model = torch_model(env, tmp)
