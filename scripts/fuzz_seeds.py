@@ -312,6 +312,25 @@ def seeds_recipes(out):
           "compat:\n  - ria\n")
 
 
+def seeds_torch_checkpoint(out, tmp):
+    """What torch.save writes (when this Python has torch): a state dict with fp32/fp16/bf16 tensors, a
+    transposed view, an offset view and a tied pair sharing one storage; the bare data.pkl too."""
+    try:
+        import torch
+    except ImportError:
+        return
+    import zipfile
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    state = {"w": base, "t": base.t(), "row": base[1], "tied": base, "h": torch.ones(2, 3, dtype=torch.float16),
+             "b": torch.zeros(5, dtype=torch.bfloat16)}
+    path = os.path.join(tmp, "pytorch_model.bin")
+    torch.save(state, path)
+    write(out, "torch_checkpoint", "torch_save_views", read(path))
+    with zipfile.ZipFile(path) as archive:
+        pickle = next(name for name in archive.namelist() if name.endswith("/data.pkl"))
+        write(out, "torch_checkpoint", "torch_save_data_pkl", archive.read(pickle))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data")
@@ -329,6 +348,7 @@ def main():
     seeds_llama2c_checkpoint(args.out, args.data)
     seeds_calibration(args.out, args.data)
     seeds_recipes(args.out)
+    seeds_torch_checkpoint(args.out, tmp)
     for name in sorted(os.listdir(tmp)):
         os.remove(os.path.join(tmp, name))
     os.rmdir(tmp)

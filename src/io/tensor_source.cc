@@ -12,6 +12,9 @@ Tensor TensorSource::load_f32(std::string_view name, const std::vector<int64_t>*
     SYMPRUNE_CHECK(ti.shape == *expected_shape, "tensor '{}' in {} has shape {} but {} was expected", name,
                    location(name), shape_to_string(ti.shape), shape_to_string(*expected_shape));
   }
+  SYMPRUNE_CHECK(is_weight_dtype(ti.dtype),
+                 "{}: tensor '{}': unsupported dtype {} (supported: F32, F16, BF16)", location(name), name,
+                 dtype_name(ti.dtype));
   std::vector<std::byte> bytes;
   read_bytes(name, bytes);
   Tensor tensor(ti.shape);

@@ -146,7 +146,7 @@ struct Object {
   std::string name;           // global: name
   DType dtype = DType::kF32;  // storage
   std::vector<size_t> items;  // tuple, list; dict: key, value, key, value, ...
-  TorchTensorRef tensor;      // tensor (name unset)
+  size_t tensor = 0;          // tensor: index into the interpreter's tensor records
 };
 
 Object make_object(Object::Kind kind) {
@@ -202,6 +202,9 @@ class Unpickler {
                    kind_name(top.kind));
     std::vector<TorchTensorRef> out;
     std::set<std::string> seen;
+    // Entries may share one tensor record (tied weights); each gets its own copy, so their dimensions count
+    // against the object cap too: a pickle naming one 64-dimension tensor under millions of keys stops here.
+    size_t dims = 0;
     for (size_t i = 0; i < top.items.size(); i += 2) {
       const Object& key = heap_[top.items[i]];
       const Object& value = heap_[top.items[i + 1]];
@@ -213,7 +216,13 @@ class Unpickler {
                      where_, key.text, kind_name(value.kind));
       SYMPRUNE_CHECK(seen.insert(key.text).second, "{}: tensor '{}' appears twice in the state dict", where_,
                      key.text);
-      out.push_back(value.tensor);
+      dims += 1 + tensors_[value.tensor].shape.size();
+      SYMPRUNE_CHECK(
+          dims <= kMaxTorchDimsInAll,
+          "{}: the state dict's tensors have more than {} dimensions in all, far more than a model's; "
+          "refused",
+          where_, kMaxTorchDimsInAll);
+      out.push_back(tensors_[value.tensor]);
       out.back().name = key.text;
     }
     return out;
@@ -323,20 +332,29 @@ class Unpickler {
     const Object& storage = heap_[args[0]];
     SYMPRUNE_CHECK(storage.kind == Object::Kind::kStorage, "{}: malformed tensor record: its storage is {}",
                    where_, kind_name(storage.kind));
-    Object tensor = make_object(Object::Kind::kTensor);
-    tensor.tensor.storage = storage.text;
-    tensor.tensor.dtype = storage.dtype;
-    tensor.tensor.storage_numel = storage.integer;
-    tensor.tensor.storage_offset = integer(args[1], "the storage offset");
+    TorchTensorRef record;
+    record.storage = storage.text;
+    record.dtype = storage.dtype;
+    record.storage_numel = storage.integer;
+    record.storage_offset = integer(args[1], "the storage offset");
     SYMPRUNE_CHECK(
         heap_[args[2]].kind != Object::Kind::kTuple || heap_[args[2]].items.size() <= kMaxTorchTensorDims,
         "{}: a tensor of {} dimensions (at most {} are read)", where_, heap_[args[2]].items.size(),
         kMaxTorchTensorDims);
-    tensor.tensor.shape = integers(args[2], "the size");
-    tensor.tensor.stride = integers(args[3], "the stride");
-    SYMPRUNE_CHECK(tensor.tensor.shape.size() == tensor.tensor.stride.size(),
-                   "{}: malformed tensor record: {} sizes but {} strides", where_, tensor.tensor.shape.size(),
-                   tensor.tensor.stride.size());
+    record.shape = integers(args[2], "the size");
+    record.stride = integers(args[3], "the stride");
+    SYMPRUNE_CHECK(record.shape.size() == record.stride.size(),
+                   "{}: malformed tensor record: {} sizes but {} strides", where_, record.shape.size(),
+                   record.stride.size());
+    record_dims_ += 1 + record.shape.size();
+    SYMPRUNE_CHECK(
+        record_dims_ <= kMaxTorchDimsInAll,
+        "{}: the pickle's tensor records have more than {} dimensions in all, far more than a model's; "
+        "refused",
+        where_, kMaxTorchDimsInAll);
+    Object tensor = make_object(Object::Kind::kTensor);
+    tensor.tensor = tensors_.size();
+    tensors_.push_back(std::move(record));
     return tensor;
   }
 
@@ -585,6 +603,8 @@ class Unpickler {
   const std::string& where_;
   size_t pos_ = 0;
   std::vector<Object> heap_;
+  std::vector<TorchTensorRef> tensors_;  // one per _rebuild_tensor_v2 call
+  size_t record_dims_ = 0;               // their dimensions plus one each
   std::vector<size_t> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, size_t> memo_;

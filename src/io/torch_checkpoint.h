@@ -54,15 +54,18 @@ struct TorchTensorRef {
   std::vector<int64_t> stride;
 };
 
-// Largest data.pkl read, and most objects it may build (a state dict needs about 20 per tensor): a
-// pickle cannot make the reader allocate far more than a real state dict's.
+// Largest data.pkl read; most objects it may build (a state dict needs about 20 per tensor); most
+// dimensions of one tensor, and of all its tensor records and of all its entries together (a tensor counts
+// its dimensions plus one). So a pickle cannot make the reader hold more than a few hundred MB, whatever it
+// holds, while a state dict of 100,000 tensors is read.
 inline constexpr uint64_t kMaxTorchPickleBytes = 64ull << 20;
-inline constexpr size_t kMaxTorchPickleObjects = size_t{4} << 20;
+inline constexpr size_t kMaxTorchPickleObjects = size_t{2} << 20;
 inline constexpr size_t kMaxTorchTensorDims = 64;
+inline constexpr size_t kMaxTorchDimsInAll = size_t{1} << 20;
 
 // The tensors of the state dict pickled in `pickle` (data.pkl), in the dict's order. Refuses (Error naming
 // `where`) any opcode or global outside the allow-list above, a top-level object that is not a dict of
-// tensors, more than kMaxTorchPickleObjects objects or kMaxTorchTensorDims dimensions, and malformed or
+// tensors, pickles beyond the caps above, and malformed or
 // truncated pickles.
 std::vector<TorchTensorRef> unpickle_state_dict(std::span<const std::byte> pickle, const std::string& where);
 
