@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <system_error>
 #include <unordered_map>
@@ -108,21 +109,16 @@ void widen_from_zip64_extra(const ArchiveReader& r, uint64_t extra, uint64_t ext
 // ---------------------------------------------------------------------------------------------
 // Pickle
 
-DType storage_dtype(std::string_view name) {
+// The element type of a storage class torch.save names (torch.FloatStorage, ...); none for other names.
+std::optional<DType> storage_dtype(std::string_view module, std::string_view name) {
   static const std::map<std::string_view, DType> kTypes = {
       {"FloatStorage", DType::kF32},  {"HalfStorage", DType::kF16}, {"BFloat16Storage", DType::kBF16},
       {"DoubleStorage", DType::kF64}, {"LongStorage", DType::kI64}, {"IntStorage", DType::kI32},
       {"ShortStorage", DType::kI16},  {"CharStorage", DType::kI8},  {"ByteStorage", DType::kU8},
       {"BoolStorage", DType::kBool}};
   const auto it = kTypes.find(name);
-  return it == kTypes.end() ? DType::kF32 : it->second;
-}
-
-bool is_storage_type(std::string_view module, std::string_view name) {
-  static const std::set<std::string_view> kNames = {
-      "FloatStorage", "HalfStorage",  "BFloat16Storage", "DoubleStorage", "LongStorage",
-      "IntStorage",   "ShortStorage", "CharStorage",     "ByteStorage",   "BoolStorage"};
-  return module == "torch" && kNames.count(name) > 0;
+  if (module != "torch" || it == kTypes.end()) return std::nullopt;
+  return it->second;
 }
 
 // The globals a state dict's pickle may name; nothing else is accepted.
@@ -400,7 +396,7 @@ class Unpickler {
     const Object& type = heap_[pid.items[1]];
     const Object& key = heap_[pid.items[2]];
     SYMPRUNE_CHECK(
-        type.kind == Object::Kind::kGlobal && is_storage_type(type.text, type.name),
+        type.kind == Object::Kind::kGlobal && storage_dtype(type.text, type.name).has_value(),
         "{}: unsupported storage type {}{}{} (supported: Float, Half, BFloat16, Double, Long, Int, Short, "
         "Char, Byte and Bool storages)",
         where_, type.text, type.kind == Object::Kind::kGlobal ? "." : "", type.name);
@@ -413,7 +409,7 @@ class Unpickler {
                    "{}: malformed pickle: a storage size that is not a count", where_);
     Object storage = make_object(Object::Kind::kStorage);
     storage.text = key.text;
-    storage.dtype = storage_dtype(type.name);
+    storage.dtype = *storage_dtype(type.text, type.name);
     storage.integer = numel.integer;
     return storage;
   }
