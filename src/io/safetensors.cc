@@ -150,59 +150,28 @@ void check_confined_shard_name(const std::string& name, const fs::path& index_pa
 // ---------------------------------------------------------------------------------------------
 // SafetensorsFile
 
-SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept {
-  *this = std::move(other);
-}
-
-SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
-  if (this != &other) {
-    if (map_) ::munmap(const_cast<std::byte*>(map_), map_size_);
-    if (fd_ >= 0) ::close(fd_);
-    path_ = std::move(other.path_);
-    fd_ = std::exchange(other.fd_, -1);
-    map_ = std::exchange(other.map_, nullptr);
-    map_size_ = std::exchange(other.map_size_, 0);
-    data_start_ = other.data_start_;
-    tensors_ = std::move(other.tensors_);
-    metadata_ = std::move(other.metadata_);
-  }
-  return *this;
-}
-
-SafetensorsFile::~SafetensorsFile() {
-  if (map_) ::munmap(const_cast<std::byte*>(map_), map_size_);
-  if (fd_ >= 0) ::close(fd_);
-}
+SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
+SafetensorsFile::~SafetensorsFile() = default;
 
 SafetensorsFile SafetensorsFile::open(const fs::path& path) {
   const std::string where = path.string();
   SafetensorsFile file;
   file.path_ = path;
-
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  SYMPRUNE_CHECK(fd >= 0, "{}: cannot open: {}", where, std::strerror(errno));
-  file.fd_ = fd;  // kept open to notice a file that shrinks under the mapping (bytes())
-  struct stat st {};
-  SYMPRUNE_CHECK(::fstat(fd, &st) == 0, "{}: cannot stat: {}", where, std::strerror(errno));
-  SYMPRUNE_CHECK(S_ISREG(st.st_mode), "{}: not a regular file", where);
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  file.map_ = MappedFile::open(path);  // kept open to notice a file that shrinks under the mapping (bytes())
+  const uint64_t size = file.map_.size();
   SYMPRUNE_CHECK(size >= 8, "{}: truncated safetensors file: {} bytes, less than the 8-byte header length",
                  where, size);
-  void* map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
-  SYMPRUNE_CHECK(map != MAP_FAILED, "{}: mmap failed: {}", where, std::strerror(errno));
-  file.map_ = static_cast<const std::byte*>(map);
-  file.map_size_ = static_cast<size_t>(size);
-  // `file` owns the descriptor and the mapping, so every throw releases them.
 
   // Decided by content: an 8-byte length that frames a JSON object which parses is safetensors, whatever
   // its first bytes; only a file that is not gets the pickle diagnosis.
-  const auto* head = reinterpret_cast<const unsigned char*>(file.map_);
+  const auto* head = reinterpret_cast<const unsigned char*>(file.map_.data());
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | head[i];  // little-endian
   const bool framed = header_size >= 2 && header_size <= kMaxSafetensorsHeaderBytes &&
                       header_size <= size - 8 && head[8] == '{';
   const auto refuse_pickle = [&] {
-    SYMPRUNE_CHECK(!looks_like_pickle(head, file.map_size_),
+    SYMPRUNE_CHECK(!looks_like_pickle(head, file.map_.size()),
                    "{}: this is a PyTorch pickle checkpoint, not safetensors. {}", where,
                    conversion_hint(path.parent_path()));
   };
@@ -303,15 +272,14 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
 }
 
 std::span<const std::byte> SafetensorsFile::bytes(const TensorInfo& info) const {
-  SYMPRUNE_ASSERT(data_start_ + info.data_end <= map_size_, "tensor {} outside the mapping", info.name);
+  SYMPRUNE_ASSERT(data_start_ + info.data_end <= map_.size(), "tensor {} outside the mapping", info.name);
   // Reading mapped pages past the end of a file that shrank raises SIGBUS: check before every read.
-  struct stat st {};
-  SYMPRUNE_CHECK(::fstat(fd_, &st) == 0, "{}: cannot stat: {}", path_.string(), std::strerror(errno));
-  if (static_cast<uint64_t>(st.st_size) < data_start_ + info.data_end) {
-    fail_shrank(path_, fmt::format(": it now has {} bytes, tensor '{}' needs {}", st.st_size, info.name,
+  const uint64_t now = map_.current_size(path_);
+  if (now < data_start_ + info.data_end) {
+    fail_shrank(path_, fmt::format(": it now has {} bytes, tensor '{}' needs {}", now, info.name,
                                    data_start_ + info.data_end));
   }
-  return {map_ + data_start_ + info.data_begin, static_cast<size_t>(info.data_end - info.data_begin)};
+  return {map_.data() + data_start_ + info.data_begin, static_cast<size_t>(info.data_end - info.data_begin)};
 }
 
 void read_mapped(const fs::path& file, const std::function<void()>& read) {

@@ -19,6 +19,7 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "io/mapped_file.h"
 #include "io/tensor_source.h"
 
 namespace symprune::io {
@@ -53,9 +54,7 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
   std::filesystem::path path_;
-  int fd_ = -1;
-  const std::byte* map_ = nullptr;
-  size_t map_size_ = 0;
+  MappedFile map_;
   uint64_t data_start_ = 0;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;

@@ -1,10 +1,5 @@
 #include "io/torch_checkpoint.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -703,46 +698,17 @@ std::vector<TorchTensorRef> unpickle_state_dict(std::span<const std::byte> pickl
 // ---------------------------------------------------------------------------------------------
 // TorchCheckpointFile
 
-TorchCheckpointFile::TorchCheckpointFile(TorchCheckpointFile&& other) noexcept {
-  *this = std::move(other);
-}
-
-TorchCheckpointFile& TorchCheckpointFile::operator=(TorchCheckpointFile&& other) noexcept {
-  if (this != &other) {
-    if (map_) ::munmap(const_cast<std::byte*>(map_), map_size_);
-    if (fd_ >= 0) ::close(fd_);
-    path_ = std::move(other.path_);
-    fd_ = std::exchange(other.fd_, -1);
-    map_ = std::exchange(other.map_, nullptr);
-    map_size_ = std::exchange(other.map_size_, 0);
-    tensors_ = std::move(other.tensors_);
-    views_ = std::move(other.views_);
-    index_ = std::move(other.index_);
-  }
-  return *this;
-}
-
-TorchCheckpointFile::~TorchCheckpointFile() {
-  if (map_) ::munmap(const_cast<std::byte*>(map_), map_size_);
-  if (fd_ >= 0) ::close(fd_);
-}
+TorchCheckpointFile::TorchCheckpointFile(TorchCheckpointFile&&) noexcept = default;
+TorchCheckpointFile& TorchCheckpointFile::operator=(TorchCheckpointFile&&) noexcept = default;
+TorchCheckpointFile::~TorchCheckpointFile() = default;
 
 TorchCheckpointFile TorchCheckpointFile::open(const fs::path& path) {
   const std::string where = path.string();
   TorchCheckpointFile file;
   file.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  SYMPRUNE_CHECK(fd >= 0, "{}: cannot open: {}", where, std::strerror(errno));
-  file.fd_ = fd;
-  struct stat st {};
-  SYMPRUNE_CHECK(::fstat(fd, &st) == 0, "{}: cannot stat: {}", where, std::strerror(errno));
-  SYMPRUNE_CHECK(S_ISREG(st.st_mode), "{}: not a regular file", where);
-  SYMPRUNE_CHECK(st.st_size > 0, "{}: empty file", where);
-  void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-  SYMPRUNE_CHECK(map != MAP_FAILED, "{}: mmap failed: {}", where, std::strerror(errno));
-  file.map_ = static_cast<const std::byte*>(map);
-  file.map_size_ = static_cast<size_t>(st.st_size);
-  const std::span<const std::byte> archive(file.map_, file.map_size_);
+  file.map_ = MappedFile::open(path);
+  SYMPRUNE_CHECK(file.map_.size() > 0, "{}: empty file", where);
+  const std::span<const std::byte> archive = file.map_.bytes();
 
   SYMPRUNE_CHECK(
       !is_legacy_torch_file(archive),
@@ -750,7 +716,7 @@ TorchCheckpointFile TorchCheckpointFile::open(const fs::path& path) {
       reconvert_hint());
   SYMPRUNE_CHECK(archive.size() >= 4 && load_le(archive.data(), 4) == kLocalHeader,
                  "{}: not a PyTorch checkpoint (not a zip archive)", where);
-  // The archive's directory and the pickle are read at open, within the size fstat just gave; the tensors'
+  // The archive's directory and the pickle are read at open, right after the file was mapped; the tensors'
   // bytes, read later, are guarded against the file shrinking meanwhile (read_bytes).
   const std::vector<ZipRecord> records = read_zip_records(archive, where);
   std::map<std::string, const ZipRecord*> by_name;
@@ -771,7 +737,7 @@ TorchCheckpointFile TorchCheckpointFile::open(const fs::path& path) {
                  pickle->size, kMaxTorchPickleBytes);
   const std::string prefix = pickle->name.substr(0, pickle->name.size() - 8);
   if (const auto it = by_name.find(prefix + "byteorder"); it != by_name.end()) {
-    const std::string order(reinterpret_cast<const char*>(file.map_ + it->second->offset),
+    const std::string order(reinterpret_cast<const char*>(file.map_.data() + it->second->offset),
                             static_cast<size_t>(std::min<uint64_t>(it->second->size, 16)));
     SYMPRUNE_CHECK(order == "little",
                    "{}: tensors stored in '{}' byte order; symprune reads little-endian only", where, order);
@@ -854,14 +820,13 @@ void TorchCheckpointFile::read_bytes(const TensorInfo& info, std::vector<std::by
   out.resize(static_cast<size_t>(numel) * element);
   if (numel == 0) return;
   // The file may shrink under the mapping: checked against its size now, and SIGBUS-guarded while copying.
-  struct stat st {};
-  SYMPRUNE_CHECK(::fstat(fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) >= view.storage_end,
+  SYMPRUNE_CHECK(map_.current_size(path_) >= view.storage_end,
                  "{}: the file shrank while it was being read (tensor '{}')", path_.string(), info.name);
   const size_t dims = info.shape.size();
   std::vector<int64_t> index(dims, 0);  // outside the guarded copy, which is left by siglongjmp on SIGBUS
   read_mapped(path_, [&] {
     if (view.contiguous) {
-      std::memcpy(out.data(), map_ + info.data_begin, out.size());
+      std::memcpy(out.data(), map_.data() + info.data_begin, out.size());
       return;
     }
     // A strided view: walk its elements in row-major order.
@@ -869,7 +834,7 @@ void TorchCheckpointFile::read_bytes(const TensorInfo& info, std::vector<std::by
       int64_t source = view.storage_offset;
       for (size_t d = 0; d < dims; ++d) source += index[d] * view.stride[d];
       std::memcpy(out.data() + static_cast<size_t>(i) * element,
-                  map_ + view.storage_begin + static_cast<uint64_t>(source) * element, element);
+                  map_.data() + view.storage_begin + static_cast<uint64_t>(source) * element, element);
       for (size_t d = dims; d-- > 0;) {
         if (++index[d] < info.shape[d]) break;
         index[d] = 0;
@@ -878,7 +843,7 @@ void TorchCheckpointFile::read_bytes(const TensorInfo& info, std::vector<std::by
   });
   // As for safetensors: the pipeline reads each tensor once per pass, so its pages leave this process (they
   // stay in the page cache) and resident memory does not grow with every block read.
-  if (view.contiguous) release_pages({map_ + info.data_begin, out.size()});
+  if (view.contiguous) release_pages({map_.data() + info.data_begin, out.size()});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "io/mapped_file.h"
 #include "io/safetensors.h"
 #include "io/tensor_source.h"
 
@@ -94,9 +95,7 @@ class TorchCheckpointFile {
     bool contiguous = true;
   };
   std::filesystem::path path_;
-  int fd_ = -1;
-  const std::byte* map_ = nullptr;
-  size_t map_size_ = 0;
+  MappedFile map_;
   std::vector<TensorInfo> tensors_;
   std::vector<View> views_;  // parallel to tensors_
   std::map<std::string, size_t, std::less<>> index_;
