@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/safetensors.h"
+#include "io/torch_checkpoint.h"
 
 namespace symprune::io {
 namespace fs = std::filesystem;
@@ -218,6 +219,9 @@ void InputFootprint::add_model_directory(const fs::path& dir) {
   // Shards the index places in subdirectories are read as well (the files directly in it are above).
   for (const auto& shard : indexed_shard_files(real))
     if (shard.has_parent_path()) add_model_file(real / shard);
+  if (has_torch_checkpoint(real))
+    for (const auto& file : torch_weight_files(real))
+      if (file.has_parent_path()) add_model_file(real / file);
 }
 
 std::optional<InputFootprint::FileStamp> InputFootprint::stamp(const fs::path& file) {

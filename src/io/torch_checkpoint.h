@@ -128,6 +128,10 @@ class TorchModel : public TensorSource {
   std::map<std::string, size_t, std::less<>> location_;  // tensor name -> index into files_
 };
 
+// The files TorchModel reads in `dir`, relative to it: pytorch_model.bin, or the index and each shard it
+// names once (in the index's order; an unreadable index gives itself only: TorchModel::open_dir reports it).
+std::vector<std::filesystem::path> torch_weight_files(const std::filesystem::path& dir);
+
 // Whether `dir` holds a PyTorch checkpoint that TorchModel reads (pytorch_model.bin or its index) and no
 // safetensors weights (which take precedence, as in transformers).
 bool has_torch_checkpoint(const std::filesystem::path& dir);

@@ -70,26 +70,29 @@ std::string model_fingerprint(const std::filesystem::path& dir) {
   Fnv1a64 hash;
   const uint64_t config_size = std::filesystem::file_size(config);
   hash.update(read_prefix(config, config_size));
-  // A PyTorch checkpoint's files (read only when the directory has no safetensors weights): name, size and
-  // contents sampled as a safetensors file's data, from the start (the zip's pickle comes first).
-  const bool torch = io::has_torch_checkpoint(dir);
-  std::vector<std::filesystem::path> files;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    const bool weights = torch ? name.starts_with("pytorch_model") &&
-                                     (name.ends_with(".bin") || name.ends_with(".bin.index.json"))
-                               : entry.path().extension() == ".safetensors";
-    if (entry.is_regular_file() && weights) files.push_back(entry.path());
+  // A PyTorch checkpoint's files (read only when the directory has no safetensors weights): the files
+  // TorchModel reads, each by its name in the directory, size and contents sampled as a safetensors file's
+  // data, from the start (the zip's pickle comes first).
+  if (io::has_torch_checkpoint(dir)) {
+    std::vector<std::filesystem::path> files = io::torch_weight_files(dir);
+    std::sort(files.begin(), files.end());
+    for (const auto& file : files) {
+      std::error_code ec;
+      const uint64_t size = std::filesystem::file_size(dir / file, ec);
+      hash.update(file.generic_string());
+      hash.update_little_endian(ec ? ~uint64_t{0} : size, 8);  // a missing shard is TorchModel's error
+      if (!ec) hash_data_samples(dir / file, 0, size, hash);
+    }
+    return fmt::format("{:016x}", hash.digest());
   }
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
   for (const auto& file : files) {
     const uint64_t size = std::filesystem::file_size(file);
     hash.update(file.filename().string());
     hash.update_little_endian(size, 8);
-    if (torch) {
-      hash_data_samples(file, 0, size, hash);
-      continue;
-    }
     std::string head = read_prefix(file, 8);
     uint64_t header_len = 0;
     for (size_t i = 0; i < head.size(); ++i)

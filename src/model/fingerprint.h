@@ -14,8 +14,9 @@ namespace symprune::model {
 // start, and its last 4 KiB. That is about 3 MB read for a 7B model, so the fingerprint is quick for any
 // size, and it changes whenever the config, the tensor layout, any file size or the weights (a fine-tune
 // of the same shapes) change. In a larger file, an in-place edit of a few weights between two samples goes
-// unseen. A directory read as a PyTorch checkpoint hashes its pytorch_model*.bin files (and index) instead,
-// each by name, size and contents sampled the same way from its start.
+// unseen. A directory read as a PyTorch checkpoint hashes the files it is read from instead
+// (io::torch_weight_files: pytorch_model.bin, or the index and its shards, subdirectories included), each
+// by name, size and contents sampled the same way from its start.
 std::string model_fingerprint(const std::filesystem::path& dir);
 // A resolved model's: the directory's as above, or a synthetic model's canonical name (it is generated).
 std::string model_fingerprint(const io::ResolvedModel& resolved);

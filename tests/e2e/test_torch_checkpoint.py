@@ -216,3 +216,44 @@ def test_an_index_shard_that_would_become_model_safetensors_is_refused(stories, 
     (model / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {k: "model.bin" for k in state}}))
     result = symprune("inspect", "--model", model, check=False)
     assert result.returncode == 1 and "would be written as model.safetensors" in result.stderr, result.stderr
+
+
+def test_shards_in_a_subdirectory_are_read_written_and_fingerprinted(stories, tmp_path):
+    # An index may place its shards anywhere inside the directory: the pruned copy keeps the layout
+    # (shards/part-0000i.safetensors), and the fingerprint follows their contents.
+    def build(root, scale):
+        model = as_torch_copy(stories.model, root)
+        state = torch.load(model / "pytorch_model.bin")
+        (model / "pytorch_model.bin").unlink()
+        (model / "shards").mkdir()
+        names = sorted(state)
+        weight_map = {}
+        for i in range(2):
+            shard = f"shards/part-{i + 1:05d}.bin"
+            part = {k: (state[k] * scale if k.endswith("down_proj.weight") else state[k]) for k in names[i::2]}
+            torch.save(part, model / shard)
+            weight_map.update({k: shard for k in part})
+        (model / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        return model
+
+    def prune_and_fingerprint(model, out):
+        symprune("prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out", out,
+                 "--report", f"{out}.json")
+        return json.loads(Path(f"{out}.json").read_text())["fingerprints"]["model"]
+
+    first = prune_and_fingerprint(build(tmp_path / "a", 1), tmp_path / "out-a")
+    second = prune_and_fingerprint(build(tmp_path / "b", 2), tmp_path / "out-b")
+    assert first != second
+    written = tmp_path / "out-a"
+    assert sorted(p.name for p in (written / "shards").iterdir()) == ["part-00001.safetensors",
+                                                                      "part-00002.safetensors"]
+    index = json.loads((written / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {"shards/part-00001.safetensors", "shards/part-00002.safetensors"}
+    pruned = {}
+    for shard in (written / "shards").iterdir():
+        pruned.update(load_file(str(shard)))
+    symprune("prune", "--model", stories.model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+             tmp_path / "out-st")
+    reference = load_file(str(tmp_path / "out-st" / "model.safetensors"))
+    assert sorted(pruned) == sorted(reference)
+    assert all(torch.equal(pruned[k], reference[k]) for k in reference)
