@@ -313,13 +313,10 @@ void check_weight_dtype(const SafetensorsFile& file, const TensorInfo& info) {
 // ---------------------------------------------------------------------------------------------
 // SafetensorsModel
 
-std::vector<fs::path> indexed_shard_files(const fs::path& dir) {
-  std::error_code ec;
-  if (fs::exists(dir / kSingleFileName, ec) || !fs::is_regular_file(dir / kSafetensorsIndexFile, ec))
-    return {};
+std::vector<fs::path> index_shard_names(const fs::path& index) {
   std::set<std::string> names;
   try {
-    const nlohmann::json json = read_json_file(dir / kSafetensorsIndexFile);
+    const nlohmann::json json = read_json_file(index);
     if (json.is_object() && json.contains("weight_map") && json["weight_map"].is_object())
       for (const auto& [tensor, shard] : json["weight_map"].items())
         if (shard.is_string())
@@ -328,6 +325,13 @@ std::vector<fs::path> indexed_shard_files(const fs::path& dir) {
     return {};
   }
   return {names.begin(), names.end()};
+}
+
+std::vector<fs::path> indexed_shard_files(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::exists(dir / kSingleFileName, ec) || !fs::is_regular_file(dir / kSafetensorsIndexFile, ec))
+    return {};
+  return index_shard_names(dir / kSafetensorsIndexFile);
 }
 
 SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {

@@ -77,6 +77,11 @@ void check_confined_shard_name(const std::string& name, const std::filesystem::p
 // The index of a sharded model directory (its "weight_map" names each tensor's shard).
 inline constexpr const char* kSafetensorsIndexFile = "model.safetensors.index.json";
 
+// The shard files an index (`index`: a model.safetensors.index.json or pytorch_model.bin.index.json) names in
+// its weight_map, each once, lexically normalized and sorted; none when it cannot be read. Nothing is
+// validated (the model readers report a bad index).
+std::vector<std::filesystem::path> index_shard_names(const std::filesystem::path& index);
+
 // The shard files that the index of `dir` names (as written there, relative to `dir`), each once; empty when
 // the directory has model.safetensors (which takes precedence) or no index. Nothing is validated: an
 // unreadable index gives none (SafetensorsModel::open_dir reports it).

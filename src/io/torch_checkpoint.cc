@@ -859,16 +859,7 @@ std::vector<fs::path> torch_weight_files(const fs::path& dir) {
   std::error_code ec;
   if (fs::exists(dir / kTorchSingleFile, ec)) return {kTorchSingleFile};
   std::vector<fs::path> out{kTorchIndexFile};
-  try {
-    const nlohmann::json json = read_json_file(dir / kTorchIndexFile);
-    std::set<std::string> seen;
-    if (json.is_object() && json.contains("weight_map") && json["weight_map"].is_object())
-      for (const auto& [tensor, shard] : json["weight_map"].items())
-        if (shard.is_string() &&
-            seen.insert(fs::path(shard.get<std::string>()).lexically_normal().string()).second)
-          out.emplace_back(fs::path(shard.get<std::string>()).lexically_normal());
-  } catch (const std::exception&) {
-  }
+  for (auto& shard : index_shard_names(dir / kTorchIndexFile)) out.push_back(std::move(shard));
   return out;
 }
 

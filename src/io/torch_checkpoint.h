@@ -129,7 +129,7 @@ class TorchModel : public TensorSource {
 };
 
 // The files TorchModel reads in `dir`, relative to it: pytorch_model.bin, or the index and each shard it
-// names once (in the index's order; an unreadable index gives itself only: TorchModel::open_dir reports it).
+// names once (io::index_shard_names; an unreadable index gives itself only: TorchModel::open_dir reports it).
 std::vector<std::filesystem::path> torch_weight_files(const std::filesystem::path& dir);
 
 // Whether `dir` holds a PyTorch checkpoint that TorchModel reads (pytorch_model.bin or its index) and no
