@@ -31,7 +31,7 @@ declare -A max_len=(
   [safetensors]=32768 [safetensors_index]=32768 [hf_config]=4096 [sentencepiece]=16384
   [tokenizer_json]=32768 [gpt2_bpe]=16384 [llama2c_tokenizer]=8192 [llama2c_checkpoint]=8192
   [calib_jsonl]=8192 [calib_text]=4096 [calib_tokens]=4096 [recipe_toml]=2048 [recipe_yaml]=2048
-  [torch_checkpoint]=8192
+  [torch_checkpoint]=8192 [unicode_nfc]=1024
 )
 
 all_targets=()

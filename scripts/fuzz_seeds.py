@@ -204,6 +204,15 @@ def seeds_tokenizer_json(out, data, tmp):
     write(out, "tokenizer_json", "gpt2_style", tk.to_str())
     tk.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)])
     write(out, "tokenizer_json", "with_template_bos", tk.to_str())
+    # Qwen2's layout: an NFC normalizer, its split pattern, a ByteLevel without its own regex.
+    from tokenizers import Regex, normalizers
+    tk.post_processor = processors.ByteLevel(trim_offsets=False)  # Qwen2's, which adds no token
+    tk.normalizer = normalizers.NFC()
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+                                   r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    write(out, "tokenizer_json", "qwen2_style", tk.to_str())
 
 
 def seeds_gpt2_bpe(out, data):
@@ -331,6 +340,17 @@ def seeds_torch_checkpoint(out, tmp):
         write(out, "torch_checkpoint", "torch_save_data_pkl", archive.read(pickle))
 
 
+def seeds_unicode_nfc(out, data):
+    """Text NFC reworks: decomposed accents, marks out of order, singletons, Hangul jamo, and marks newer
+    than the tokenizers package's tables; a slice of TinyStories as it is, and decomposed (NFD)."""
+    import unicodedata
+    write(out, "unicode_nfc", "marks", "Cafe\u0301 C\u0301\u0327 a\u0302\u0323 \u212b\u2126\uf900 \u0958 "
+          "\u1100\u1161\u11a8 \uac00\u11a8 a\u0898\u0334 \U00011935\U00011930 \U0001d15e".encode())
+    text = text_sample(data, 600)
+    write(out, "unicode_nfc", "tinystories", text.encode())
+    write(out, "unicode_nfc", "tinystories_nfd", unicodedata.normalize("NFD", text).encode())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data")
@@ -349,6 +369,7 @@ def main():
     seeds_calibration(args.out, args.data)
     seeds_recipes(args.out)
     seeds_torch_checkpoint(args.out, tmp)
+    seeds_unicode_nfc(args.out, args.data)
     for name in sorted(os.listdir(tmp)):
         os.remove(os.path.join(tmp, name))
     os.rmdir(tmp)

@@ -1,5 +1,6 @@
-// Byte-level BPE (GPT-2, OPT, LLaMA-3), written to give the same ids as the Hugging Face `tokenizers`
-// package: added tokens are split off first, each remaining segment goes through the pre-tokenizer
+// Byte-level BPE (GPT-2, OPT, LLaMA-3, Qwen2), written to give the same ids as the Hugging Face `tokenizers`
+// package: added tokens are split off first, each remaining segment is normalized (NFC, where the file
+// says so) and goes through the pre-tokenizer
 // (regex splits, then the GPT-2 byte-to-unicode map), and every pre-token is merged with the same
 // priority-queue procedure as tokenizers' BPE Word::merge_all.
 //
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <deque>
 #include <fstream>
 #include <mutex>
 #include <queue>
@@ -25,6 +27,7 @@
 #include "core/error.h"
 #include "io/json_util.h"
 #include "io/tokenizer.h"
+#include "io/unicode_nfc.h"
 
 namespace symprune::io {
 namespace {
@@ -318,6 +321,7 @@ struct BpeConfig {
   bool ignore_merges = false;
   std::optional<std::string> unk_token;
   bool fuse_unk = false;
+  bool nfc = false;  // normalizer {"type": "NFC"} (Qwen2)
   std::optional<int32_t> bos, eos;
 };
 
@@ -372,6 +376,10 @@ class BpeTokenizer final : public Tokenizer {
       id_bytes_[id] = std::move(bytes);
     }
     for (const auto& t : config_.added) id_bytes_[t.id] = t.content;
+    // tokenizers matches a normalized added token by its normalized content, in normalized text.
+    if (config_.nfc)
+      for (auto& t : config_.added)
+        if (t.normalized) t.content = nfc_normalize(t.content);
     for (const auto& t : config_.added)
       if (!t.content.empty())
         (t.normalized ? normalized_added_ : raw_added_)[static_cast<unsigned char>(t.content[0])].push_back(
@@ -384,9 +392,13 @@ class BpeTokenizer final : public Tokenizer {
                    config_.source, bad, text.size());
     std::vector<int32_t> ids;
     if (add_bos && config_.bos) ids.push_back(*config_.bos);
-    // Added tokens: non-normalized ones are matched first, then normalized ones inside what is left,
-    // like tokenizers' AddedVocabulary (there is no normalizer, so both match the raw text).
+    // Added tokens, as tokenizers' AddedVocabulary: non-normalized ones are matched in the raw text first,
+    // what is left between them is normalized, and normalized ones are matched in that.
     std::vector<Segment> segments = split_added({Segment{text, -1}}, raw_added_);
+    std::deque<std::string> normalized;  // the normalized segments' storage (stable addresses)
+    if (config_.nfc)
+      for (auto& segment : segments)
+        if (segment.id < 0) segment.text = normalized.emplace_back(nfc_normalize(segment.text));
     segments = split_added(std::move(segments), normalized_added_);
     std::vector<std::string> pieces;
     for (const auto& segment : segments) {
@@ -707,7 +719,7 @@ void parse_pre_tokenizer(const json& pre, BpeConfig& config, const std::string& 
   SYMPRUNE_CHECK(
       !steps.empty() && steps.back().is_object() && steps.back().value("type", "") == "ByteLevel",
       "{}: the tokenizer is BPE but not byte-level (pre_tokenizer {}); only byte-level BPE tokenizer.json "
-      "files are supported (GPT-2, OPT, LLaMA-3); for SentencePiece-style models such as LLaMA-2 use "
+      "files are supported (GPT-2, OPT, LLaMA-3, Qwen2); for SentencePiece-style models such as LLaMA-2 use "
       "tokenizer.model",
       path, describe(pre));
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -815,18 +827,19 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json_impl(const std::filesystem::pa
   SYMPRUNE_CHECK(
       type == "BPE",
       "{}: tokenizer model type {} is not supported; supported tokenizer.json files are byte-level BPE "
-      "(GPT-2, OPT, LLaMA-3); use tokenizer.model for SentencePiece models",
+      "(GPT-2, OPT, LLaMA-3, Qwen2); use tokenizer.model for SentencePiece models",
       path, quote_bytes(type.empty() ? describe(model) : type));
   BpeConfig config;
   config.source = path;
   config.kind = "bpe-tokenizer.json";
   config.merges_source = path;
   const json normalizer = root.value("normalizer", json());
+  config.nfc = normalizer.is_object() && normalizer.value("type", json()) == "NFC";
   SYMPRUNE_CHECK(
-      normalizer.is_null(),
-      "{}: normalizer {} is not supported (byte-level BPE tokenizers have none); only byte-level BPE "
-      "tokenizer.json files are supported (GPT-2, OPT, LLaMA-3); use tokenizer.model for SentencePiece "
-      "models",
+      normalizer.is_null() || config.nfc,
+      "{}: normalizer {} is not supported (byte-level BPE tokenizers have none, or NFC as Qwen2's); only "
+      "byte-level BPE tokenizer.json files are supported (GPT-2, OPT, LLaMA-3, Qwen2); use tokenizer.model "
+      "for SentencePiece models",
       path, describe(normalizer));
   parse_pre_tokenizer(root.value("pre_tokenizer", json()), config, path);
   SYMPRUNE_CHECK(model.value("dropout", json()).is_null() || model["dropout"] == 0,

@@ -1,6 +1,7 @@
 #pragma once
 // Tokenizers of the supported model families, behind one interface:
-//   SentencePiece .model (LLaMA-2), Hugging Face tokenizer.json byte-level BPE (GPT-2/OPT, LLaMA-3),
+//   SentencePiece .model (LLaMA-2, Mistral), Hugging Face tokenizer.json byte-level BPE (GPT-2/OPT, LLaMA-3,
+//   Qwen2 with its NFC normalizer),
 //   GPT-2 vocab.json + merges.txt, llama2.c tokenizer.bin (including tok512).
 // Ids must equal those of the Python `sentencepiece` / `tokenizers` packages.
 #include <cstdint>

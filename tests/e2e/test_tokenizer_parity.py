@@ -183,6 +183,109 @@ def test_llama3_template_processing_gives_bos(tmp_path):
     assert ref.encode("Hi").ids[0] == 128000
 
 
+# Qwen2's tokenizer.json (Qwen/Qwen2.5-7B): an NFC normalizer, then this split and a ByteLevel without
+# its own regex. Its vocabulary is not among the test assets; LLaMA-3's, of the same tiktoken lineage,
+# stands in.
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+# Text that NFC changes: decomposed accents, marks out of canonical order, singletons, Hangul jamo.
+NFC_TEXTS = [
+    "Cafe\u0301 nai\u0308ve re\u0301sume\u0301 \u212bngstr\u00f6m \u2126 \uf900\uf901",
+    "C\u0301\u0327 a\u0302\u0323 a\u0301\u0301 \u0301leading \u0958\u0344 \ufb01",
+    "\u1100\u1161\u11a8 \u1112\u1161\u11ab\u1100\u1173\u11af \uac00\u11a8",
+    "e\u0301x\u0301 <|im_start|>e\u0301<|im_end|>",
+]
+
+
+def random_nfc_texts(count, seed):
+    """Strings that NFC reworks: starters, combining marks of several classes, precomposed letters, jamo."""
+    import random
+    import unicodedata
+    rng = random.Random(seed)
+    pool = ([chr(c) for c in range(0x41, 0x7b)] + [chr(c) for c in range(0x300, 0x370)] +
+            [chr(c) for c in range(0xc0, 0x250)] + [chr(c) for c in range(0x1e00, 0x1f00)] +
+            [chr(c) for c in range(0x1100, 0x1113)] + [chr(c) for c in range(0x1161, 0x1176)] +
+            [chr(c) for c in range(0x11a7, 0x11c3)] + list("\u0591\u05b0\u05bc\u0e38\u0e48\u3099\u309a"
+                                                            "\u304b\u30cf \u0915\u093c\u0b47\u0b3e"))
+    texts = []
+    for _ in range(count):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(1, 12)))
+        texts.append(text if rng.random() < 0.5 else unicodedata.normalize("NFD", text))
+    return texts
+
+
+def byte_tokenizer_json(path, normalizer):
+    """A byte-level BPE without merges whose id of each byte is the byte: ids give the normalized text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    alphabet = ByteLevel.alphabet()
+    # ByteLevel's byte -> character map: the printable bytes map to themselves, the rest to U+0100 on.
+    b2u, n = {}, 0
+    for b in range(256):
+        if 0x21 <= b <= 0x7e or 0xa1 <= b <= 0xac or 0xae <= b <= 0xff:
+            b2u[b] = chr(b)
+        else:
+            b2u[b] = chr(256 + n)
+            n += 1
+    assert set(b2u.values()) == set(alphabet)
+    tok = Tokenizer(models.BPE({b2u[b]: b for b in range(256)}, []))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return tok
+
+
+def test_nfc_normalizer_matches_tokenizers_on_every_code_point(tmp_path):
+    """symprune's NFC against the tokenizers package's, read back through a tokenizer whose ids are the
+    normalized text's bytes: every code point in runs, every canonical decomposition (which NFC must compose
+    back, or not), and random mark sequences. It is also Python's unicodedata (Unicode 14.0) wherever
+    tokenizers' older tables agree with that; they differ on the 98 marks assigned since Unicode 10 (class 0
+    in tokenizers, so never reordered) and on U+11938."""
+    import unicodedata
+    from tokenizers import normalizers
+    path = tmp_path / "bytes" / "tokenizer.json"
+    ref = byte_tokenizer_json(path, normalizers.NFC())
+    points = [chr(c) for c in range(1, 0x110000) if not 0xd800 <= c <= 0xdfff]  # texts hold no NUL
+    decomposed = [unicodedata.normalize("NFD", p) for p in points]
+    decomposed = [d for d, p in zip(decomposed, points) if d != p]
+    texts = ["".join(points[i:i + 4096]) for i in range(0, len(points), 4096)]
+    texts += ["|".join(decomposed[i:i + 512]) for i in range(0, len(decomposed), 512)]
+    texts += NFC_TEXTS + random_nfc_texts(3000, seed=11)
+    ours = symprune_ids(path, texts, tmp_path)
+    assert_same(ours, [ref.encode(t).ids for t in texts], texts)
+    python_nfc = [unicodedata.normalize("NFC", t) for t in texts]
+    same_as_python = [bytes(ids).decode("utf-8") == want for ids, want in zip(ours, python_nfc)]
+    assert sum(same_as_python) == len(texts) - 5  # four runs of code points hold new marks, one U+11938
+    assert sum(t != want for t, want in zip(texts, python_nfc)) > 1000  # NFC changed many
+
+
+def test_qwen2_style_tokenizer_json_matches_tokenizers(tmp_path):
+    """Qwen2's normalizer and pre-tokenizer on LLaMA-3's vocabulary, with Qwen2's special tokens (matched
+    in the raw text) and a normalized added token (matched after NFC, by its NFC form)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers
+    ref = Tokenizer.from_file(str(DATA / "llama3_tokenizer" / "tokenizer.json"))
+    ref.normalizer = normalizers.NFC()
+    ref.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    ref.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    ref.add_tokens([AddedToken("e\u0301x", normalized=True, special=False)])
+    path = tmp_path / "qwen2" / "tokenizer.json"
+    path.parent.mkdir()
+    ref.save(str(path))
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    assert doc["normalizer"] == {"type": "NFC"}
+    # The file holds the token decomposed, as given; both match it by its NFC form.
+    assert doc["added_tokens"][-1]["content"] == "e\u0301x"
+    texts = SAMPLES + LONG_TEXTS + STRESS + NFC_TEXTS + random_nfc_texts(500, seed=12)
+    want = [ref.encode(t).ids for t in texts]
+    assert_same(symprune_ids(path, texts, tmp_path), want, texts)
+    # The normalized added token is found in decomposed and composed text alike.
+    assert ref.encode("e\u0301x").ids == ref.encode("\u00e9x").ids == [doc["added_tokens"][-1]["id"]]
+
+
 GPT2_VOCAB = DATA / "gpt2_tokenizer" / "vocab.json"
 GPT2_MERGES = DATA / "gpt2_tokenizer" / "merges.txt"
 

@@ -133,7 +133,7 @@ int run_expecting_only_errors(Body&& body) {
 inline void exercise_tokenizer(const io::Tokenizer& tokenizer) {
   static constexpr std::string_view kText =
       "Hello, world! Once upon a time 12345 <s></s> <|endoftext|>\n\t  caf\xc3\xa9 "
-      "\xe4\xb8\xad\xf0\x9f\x98\x80 ";
+      "\xe4\xb8\xad\xf0\x9f\x98\x80 e\xcc\x81 ";  // e + U+0301: an NFC normalizer composes it
   const int64_t vocab = tokenizer.vocab_size();
   if (vocab <= 0) violated("vocab_size() of a loaded tokenizer is not positive");
   for (const bool add_bos : {false, true}) {

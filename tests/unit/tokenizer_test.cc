@@ -192,9 +192,14 @@ TEST(HfTokenizerJson, CorruptAndUnsupportedFilesAreErrors) {
   write_file(path, R"({"normalizer": null, "pre_tokenizer": {"type": "Metaspace", "replacement": "_"},
                        "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
   expect_error([&] { load_tokenizer(path); }, {p, "not byte-level", "tokenizer.model"});
-  write_file(path, R"({"normalizer": {"type": "NFC"}, "pre_tokenizer": {"type": "ByteLevel"},
+  // NFC (Qwen2's) is read; NFKC, or NFC inside a Sequence, is not.
+  write_file(path, R"({"normalizer": {"type": "NFKC"}, "pre_tokenizer": {"type": "ByteLevel"},
                        "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
-  expect_error([&] { load_tokenizer(path); }, {p, "normalizer NFC is not supported"});
+  expect_error([&] { load_tokenizer(path); }, {p, "normalizer NFKC is not supported"});
+  write_file(path, R"({"normalizer": {"type": "Sequence", "normalizers": [{"type": "NFC"}]},
+                       "pre_tokenizer": {"type": "ByteLevel"}, "model": {"type": "BPE", "vocab": {"a": 0},
+                       "merges": []}})");
+  expect_error([&] { load_tokenizer(path); }, {p, "normalizer Sequence is not supported"});
   write_file(path, R"({"normalizer": null, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
                        {"type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated"},
                        {"type": "ByteLevel", "use_regex": false}]},
