@@ -105,11 +105,11 @@ void run_eval(const EvalOptions& o) {
   model::DecoderModel model = model::DecoderModel::open(resolved, backend);
   model.set_storage_dtype(model::resolve_storage_dtype(o.dtype, backend, model.stored_weight_dtype()));
   SYMPRUNE_CHECK(o.seqlen_given || o.seqlen <= model.max_seq_len(),
-                 "--seqlen defaults to {}, which exceeds max_position_embeddings {} of {}: pass --seqlen {} "
-                 "(the model's maximum) or less",
-                 o.seqlen, model.max_seq_len(), model.config_file(), model.max_seq_len());
-  SYMPRUNE_CHECK(o.seqlen <= model.max_seq_len(), "--seqlen {} exceeds max_position_embeddings {} of {}",
-                 o.seqlen, model.max_seq_len(), model.config_file());
+                 "--seqlen defaults to {}, which exceeds {} of {}: pass --seqlen {} (the model's maximum) or "
+                 "less",
+                 o.seqlen, model.max_seq_len_limit(), model.config_file(), model.max_seq_len());
+  SYMPRUNE_CHECK(o.seqlen <= model.max_seq_len(), "--seqlen {} exceeds {} of {}", o.seqlen,
+                 model.max_seq_len_limit(), model.config_file());
   const std::string text = io::read_text_file(o.text, "text file (--text)");
   if (!tokenizer->bos_id())
     log::warn("tokenizer ({}) has no BOS token; the text is evaluated without one", tokenizer->kind());

@@ -503,7 +503,8 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   model::DecoderModel& model = *r.model;
   const std::string config_json = model.config_file();
   model.set_storage_dtype(model::resolve_storage_dtype(c.dtype, backend, model.stored_weight_dtype()));
-  // T: --seqlen, else 2048; under --compat wanda the Wanda repo's rule, T = max_position_embeddings.
+  // T: --seqlen, else 2048; under --compat wanda the Wanda repo's rule, T = max_position_embeddings (the
+  // sliding window where that is shorter: longer sequences are refused, ModelConfig::sliding_window).
   r.seqlen = c.seqlen > 0 ? c.seqlen : c.compat == "wanda" ? model.max_seq_len() : kDefaultSeqlen;
   if (r.needs_stats && c.recon_error)
     r.recon_sample_positions = recon_sample_positions(c.recon_tokens, c.nsamples, r.seqlen);
@@ -515,22 +516,20 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   if (r.needs_stats && c.seqlen == 0)
     SYMPRUNE_CHECK(
         r.seqlen <= model.max_seq_len(),
-        "--seqlen defaults to {}, which exceeds max_position_embeddings {} of {}: pass --seqlen {} "
-        "(the model's maximum) or less",
-        r.seqlen, model.max_seq_len(), config_json, model.max_seq_len());
+        "--seqlen defaults to {}, which exceeds {} of {}: pass --seqlen {} (the model's maximum) or less",
+        r.seqlen, model.max_seq_len_limit(), config_json, model.max_seq_len());
   if (r.needs_stats)
-    SYMPRUNE_CHECK(r.seqlen <= model.max_seq_len(), "--seqlen {} exceeds max_position_embeddings {} of {}",
-                   r.seqlen, model.max_seq_len(), config_json);
+    SYMPRUNE_CHECK(r.seqlen <= model.max_seq_len(), "--seqlen {} exceeds {} of {}", r.seqlen,
+                   model.max_seq_len_limit(), config_json);
   // The evaluation chunk defaults to --seqlen, which itself defaults to 2048: say which value was not given.
   if (!c.eval.empty())
-    SYMPRUNE_CHECK(
-        eval_seqlen <= model.max_seq_len(),
-        "--eval-seqlen {} exceeds max_position_embeddings {} of {}: pass --eval-seqlen {} (the model's "
-        "maximum) or less",
-        c.eval_seqlen > 0 ? std::to_string(eval_seqlen)
-        : c.seqlen > 0    ? fmt::format("defaults to --seqlen, {}, which", eval_seqlen)
-                          : fmt::format("defaults to --seqlen, whose default is {}, which", eval_seqlen),
-        model.max_seq_len(), config_json, model.max_seq_len());
+    SYMPRUNE_CHECK(eval_seqlen <= model.max_seq_len(),
+                   "--eval-seqlen {} exceeds {} of {}: pass --eval-seqlen {} (the model's maximum) or less",
+                   c.eval_seqlen > 0 ? std::to_string(eval_seqlen)
+                   : c.seqlen > 0
+                       ? fmt::format("defaults to --seqlen, {}, which", eval_seqlen)
+                       : fmt::format("defaults to --seqlen, whose default is {}, which", eval_seqlen),
+                   model.max_seq_len_limit(), config_json, model.max_seq_len());
   // The chunk of windows per forward pass: fixed by the options, never by the number of ranks, because
   // the statistics are summed chunk by chunk (engine/ordered_reduce.h).
   r.micro_batch = c.micro_batch > 0 ? c.micro_batch : std::max<int64_t>(1, kDefaultTokensPerPass / r.seqlen);

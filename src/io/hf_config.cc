@@ -1,5 +1,7 @@
 #include "io/hf_config.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 
@@ -8,6 +10,8 @@
 
 namespace symprune::io {
 namespace {
+
+constexpr const char* kSupportedTypes = "llama, mistral, qwen2, opt";
 
 // Typed field access with transformers' defaults; every error names the source file and the key.
 class Fields {
@@ -167,27 +171,73 @@ void parse_rope(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
   c.rope_scaling = scaling;
 }
 
+// The defaults of transformers' LlamaConfig, MistralConfig and Qwen2Config where they differ.
+struct LlamaDefaults {
+  int64_t vocab_size, intermediate_size, num_kv_heads, max_position_embeddings;
+  std::optional<int64_t> bos_token_id, eos_token_id;
+};
+
+LlamaDefaults llama_defaults(const std::string& model_type, int64_t num_heads) {
+  if (model_type == "mistral") return {32000, 14336, 8, 4096 * 32, 1, 2};
+  if (model_type == "qwen2") return {151936, 22016, num_heads, 32768, std::nullopt, std::nullopt};
+  return {32000, 11008, num_heads, 2048, 1, 2};
+}
+
+// Whether any layer attends within a window, and how wide it is. Mistral: every layer, unless
+// "sliding_window" is null (v0.2 on). Qwen2: only with use_sliding_window, in the layers from
+// max_window_layers on, or as "layer_types" lists them (transformers >= 4.53 writes both).
+std::optional<int64_t> parse_sliding_window(const Fields& f, const nlohmann::json& json,
+                                            const ModelConfig& c) {
+  bool windowed = false;
+  if (c.model_type == "mistral") {
+    windowed = !json.contains("sliding_window") || !json["sliding_window"].is_null();
+  } else if (c.model_type == "qwen2") {
+    if (json.contains("layer_types") && !json["layer_types"].is_null()) {
+      const auto& types = json["layer_types"];
+      SYMPRUNE_CHECK(types.is_array(), "{}: \"layer_types\" must be a list, got {}", c.source, types.dump());
+      for (const auto& type : types) {
+        SYMPRUNE_CHECK(type == "full_attention" || type == "sliding_attention",
+                       "{}: layer type {} is not supported (supported: \"full_attention\", "
+                       "\"sliding_attention\")",
+                       c.source, type.dump());
+        windowed = windowed || type == "sliding_attention";
+      }
+    } else {
+      windowed = f.boolean("use_sliding_window", false) && f.has("sliding_window") &&
+                 f.integer("max_window_layers", 28) < c.num_layers;
+    }
+  }
+  if (!windowed) return std::nullopt;
+  const int64_t window = f.integer("sliding_window", 4096);
+  SYMPRUNE_CHECK(window > 0, "{}: \"sliding_window\" must be positive, got {}", c.source, window);
+  return window;
+}
+
 void parse_llama(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
-  // Defaults as in transformers' LlamaConfig.
+  // Defaults as in transformers' LlamaConfig (MistralConfig, Qwen2Config for those model types).
   c.family = ModelFamily::kLlama;
-  c.vocab_size = f.integer("vocab_size", 32000);
-  c.hidden_size = f.integer("hidden_size", 4096);
-  c.intermediate_size = f.integer("intermediate_size", 11008);
-  c.num_layers = f.integer("num_hidden_layers", 32);
   c.num_heads = f.integer("num_attention_heads", 32);
-  c.num_kv_heads = f.integer("num_key_value_heads", c.num_heads);
-  c.max_position_embeddings = f.integer("max_position_embeddings", 2048);
+  const LlamaDefaults defaults = llama_defaults(c.model_type, c.num_heads);
+  c.vocab_size = f.integer("vocab_size", defaults.vocab_size);
+  c.hidden_size = f.integer("hidden_size", 4096);
+  c.intermediate_size = f.integer("intermediate_size", defaults.intermediate_size);
+  c.num_layers = f.integer("num_hidden_layers", 32);
+  c.num_kv_heads = f.integer("num_key_value_heads", defaults.num_kv_heads);
+  c.max_position_embeddings = f.integer("max_position_embeddings", defaults.max_position_embeddings);
   c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
   parse_rope(f, json, c);
-  c.attention_bias = f.boolean("attention_bias", false);
-  c.mlp_bias = f.boolean("mlp_bias", false);
+  // Mistral's and Qwen2's attention and MLP have fixed biases; transformers reads no bias field for them.
+  c.attention_bias = c.model_type == "llama" && f.boolean("attention_bias", false);
+  c.qkv_bias = c.model_type == "qwen2";
+  c.mlp_bias = c.model_type == "llama" && f.boolean("mlp_bias", false);
   c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
   c.hidden_act = f.string("hidden_act", "silu");
   if (c.hidden_act == "swish") c.hidden_act = "silu";  // same function in transformers' ACT2FN
-  SYMPRUNE_CHECK(c.hidden_act == "silu", "{}: hidden_act '{}' is not supported for llama (supported: silu)",
-                 c.source, c.hidden_act);
-  c.bos_token_id = f.has("bos_token_id") ? f.token_id("bos_token_id") : std::optional<int64_t>(1);
-  c.eos_token_id = f.has("eos_token_id") ? f.token_id("eos_token_id") : std::optional<int64_t>(2);
+  SYMPRUNE_CHECK(c.hidden_act == "silu", "{}: hidden_act '{}' is not supported for {} (supported: silu)",
+                 c.source, c.hidden_act, c.model_type);
+  c.bos_token_id = f.has("bos_token_id") ? f.token_id("bos_token_id") : defaults.bos_token_id;
+  c.eos_token_id = f.has("eos_token_id") ? f.token_id("eos_token_id") : defaults.eos_token_id;
+  c.sliding_window = parse_sliding_window(f, json, c);
 
   check_positive(c.num_heads, "num_attention_heads", c.source);
   check_positive(c.num_kv_heads, "num_key_value_heads", c.source);
@@ -249,22 +299,28 @@ void parse_opt(const Fields& f, ModelConfig& c) {
 
 }  // namespace
 
+std::string ModelConfig::max_seq_len_limit() const {
+  if (sliding_window && *sliding_window < max_position_embeddings)
+    return fmt::format("sliding_window {}", *sliding_window);
+  return fmt::format("max_position_embeddings {}", max_position_embeddings);
+}
+
 ModelConfig parse_config(const nlohmann::json& json, const std::string& source_name) {
   SYMPRUNE_CHECK(json.is_object(), "{}: expected a JSON object", source_name);
   ModelConfig c;
   c.source = source_name;
   c.raw = json;
   const Fields f(json, c.source);
-  SYMPRUNE_CHECK(f.has("model_type"), "{}: no \"model_type\" (supported: llama, opt)", source_name);
+  SYMPRUNE_CHECK(f.has("model_type"), "{}: no \"model_type\" (supported: {})", source_name, kSupportedTypes);
   c.model_type = f.string("model_type", "");
   // Informational only: the storage dtype of each tensor comes from the safetensors headers.
   c.torch_dtype = f.string("torch_dtype", "");
-  if (c.model_type == "llama") {
+  if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2") {
     parse_llama(f, json, c);
   } else if (c.model_type == "opt") {
     parse_opt(f, c);
   } else {
-    fail("{}: model_type '{}' is not supported (supported: llama, opt)", source_name, c.model_type);
+    fail("{}: model_type '{}' is not supported (supported: {})", source_name, c.model_type, kSupportedTypes);
   }
   check_positive(c.hidden_size, "hidden_size", c.source);
   check_positive(c.intermediate_size, c.family == ModelFamily::kOpt ? "ffn_dim" : "intermediate_size",

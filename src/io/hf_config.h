@@ -1,5 +1,7 @@
 #pragma once
-// Hugging Face config.json for the supported families: LLaMA-2/3 ("llama") and OPT ("opt").
+// Hugging Face config.json for the supported families: LLaMA-2/3 ("llama") and the models of its
+// architecture (Mistral: "mistral"; Qwen2/2.5: "qwen2", with biases on q/k/v), and OPT ("opt").
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -23,7 +25,7 @@ struct RopeScaling {
 
 struct ModelConfig {
   ModelFamily family = ModelFamily::kLlama;
-  std::string model_type;  // "llama" or "opt"
+  std::string model_type;  // "llama", "mistral", "qwen2" (all ModelFamily::kLlama) or "opt"
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;  // OPT: ffn_dim
   int64_t num_layers = 0;
@@ -41,8 +43,13 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   std::optional<RopeScaling> rope_scaling;
-  bool attention_bias = false;
+  bool attention_bias = false;  // q, k, v and o_proj carry a bias
+  bool qkv_bias = false;        // q, k and v_proj do, o_proj not (Qwen2)
   bool mlp_bias = false;
+  // The attention window of a sliding-window layer (Mistral; Qwen2 with use_sliding_window), if any layer
+  // has one. symprune's attention is full causal, which equals the windowed attention on sequences of at
+  // most this many tokens, so longer sequences are refused (max_seq_len).
+  std::optional<int64_t> sliding_window;
   std::string hidden_act = "silu";
 
   // OPT
@@ -55,6 +62,13 @@ struct ModelConfig {
 
   nlohmann::json raw;  // the file as read, written back unchanged by the pruner
   std::string source;  // where it was read from (config.json path), for error messages
+
+  // The longest sequence this model is computed for: max_position_embeddings, or the sliding window.
+  int64_t max_seq_len() const {
+    return sliding_window ? std::min(*sliding_window, max_position_embeddings) : max_position_embeddings;
+  }
+  // What bounds max_seq_len(), for messages: "max_position_embeddings 4096" or "sliding_window 4096".
+  std::string max_seq_len_limit() const;
 
   bool has_project_in_out() const {
     return family == ModelFamily::kOpt && word_embed_proj_dim != hidden_size;

@@ -31,7 +31,8 @@ void llama_block(const ModelConfig& c, int64_t i, std::vector<ExpectedTensor>& o
       {"q_proj", {q, d}}, {"k_proj", {kv, d}}, {"v_proj", {kv, d}}, {"o_proj", {d, q}}};
   for (const auto& [name, shape] : attention) {
     add(out, p + "self_attn." + name + ".weight", shape);
-    if (c.attention_bias) add(out, p + "self_attn." + name + ".bias", {shape[0]});
+    const bool has_bias = c.attention_bias || (c.qkv_bias && std::string_view(name) != "o_proj");
+    if (has_bias) add(out, p + "self_attn." + name + ".bias", {shape[0]});
   }
   add(out, p + "post_attention_layernorm.weight", {d});
   const std::pair<const char*, std::vector<int64_t>> mlp[] = {
@@ -185,6 +186,12 @@ void check_float_leftover(const ModelConfig& config, const TensorSource& model, 
   if (name.ends_with(".bias")) {
     const std::string weight = name.substr(0, name.size() - 5) + ".weight";
     if (used.count(weight) > 0) {
+      // Mistral's and Qwen2's biases are fixed by the architecture: no config field adds one.
+      SYMPRUNE_CHECK(
+          config.model_type != "mistral" && config.model_type != "qwen2",
+          "{}: tensor '{}' is the bias of '{}', but transformers' {} architecture has no bias there "
+          "(is config.json the one of this checkpoint?)",
+          model.location(name), name, weight, config.model_type);
       const char* key = config.family == ModelFamily::kOpt        ? "enable_bias"
                         : name.find(".mlp.") != std::string::npos ? "mlp_bias"
                                                                   : "attention_bias";

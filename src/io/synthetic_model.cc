@@ -18,23 +18,28 @@ constexpr uint64_t kMaxShardBytes = 5'000'000'000;  // Hugging Face's default ma
 
 struct Preset {
   const char* name;
-  const char* family;  // "llama" or "opt"
+  const char* model_type;  // "llama", "mistral", "qwen2" (LLaMA architecture) or "opt"
   int64_t hidden, intermediate, layers, heads, kv_heads, vocab, max_positions;
   double rope_theta;
 };
 
-// Published shapes (config.json of meta-llama/Llama-2-*-hf, Meta-Llama-3-8B, facebook/opt-1.3b).
+// Published shapes (config.json of meta-llama/Llama-2-*-hf, Meta-Llama-3-8B, mistralai/Mistral-7B-v0.1,
+// Qwen/Qwen2.5-7B, facebook/opt-1.3b).
 constexpr Preset kPresets[] = {
     {"llama2-7b", "llama", 4096, 11008, 32, 32, 32, 32000, 4096, 10000.0},
     {"llama2-13b", "llama", 5120, 13824, 40, 40, 40, 32000, 4096, 10000.0},
     {"llama2-70b", "llama", 8192, 28672, 80, 64, 8, 32000, 4096, 10000.0},
     {"llama3-8b", "llama", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0},
+    {"mistral-7b", "mistral", 4096, 14336, 32, 32, 8, 32000, 32768, 10000.0},
+    {"qwen2.5-7b", "qwen2", 3584, 18944, 28, 28, 4, 152064, 131072, 1000000.0},
     {"opt-1.3b", "opt", 2048, 8192, 24, 32, 32, 50272, 2048, 0.0},
     {"llama-1024", "llama", 1024, 2816, 4, 16, 16, 32000, 2048, 10000.0},
     {"tiny-llama", "llama", 64, 172, 4, 8, 4, 512, 512, 10000.0},
     // tiny-llama with heads of 16, the smallest that the GPU's flash attention kernel takes.
     {"tiny-llama-h16", "llama", 64, 172, 2, 4, 2, 512, 512, 10000.0},
     {"tiny-opt", "opt", 64, 256, 4, 4, 4, 512, 512, 0.0},
+    // Qwen2's biases on q/k/v, in the tests' size.
+    {"tiny-qwen2", "qwen2", 64, 172, 2, 8, 4, 512, 512, 1000000.0},
 };
 
 const Preset& find_preset(std::string_view shape) {
@@ -123,9 +128,13 @@ nlohmann::json synthetic_config_json(const SyntheticSpec& spec) {
   const Preset& p = find_preset(spec.shape);
   const int64_t layers = spec.layers.value_or(p.layers);
   nlohmann::json j;
-  if (std::string_view(p.family) == "llama") {
-    j = {{"architectures", {"LlamaForCausalLM"}},
-         {"model_type", "llama"},
+  const std::string_view model_type = p.model_type;
+  if (model_type != "opt") {
+    const char* architecture = model_type == "mistral" ? "MistralForCausalLM"
+                               : model_type == "qwen2" ? "Qwen2ForCausalLM"
+                                                       : "LlamaForCausalLM";
+    j = {{"architectures", {architecture}},
+         {"model_type", model_type},
          {"hidden_size", p.hidden},
          {"intermediate_size", p.intermediate},
          {"num_hidden_layers", layers},
@@ -140,6 +149,13 @@ nlohmann::json synthetic_config_json(const SyntheticSpec& spec) {
          {"bos_token_id", 1},
          {"eos_token_id", 2},
          {"torch_dtype", "bfloat16"}};
+    if (model_type == "mistral") j["sliding_window"] = 4096;
+    if (model_type == "qwen2") {  // no BOS; <|endoftext|> is the vocabulary's last regular token
+      j.erase("bos_token_id");
+      j["eos_token_id"] = p.vocab - 1;
+      j["use_sliding_window"] = false;
+      j["rms_norm_eps"] = 1e-6;
+    }
   } else {
     j = {{"architectures", {"OPTForCausalLM"}},
          {"model_type", "opt"},

@@ -321,8 +321,8 @@ Tensor DecoderModel::embed(std::span<const int32_t> tokens, int64_t n_seqs, int6
                  n_seqs, seq_len);
   SYMPRUNE_CHECK(static_cast<int64_t>(tokens.size()) == n_seqs * seq_len, "embed: {} tokens for {} x {}",
                  tokens.size(), n_seqs, seq_len);
-  SYMPRUNE_CHECK(seq_len <= max_seq_len(), "{}: sequence length {} exceeds max_position_embeddings {}",
-                 config_file(), seq_len, max_seq_len());
+  SYMPRUNE_CHECK(seq_len <= max_seq_len(), "{}: sequence length {} exceeds {}", config_file(), seq_len,
+                 max_seq_len_limit());
   for (size_t i = 0; i < tokens.size(); ++i)
     SYMPRUNE_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size(),
                    "token id {} at position {} outside the vocabulary [0, {}) of {}", tokens[i], i,
@@ -364,8 +364,8 @@ void DecoderModel::run_block(int64_t block, Tensor& hidden, int64_t n_seqs, int6
   const int64_t d = hidden_size();
   SYMPRUNE_CHECK(hidden.numel() == n_seqs * seq_len * d, "run_block: hidden {} is not {} x {} x {}",
                  hidden.shape_string(), n_seqs, seq_len, d);
-  SYMPRUNE_CHECK(seq_len <= max_seq_len(), "{}: sequence length {} exceeds max_position_embeddings {}",
-                 config_file(), seq_len, max_seq_len());
+  SYMPRUNE_CHECK(seq_len <= max_seq_len(), "{}: sequence length {} exceeds {}", config_file(), seq_len,
+                 max_seq_len_limit());
   if (overrides) {
     for (const auto& [id, tensor] : *overrides) {
       if (id.block != block) continue;

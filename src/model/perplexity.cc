@@ -31,8 +31,8 @@ PerplexityStream::PerplexityStream(DecoderModel& model, std::span<const int32_t>
       tokens_(static_cast<int64_t>(tokens.size())) {
   const int64_t T = seqlen_;
   SYMPRUNE_CHECK(T >= 2, "perplexity needs a sequence length of at least 2, got {}", T);
-  SYMPRUNE_CHECK(T <= model.max_seq_len(), "{}: sequence length {} exceeds max_position_embeddings {}",
-                 model.config_file(), T, model.max_seq_len());
+  SYMPRUNE_CHECK(T <= model.max_seq_len(), "{}: sequence length {} exceeds {}", model.config_file(), T,
+                 model.max_seq_len_limit());
   SYMPRUNE_CHECK(tokens_ >= T, "{} tokens, fewer than one chunk of {}", tokens_, T);
   chunks_ = tokens_ / T;  // the tail is dropped
   if (options.max_chunks > 0) chunks_ = std::min(chunks_, options.max_chunks);

@@ -148,8 +148,9 @@ def tokenize(tokenizer):
     return Case("tokenize", "--tokenizer", tokenizer, "--text", "Once upon a time")
 
 
-def calib_prune(env, tmp, calib, *extra):
-    return prune(env, tmp, "--calib", calib, *(extra or CALIB), method=("--method", "wanda", "--sparsity", "0.5"))
+def calib_prune(env, tmp, calib, *extra, model=None):
+    return prune(env, tmp, "--calib", calib, *(extra or CALIB), model=model,
+                 method=("--method", "wanda", "--sparsity", "0.5"))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -403,6 +404,19 @@ def _(env, tmp):
         rows = tensors["model.layers.1.self_attn.v_proj.weight"].shape[0]
         tensors["model.layers.1.self_attn.v_proj.bias"] = np.zeros(rows, dtype=np.float32)
     return prune(env, tmp, model=edit_tensors(env, tmp, add_bias))
+
+
+@trigger("E-CFG-ARCHITECTURE-BIAS")
+def _(env, tmp):
+    # stories260K read as Qwen2: the q/k/v biases it needs, and one on an o_proj, which it has not.
+    def add_biases(tensors):
+        for layer in range(5):
+            for name in ("q_proj", "k_proj", "v_proj") + (("o_proj",) if layer == 1 else ()):
+                rows = tensors[f"model.layers.{layer}.self_attn.{name}.weight"].shape[0]
+                tensors[f"model.layers.{layer}.self_attn.{name}.bias"] = np.zeros(rows, dtype=np.float32)
+    model = edit_tensors(env, tmp, add_biases)
+    edit_config(model, model_type="qwen2")
+    return prune(env, tmp, model=model)
 
 
 @trigger("E-ST-OFFSETS-REVERSED")
@@ -870,6 +884,13 @@ def _(env, tmp):
 @trigger("E-CAL-SEQLEN-TOO-LONG")
 def _(env, tmp):
     return calib_prune(env, tmp, env.first, "--nsamples", "4", "--seqlen", "100000")
+
+
+@trigger("E-CAL-SEQLEN-WINDOW")
+def _(env, tmp):
+    model = copy_model(env, tmp)  # stories260K read as Mistral with a window of 32 tokens
+    edit_config(model, model_type="mistral", sliding_window=32)
+    return calib_prune(env, tmp, env.first, "--nsamples", "4", "--seqlen", "33", model=model)
 
 
 @trigger("E-CAL-SEQLEN-DEFAULT")

@@ -1,7 +1,7 @@
 """Forward parity: `symprune logits` on tiny random transformers models (LLaMA MHA/GQA, plain RoPE
-and llama3-scaled RoPE; OPT pre-/post-LN, with and without project_in/out), saved in fp32, bf16 and
-fp16, against transformers' own fp32 logits on the same (rounded) weights:
-max |diff| / max |ref| <= 1e-4."""
+and llama3-scaled RoPE; Mistral with its sliding window; Qwen2 with its q/k/v biases; OPT pre-/post-LN,
+with and without project_in/out), saved in fp32, bf16 and fp16, against transformers' own fp32 logits
+on the same (rounded) weights: max |diff| / max |ref| <= 1e-4."""
 import os
 import subprocess
 import zlib
@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, OPTConfig,
+                          OPTForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 BIN = os.environ.get("SYMPRUNE_BIN", "symprune")
 TOL = 1e-4
@@ -27,6 +28,24 @@ def llama(heads, kv_heads, theta, scaling, tied=False):
                        tie_word_embeddings=tied, initializer_range=0.1, bos_token_id=1, eos_token_id=2)
 
 
+SEQ_LEN = 150  # the parity test's sequence length
+
+
+def mistral(window):
+    # A window of exactly the test's length: the longest sequence symprune computes (full causal attention
+    # equals the windowed one there).
+    return MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=2, rope_theta=10000.0, sliding_window=window,
+                         max_position_embeddings=1024, rms_norm_eps=1e-5, initializer_range=0.1)
+
+
+def qwen2(tied):
+    return Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                       num_attention_heads=8, num_key_value_heads=2, rope_theta=1000000.0,
+                       max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=tied,
+                       initializer_range=0.1, use_sliding_window=False, sliding_window=16)
+
+
 def opt(pre_ln, proj_dim):
     return OPTConfig(vocab_size=VOCAB, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
                      max_position_embeddings=512, word_embed_proj_dim=proj_dim, do_layer_norm_before=pre_ln,
@@ -38,6 +57,10 @@ CONFIGS = {
     "llama-gqa-theta1e4-tied": (LlamaForCausalLM, lambda: llama(8, 2, 10000.0, None, tied=True)),
     "llama-mha-theta5e5-llama3": (LlamaForCausalLM, lambda: llama(4, 4, 500000.0, LLAMA3_SCALING)),
     "llama-gqa-theta5e5-llama3": (LlamaForCausalLM, lambda: llama(8, 2, 500000.0, LLAMA3_SCALING)),
+    "mistral-gqa-window": (MistralForCausalLM, lambda: mistral(SEQ_LEN)),
+    "mistral-gqa-no-window": (MistralForCausalLM, lambda: mistral(None)),
+    "qwen2-gqa-bias": (Qwen2ForCausalLM, lambda: qwen2(False)),
+    "qwen2-gqa-bias-tied": (Qwen2ForCausalLM, lambda: qwen2(True)),
     "opt-preln": (OPTForCausalLM, lambda: opt(True, 64)),
     "opt-preln-project": (OPTForCausalLM, lambda: opt(True, 32)),
     "opt-postln": (OPTForCausalLM, lambda: opt(False, 64)),
@@ -79,7 +102,7 @@ def test_logits_match_transformers(name, dtype_name, tmp_path):
     model_dir = tmp_path / "model"
     ref_model = make_model(name, dtype_name, model_dir)
     # Long enough that positions beyond original_max_position_embeddings (64) are exercised.
-    seq_len = 150
+    seq_len = SEQ_LEN
     ids = torch.randint(0, VOCAB, (seq_len,), generator=torch.Generator().manual_seed(5)).tolist()
     with torch.no_grad():
         ref = ref_model(torch.tensor([ids])).logits[0].numpy().astype(np.float64)
@@ -103,6 +126,44 @@ def test_llama3_scaling_changes_logits(tmp_path):
     assert np.abs(a - b).max() / np.abs(a).max() > 1e-3
     got = symprune_logits(tmp_path / "scaled", ids, tmp_path / "l.f32")
     assert np.abs(got - b).max() / np.abs(b).max() <= TOL
+
+
+def test_mistral_window_is_the_longest_sequence(tmp_path):
+    """Past the sliding window transformers' Mistral attends to fewer tokens than a full causal attention;
+    symprune computes the latter, so a longer sequence is refused, naming the window. Qwen2 with
+    use_sliding_window in its upper layers is bounded the same way."""
+    window = 12
+    torch.manual_seed(4)
+    windowed = MistralForCausalLM(mistral(window)).eval()
+    full = MistralForCausalLM(mistral(None)).eval()
+    full.load_state_dict(windowed.state_dict())
+    windowed.save_pretrained(tmp_path / "windowed", safe_serialization=True)
+    ids = list(range(1, window + 2))
+    with torch.no_grad():
+        a = windowed(torch.tensor([ids])).logits[0].numpy()
+        b = full(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(a[:window] - b[:window]).max() <= 1e-6 * np.abs(b).max()
+    assert np.abs(a[window] - b[window]).max() > 1e-3 * np.abs(b).max()
+    got = symprune_logits(tmp_path / "windowed", ids[:window], tmp_path / "l.f32")
+    assert np.abs(got - a[:window]).max() / np.abs(a).max() <= TOL
+    proc = subprocess.run([BIN, "logits", "--model", str(tmp_path / "windowed"), "--ids",
+                           ",".join(map(str, ids)), "--out", str(tmp_path / "o.f32")], capture_output=True, text=True)
+    assert proc.returncode == 1
+    config_json = tmp_path / "windowed" / "config.json"
+    assert f"{config_json}: sequence length {window + 1} exceeds sliding_window {window}" in proc.stderr
+    assert not (tmp_path / "o.f32").exists()
+
+    qwen = qwen2(False)
+    qwen.use_sliding_window, qwen.sliding_window, qwen.max_window_layers = True, window, 1
+    Qwen2ForCausalLM(qwen).save_pretrained(tmp_path / "qwen", safe_serialization=True)
+    proc = subprocess.run([BIN, "logits", "--model", str(tmp_path / "qwen"), "--ids", ",".join(map(str, ids)),
+                           "--out", str(tmp_path / "o.f32")], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert f"sequence length {window + 1} exceeds sliding_window {window}" in proc.stderr
+    # Every layer below max_window_layers attends fully: no bound.
+    qwen.max_window_layers = 2
+    Qwen2ForCausalLM(qwen).save_pretrained(tmp_path / "qwen-full", safe_serialization=True)
+    symprune_logits(tmp_path / "qwen-full", ids, tmp_path / "l.f32")
 
 
 def test_logits_errors(tmp_path):

@@ -220,9 +220,10 @@ def test_config_contradicts_weights(tmp_path):
 def test_bad_config(tmp_path):
     d = save(LlamaForCausalLM, llama_config(), tmp_path / "m")
     config = json.loads((d / "config.json").read_text())
-    config["model_type"] = "mistral"
+    config["model_type"] = "gpt_neox"
     (d / "config.json").write_text(json.dumps(config))
-    expect_failure(d, str(d / "config.json"), "model_type 'mistral' is not supported (supported: llama, opt)")
+    expect_failure(d, str(d / "config.json"),
+                   "model_type 'gpt_neox' is not supported (supported: llama, mistral, qwen2, opt)")
     (d / "config.json").write_text("{\"model_type\": ")
     expect_failure(d, str(d / "config.json"), "invalid JSON")
 

@@ -167,8 +167,10 @@ TEST_P(CudaBackendModelTest, EmbeddingIn16BitsHoldsOneMicroBatchInFp32) {
   if (emulated_device()) EXPECT_LE(peak, 2 * n_seqs * unit + 2 * 4 * 2 * unit) << GetParam();
 }
 
+// tiny-qwen2: the LLaMA block with biases on q, k and v.
 INSTANTIATE_TEST_SUITE_P(SyntheticModels, CudaBackendModelTest,
-                         ::testing::Values("synthetic:tiny-llama", "synthetic:tiny-opt"));
+                         ::testing::Values("synthetic:tiny-llama", "synthetic:tiny-opt",
+                                           "synthetic:tiny-qwen2"));
 
 // Observes nothing, but its presence makes the blocks keep the fp32 values of the linears' inputs.
 class IdleObserver final : public model::LinearObserver {
@@ -213,7 +215,8 @@ TEST_P(LlamaBlocksTest, WithoutAnObserverGiveTheSameHiddenStatesIn16Bits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(SyntheticLlamas, LlamaBlocksTest,
-                         ::testing::Values("synthetic:tiny-llama", "synthetic:tiny-llama-h16"));
+                         ::testing::Values("synthetic:tiny-llama", "synthetic:tiny-llama-h16",
+                                           "synthetic:tiny-qwen2"));
 
 }  // namespace
 }  // namespace symprune::kernel_test

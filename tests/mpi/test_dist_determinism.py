@@ -62,9 +62,11 @@ def test_llama_outputs_are_byte_identical_for_every_rank_count(stories, tmp_path
         assert [l.get("refine") for l in report["layers"]] == [l.get("refine") for l in reference["layers"]]
 
 
-@pytest.mark.parametrize("name", ["wanda", "ria-layer", "wanda+dsnot"])
-def test_opt_outputs_are_byte_identical_for_every_rank_count(tmp_path, have_mpirun, name):
-    model_args = ["--model", "synthetic:tiny-opt:5", "--calib", "synthetic", "--nsamples", "10", "--seqlen", "32",
+@pytest.mark.parametrize("shape,name", [("tiny-opt", "wanda"), ("tiny-opt", "ria-layer"),
+                                        ("tiny-opt", "wanda+dsnot"), ("tiny-qwen2", "wanda+dsnot")])
+def test_synthetic_outputs_are_byte_identical_for_every_rank_count(tmp_path, have_mpirun, shape, name):
+    # OPT's biased linears and LayerNorms; Qwen2's biases on q/k/v.
+    model_args = ["--model", f"synthetic:{shape}:5", "--calib", "synthetic", "--nsamples", "10", "--seqlen", "32",
                   "--micro-batch", "3"]
     ref, _ = single(tmp_path, model_args, CASES[name], name)
     expected = output_digest(ref)

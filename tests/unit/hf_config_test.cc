@@ -265,8 +265,92 @@ TEST(HfConfig, OptPreLnAndDefaults) {
   EXPECT_EQ(e.vocab_size, 50272);
 }
 
+// The config.json of mistralai/Mistral-7B-v0.1 (sliding window 4096) and of Qwen/Qwen2.5-7B.
+json mistral_7b_v01() {
+  return json::parse(R"({
+    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
+    "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0", "use_cache": true, "vocab_size": 32000})");
+}
+
+json qwen25_7b() {
+  return json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+    "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28,
+    "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "transformers_version": "4.43.1", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 152064})");
+}
+
+TEST(HfConfig, MistralIsLlamaWithItsWindow) {
+  const ModelConfig c = parse_config(mistral_7b_v01(), "cfg");
+  EXPECT_EQ(c.family, ModelFamily::kLlama);
+  EXPECT_EQ(c.model_type, "mistral");
+  EXPECT_EQ(c.num_kv_heads, 8);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.intermediate_size, 14336);
+  EXPECT_FALSE(c.attention_bias || c.qkv_bias || c.mlp_bias);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.max_seq_len(), 4096);
+  EXPECT_EQ(c.max_seq_len_limit(), "sliding_window 4096");
+  json j = mistral_7b_v01();  // v0.2 on: no window
+  j["sliding_window"] = nullptr;
+  EXPECT_EQ(parse_config(j, "cfg").max_seq_len(), 32768);
+  EXPECT_EQ(parse_config(j, "cfg").max_seq_len_limit(), "max_position_embeddings 32768");
+  // MistralConfig's defaults: window 4096, 8 kv heads, 131072 positions.
+  const ModelConfig d = parse_config(json{{"model_type", "mistral"}}, "cfg");
+  EXPECT_EQ(d.sliding_window, 4096);
+  EXPECT_EQ(d.num_kv_heads, 8);
+  EXPECT_EQ(d.max_position_embeddings, 131072);
+  EXPECT_EQ(d.bos_token_id, 1);
+  j = mistral_7b_v01();
+  j["sliding_window"] = 0;
+  expect_error(j, {"\"sliding_window\" must be positive, got 0"});
+  j = mistral_7b_v01();
+  j["hidden_act"] = "gelu";
+  expect_error(j, {"hidden_act 'gelu' is not supported for mistral (supported: silu)"});
+}
+
+TEST(HfConfig, Qwen2HasQkvBiasesAndAWindowOnlyWhenUsed) {
+  const ModelConfig c = parse_config(qwen25_7b(), "cfg");
+  EXPECT_EQ(c.family, ModelFamily::kLlama);
+  EXPECT_EQ(c.model_type, "qwen2");
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.attention_bias || c.mlp_bias);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_FALSE(c.sliding_window.has_value());  // use_sliding_window false
+  EXPECT_EQ(c.max_seq_len(), 131072);
+  json j = qwen25_7b();
+  j["use_sliding_window"] = true;  // every layer from max_window_layers (28) on: none of the 28
+  EXPECT_FALSE(parse_config(j, "cfg").sliding_window.has_value());
+  j["max_window_layers"] = 14;
+  j["sliding_window"] = 4096;
+  EXPECT_EQ(parse_config(j, "cfg").max_seq_len_limit(), "sliding_window 4096");
+  // transformers >= 4.53 lists each layer's attention.
+  j = qwen25_7b();
+  j["layer_types"] = json::array({"full_attention", "sliding_attention"});
+  j["sliding_window"] = 64;
+  EXPECT_EQ(parse_config(j, "cfg").sliding_window, 64);
+  j["layer_types"] = json::array({"full_attention", "full_attention"});
+  EXPECT_FALSE(parse_config(j, "cfg").sliding_window.has_value());
+  j["layer_types"] = json::array({"chunked_attention"});
+  expect_error(j, {"layer type \"chunked_attention\" is not supported"});
+  // Qwen2Config's defaults: no BOS (its tokenizer adds none), kv heads = heads.
+  const ModelConfig d = parse_config(json{{"model_type", "qwen2"}, {"num_attention_heads", 16}}, "cfg");
+  EXPECT_FALSE(d.bos_token_id.has_value());
+  EXPECT_EQ(d.num_kv_heads, 16);
+  EXPECT_EQ(d.vocab_size, 151936);
+  EXPECT_EQ(d.max_position_embeddings, 32768);
+}
+
 TEST(HfConfig, UnknownOrMissingModelType) {
-  expect_error(json{{"model_type", "gpt2"}}, {"model_type 'gpt2' is not supported (supported: llama, opt)"});
+  expect_error(json{{"model_type", "gpt2"}},
+               {"model_type 'gpt2' is not supported (supported: llama, mistral, qwen2, opt)"});
   expect_error(json{{"hidden_size", 8}}, {"no \"model_type\""});
   expect_error(json::array(), {"expected a JSON object"});
 }

@@ -83,6 +83,24 @@ TEST(ModelLayout, LlamaNamesAndShapes) {
   EXPECT_EQ(expected_block_tensors(tiny_llama(), 1)[0].name, "model.layers.1.input_layernorm.weight");
 }
 
+TEST(ModelLayout, Qwen2BiasesOnQkvOnlyAndMistralNone) {
+  json j{{"model_type", "qwen2"},  {"hidden_size", 16},        {"intermediate_size", 24},
+         {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+         {"vocab_size", 10},       {"attention_bias", true},   {"mlp_bias", true}};
+  // Qwen2's biases are the architecture's: q/k/v always, o_proj and the MLP never, whatever the file says.
+  const auto qwen = by_name(expected_tensors(parse_config(j, "/m/config.json")));
+  EXPECT_EQ(qwen.at("model.layers.1.self_attn.q_proj.bias").shape, (Shape{16}));
+  EXPECT_EQ(qwen.at("model.layers.1.self_attn.k_proj.bias").shape, (Shape{8}));
+  EXPECT_EQ(qwen.at("model.layers.1.self_attn.v_proj.bias").shape, (Shape{8}));
+  EXPECT_EQ(qwen.count("model.layers.1.self_attn.o_proj.bias"), 0u);
+  EXPECT_EQ(qwen.count("model.layers.1.mlp.up_proj.bias"), 0u);
+  EXPECT_EQ(qwen.size(), 1u + 2 * 12 + 1 + 1);
+  j["model_type"] = "mistral";
+  const auto mistral = by_name(expected_tensors(parse_config(j, "/m/config.json")));
+  EXPECT_EQ(mistral.size(), 1u + 2 * 9 + 1 + 1);
+  EXPECT_EQ(mistral.count("model.layers.0.self_attn.q_proj.bias"), 0u);
+}
+
 TEST(ModelLayout, OptPreLnNoProjection) {
   const auto m = by_name(expected_tensors(tiny_opt(16, true)));
   EXPECT_EQ(m.size(), 2u + 2 * 16 + 2 + 1);
