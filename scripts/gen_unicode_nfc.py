@@ -2,7 +2,7 @@
 """Writes src/io/unicode_nfc_tables.inc, the Unicode data of io::nfc_normalize: the NFC of the Hugging Face
 `tokenizers` package, whose ids symprune must reproduce.
 
-tokenizers normalizes with older Unicode tables (unicode-normalization-alignments, Unicode 10 era) than
+tokenizers normalizes with older Unicode tables (unicode-normalization-alignments: Unicode 9) than
 Python's unicodedata (3.11: 14.0): marks assigned since have combining class 0 there, and U+11938 (Dives
 Akuru, 13.0) is not composed. The tables are Python's data restricted to what tokenizers knows, found by
 asking it: a mark whose class tokenizers does not reorder by, or a pair it does not compose, is left out.

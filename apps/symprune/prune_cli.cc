@@ -265,7 +265,8 @@ void add_prune_options(CLI::App* sub, PruneCliOptions& options) {
                   "ranks");
   sub->add_option(
       "--seqlen", c.seqlen,
-      "tokens per calibration window (default 2048; with --compat wanda: max_position_embeddings)");
+      "tokens per calibration window (default 2048; with --compat wanda: max_position_embeddings, or "
+      "the sliding window where shorter)");
   add_python_seed_option(sub, "--seed", c.seed,
                          "calibration sampling seed with Python's random.seed(S) semantics (default 0; a "
                          "negative S is |S|, as in Python)");

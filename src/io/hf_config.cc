@@ -179,22 +179,26 @@ struct LlamaDefaults {
 
 LlamaDefaults llama_defaults(const std::string& model_type, int64_t num_heads) {
   if (model_type == "mistral") return {32000, 14336, 8, 4096 * 32, 1, 2};
-  if (model_type == "qwen2") return {151936, 22016, num_heads, 32768, std::nullopt, std::nullopt};
+  if (model_type == "qwen2") return {151936, 22016, 32, 32768, std::nullopt, std::nullopt};
   return {32000, 11008, num_heads, 2048, 1, 2};
 }
 
 // Whether any layer attends within a window, and how wide it is. Mistral: every layer, unless
 // "sliding_window" is null (v0.2 on). Qwen2: only with use_sliding_window, in the layers from
-// max_window_layers on, or as "layer_types" lists them (transformers >= 4.53 writes both).
+// max_window_layers on, or as "layer_types" lists them (transformers >= 4.53 writes both). An absent
+// "sliding_window" is the configs' default, 4096; only null means none.
 std::optional<int64_t> parse_sliding_window(const Fields& f, const nlohmann::json& json,
                                             const ModelConfig& c) {
+  const bool null_window = json.contains("sliding_window") && json["sliding_window"].is_null();
   bool windowed = false;
   if (c.model_type == "mistral") {
-    windowed = !json.contains("sliding_window") || !json["sliding_window"].is_null();
+    windowed = !null_window;
   } else if (c.model_type == "qwen2") {
     if (json.contains("layer_types") && !json["layer_types"].is_null()) {
       const auto& types = json["layer_types"];
-      SYMPRUNE_CHECK(types.is_array(), "{}: \"layer_types\" must be a list, got {}", c.source, types.dump());
+      SYMPRUNE_CHECK(types.is_array() && static_cast<int64_t>(types.size()) == c.num_layers,
+                     "{}: \"layer_types\" must list one type per layer ({}), got {}", c.source, c.num_layers,
+                     types.dump().substr(0, 200));
       for (const auto& type : types) {
         SYMPRUNE_CHECK(type == "full_attention" || type == "sliding_attention",
                        "{}: layer type {} is not supported (supported: \"full_attention\", "
@@ -202,8 +206,13 @@ std::optional<int64_t> parse_sliding_window(const Fields& f, const nlohmann::jso
                        c.source, type.dump());
         windowed = windowed || type == "sliding_attention";
       }
+      // transformers refuses a sliding layer without a window.
+      SYMPRUNE_CHECK(!windowed || (f.boolean("use_sliding_window", false) && !null_window),
+                     "{}: \"layer_types\" lists sliding_attention, but use_sliding_window is false or "
+                     "sliding_window null",
+                     c.source);
     } else {
-      windowed = f.boolean("use_sliding_window", false) && f.has("sliding_window") &&
+      windowed = f.boolean("use_sliding_window", false) && !null_window &&
                  f.integer("max_window_layers", 28) < c.num_layers;
     }
   }
@@ -222,7 +231,10 @@ void parse_llama(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
   c.hidden_size = f.integer("hidden_size", 4096);
   c.intermediate_size = f.integer("intermediate_size", defaults.intermediate_size);
   c.num_layers = f.integer("num_hidden_layers", 32);
-  c.num_kv_heads = f.integer("num_key_value_heads", defaults.num_kv_heads);
+  // Absent: the type's default; null: num_attention_heads (as all three configs read it).
+  c.num_kv_heads = json.contains("num_key_value_heads") && json["num_key_value_heads"].is_null()
+                       ? c.num_heads
+                       : f.integer("num_key_value_heads", defaults.num_kv_heads);
   c.max_position_embeddings = f.integer("max_position_embeddings", defaults.max_position_embeddings);
   c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
   parse_rope(f, json, c);

@@ -150,7 +150,7 @@ nlohmann::json synthetic_config_json(const SyntheticSpec& spec) {
          {"eos_token_id", 2},
          {"torch_dtype", "bfloat16"}};
     if (model_type == "mistral") j["sliding_window"] = 4096;
-    if (model_type == "qwen2") {  // no BOS; <|endoftext|> is the vocabulary's last regular token
+    if (model_type == "qwen2") {  // no BOS, as Qwen2's tokenizer; an EOS id inside the vocabulary
       j.erase("bos_token_id");
       j["eos_token_id"] = p.vocab - 1;
       j["use_sliding_window"] = false;

@@ -2,8 +2,8 @@
 // Unicode Normalization Form C (UAX #15), for tokenizer.json files whose normalizer is {"type": "NFC"}
 // (Qwen2), as the Hugging Face tokenizers package computes it: Unicode 14.0 data restricted to what its
 // older tables know (scripts/gen_unicode_nfc.py). It differs from Unicode 14.0's NFC (Python's
-// unicodedata) only where tokenizers does: 98 marks assigned since Unicode 10 count as starters, so they
-// are never reordered, and U+11938 is neither decomposed nor composed.
+// unicodedata) only where tokenizers does: 98 marks assigned in Unicode 10 and later count as starters, so
+// they are never reordered, and U+11938 is neither decomposed nor composed.
 #include <string>
 #include <string_view>
 

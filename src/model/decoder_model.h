@@ -103,7 +103,7 @@ class DecoderModel {
   int64_t num_blocks() const { return config_.num_layers; }
   int64_t hidden_size() const { return config_.hidden_size; }
   int64_t vocab_size() const { return config_.vocab_size; }
-  // Positions a sequence may use (max_position_embeddings).
+  // Positions a sequence may use (max_position_embeddings, or a shorter sliding window).
   int64_t max_seq_len() const { return config_.max_seq_len(); }
   // What bounds it: "max_position_embeddings N" or "sliding_window N" (ModelConfig::max_seq_len_limit).
   std::string max_seq_len_limit() const { return config_.max_seq_len_limit(); }

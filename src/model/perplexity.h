@@ -84,7 +84,7 @@ class PerplexityStream {
 // The result from every chunk's NLL (all parts, chunk order): mean in chunk order, exp.
 PerplexityResult perplexity_from_chunks(std::vector<double> chunk_nll, int64_t tokens, int64_t seqlen);
 
-// Throws symprune::Error when seqlen < 2, seqlen exceeds the model's max_position_embeddings, or the
+// Throws symprune::Error when seqlen < 2, seqlen exceeds the model's max_seq_len(), or the
 // tokens do not fill one chunk ("N tokens, fewer than one chunk of T"). Runs one PerplexityStream over all
 // blocks, evicting each block's stored weights after use (DecoderModel::evict_block).
 PerplexityResult evaluate_perplexity(DecoderModel& model, std::span<const int32_t> tokens,

@@ -241,7 +241,7 @@ def test_nfc_normalizer_matches_tokenizers_on_every_code_point(tmp_path):
     """symprune's NFC against the tokenizers package's, read back through a tokenizer whose ids are the
     normalized text's bytes: every code point in runs, every canonical decomposition (which NFC must compose
     back, or not), and random mark sequences. It is also Python's unicodedata (Unicode 14.0) wherever
-    tokenizers' older tables agree with that; they differ on the 98 marks assigned since Unicode 10 (class 0
+    tokenizers' older tables agree with that; they differ on the 98 marks assigned in Unicode 10 and later (class 0
     in tokenizers, so never reordered) and on U+11938."""
     import unicodedata
     from tokenizers import normalizers

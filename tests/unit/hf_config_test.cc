@@ -329,21 +329,40 @@ TEST(HfConfig, Qwen2HasQkvBiasesAndAWindowOnlyWhenUsed) {
   j["use_sliding_window"] = true;  // every layer from max_window_layers (28) on: none of the 28
   EXPECT_FALSE(parse_config(j, "cfg").sliding_window.has_value());
   j["max_window_layers"] = 14;
-  j["sliding_window"] = 4096;
-  EXPECT_EQ(parse_config(j, "cfg").max_seq_len_limit(), "sliding_window 4096");
+  j["sliding_window"] = 2048;
+  EXPECT_EQ(parse_config(j, "cfg").max_seq_len_limit(), "sliding_window 2048");
+  j.erase("sliding_window");  // Qwen2Config's default window, 4096; only null means none
+  EXPECT_EQ(parse_config(j, "cfg").sliding_window, 4096);
+  j["sliding_window"] = nullptr;
+  EXPECT_FALSE(parse_config(j, "cfg").sliding_window.has_value());
   // transformers >= 4.53 lists each layer's attention.
   j = qwen25_7b();
+  j["num_hidden_layers"] = 2;
+  j["use_sliding_window"] = true;
   j["layer_types"] = json::array({"full_attention", "sliding_attention"});
   j["sliding_window"] = 64;
   EXPECT_EQ(parse_config(j, "cfg").sliding_window, 64);
   j["layer_types"] = json::array({"full_attention", "full_attention"});
   EXPECT_FALSE(parse_config(j, "cfg").sliding_window.has_value());
-  j["layer_types"] = json::array({"chunked_attention"});
+  j["layer_types"] = json::array({"chunked_attention", "full_attention"});
   expect_error(j, {"layer type \"chunked_attention\" is not supported"});
-  // Qwen2Config's defaults: no BOS (its tokenizer adds none), kv heads = heads.
-  const ModelConfig d = parse_config(json{{"model_type", "qwen2"}, {"num_attention_heads", 16}}, "cfg");
+  j["layer_types"] = json::array({"full_attention"});
+  expect_error(j, {"\"layer_types\" must list one type per layer (2), got [\"full_attention\"]"});
+  j["layer_types"] = json::array({"full_attention", "sliding_attention"});
+  j["use_sliding_window"] = false;  // transformers has no window for it then, and refuses the layer
+  expect_error(j, {"lists sliding_attention, but use_sliding_window is false or sliding_window null"});
+  // Qwen2Config's defaults: no BOS (its tokenizer adds none), 32 kv heads whatever the heads; a null
+  // num_key_value_heads is num_attention_heads (for every type).
+  const ModelConfig d = parse_config(json{{"model_type", "qwen2"}, {"num_attention_heads", 64}}, "cfg");
   EXPECT_FALSE(d.bos_token_id.has_value());
-  EXPECT_EQ(d.num_kv_heads, 16);
+  EXPECT_EQ(d.num_kv_heads, 32);
+  for (const char* type : {"qwen2", "mistral", "llama"})
+    EXPECT_EQ(
+        parse_config(
+            json{{"model_type", type}, {"num_attention_heads", 16}, {"num_key_value_heads", nullptr}}, "cfg")
+            .num_kv_heads,
+        16)
+        << type;
   EXPECT_EQ(d.vocab_size, 151936);
   EXPECT_EQ(d.max_position_embeddings, 32768);
 }
