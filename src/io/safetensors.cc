@@ -21,6 +21,7 @@
 #include "core/log.h"
 #include "io/atomic_file.h"
 #include "io/json_util.h"
+#include "io/sharded_index.h"
 
 namespace symprune::io {
 namespace fs = std::filesystem;
@@ -361,56 +362,9 @@ SafetensorsModel SafetensorsModel::open_dir(const fs::path& dir) {
   }
   if (fs::exists(index, ec)) {
     model.sharded_ = true;
-    const nlohmann::json json = read_json_file(index);
-    SYMPRUNE_CHECK(json.is_object() && json.contains("weight_map") && json["weight_map"].is_object(),
-                   "{}: missing \"weight_map\" object", index.string());
-    // Shard name -> index into files_. Names are compared as paths ("x" and "./x" are one file: opened
-    // twice, it would be written twice).
-    std::map<std::string, size_t> file_index;
-    for (const auto& [tensor, shard_value] : json["weight_map"].items()) {
-      SYMPRUNE_CHECK(shard_value.is_string(), "{}: weight_map entry for '{}' must be a file name string",
-                     index.string(), tensor);
-      const std::string shard = shard_value.get<std::string>();
-      check_confined_shard_name(shard, index);
-      auto it = file_index.find(fs::path(shard).lexically_normal().generic_string());
-      if (it == file_index.end()) {
-        const fs::path shard_path = dir / shard;
-        SYMPRUNE_CHECK(fs::exists(shard_path, ec), "{}: shard '{}' (holding '{}') not found: {} {}",
-                       index.string(), shard, tensor, shard_path.string(),
-                       fs::is_symlink(shard_path, ec)
-                           ? fmt::format("is a symbolic link to {}, which does not exist",
-                                         fs::read_symlink(shard_path, ec).string())
-                           : std::string("does not exist"));
-        model.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(shard_path)));
-        it = file_index.emplace(fs::path(shard).lexically_normal().generic_string(), model.files_.size() - 1)
-                 .first;
-      }
-      const SafetensorsFile& file = *model.files_[it->second];
-      SYMPRUNE_CHECK(file.find(tensor) != nullptr, "{}: missing tensor '{}' in shard {} (listed in {})",
-                     file.path().string(), tensor, file.path().string(), index.string());
-      model.location_.emplace(tensor, it->second);
-    }
-    SYMPRUNE_CHECK(!model.files_.empty(), "{}: weight_map is empty", index.string());
-    // A tensor that a shard holds but the index does not list is still the shard's: kept, so that a pruned
-    // copy of the shard loses nothing (the copied index stays as it was). One that the index places in
-    // another shard makes the checkpoint ambiguous (which copy a loader ends with depends on the order it
-    // reads the shards in): refused.
-    for (size_t i = 0; i < model.files_.size(); ++i)
-      for (const auto& info : model.files_[i]->tensors()) {
-        const auto [it, unlisted] = model.location_.emplace(info.name, i);
-        SYMPRUNE_CHECK(
-            it->second == i,
-            "{}: tensor '{}' is stored in two shards, {} ({}) and {}: which copy is the model's is "
-            "ambiguous; remove one of them",
-            index.string(), info.name, model.files_[it->second]->path().string(),
-            json["weight_map"].contains(info.name) ? "where the index places it"
-                                                   : "the index lists it in neither",
-            model.files_[i]->path().string());
-        if (unlisted && log::is_root())
-          log::warn(
-              "{}: tensor '{}' is not listed in {}: read from this shard, and kept there in a pruned copy",
-              model.files_[i]->path().string(), info.name, index.string());
-      }
+    IndexedShards<SafetensorsFile> shards = read_indexed_shards<SafetensorsFile>(dir, index);
+    model.files_ = std::move(shards.files);
+    model.location_ = std::move(shards.location);
     return model;
   }
 

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/json_util.h"
+#include "io/sharded_index.h"
 #include "io/text_file.h"
 
 namespace symprune::io {
@@ -872,41 +873,19 @@ std::unique_ptr<TorchModel> TorchModel::open_dir(const fs::path& dir) {
   auto model = std::unique_ptr<TorchModel>(new TorchModel());
   model->dir_ = dir;
   std::error_code ec;
-  const auto add_file = [&](const std::string& name) {
-    const fs::path path = dir / name;
-    SYMPRUNE_CHECK(fs::exists(path, ec), "{}: {}", path.string(),
-                   fs::is_symlink(path, ec) ? fmt::format("is a symbolic link to {}, which does not exist",
-                                                          fs::read_symlink(path, ec).string())
-                                            : std::string("does not exist"));
-    model->file_names_.push_back(name);
-    model->files_.push_back(std::make_unique<TorchCheckpointFile>(TorchCheckpointFile::open(path)));
-    return model->files_.size() - 1;
-  };
-  if (fs::exists(dir / kTorchSingleFile, ec)) {
-    add_file(kTorchSingleFile);
+  const fs::path single = dir / kTorchSingleFile;
+  if (fs::exists(single, ec)) {
+    model->file_names_.push_back(kTorchSingleFile);
+    model->files_.push_back(std::make_unique<TorchCheckpointFile>(TorchCheckpointFile::open(single)));
     for (const auto& info : model->files_[0]->tensors()) model->location_.emplace(info.name, 0);
     return model;
   }
   model->indexed_ = true;
   const fs::path index = dir / kTorchIndexFile;
-  const nlohmann::json json = read_json_file(index);
-  SYMPRUNE_CHECK(json.is_object() && json.contains("weight_map") && json["weight_map"].is_object(),
-                 "{}: missing \"weight_map\" object", index.string());
-  std::map<std::string, size_t> file_index;  // normalized shard name -> index into files_
-  for (const auto& [tensor, shard_value] : json["weight_map"].items()) {
-    SYMPRUNE_CHECK(shard_value.is_string(), "{}: weight_map entry for '{}' must be a file name string",
-                   index.string(), tensor);
-    const std::string shard = shard_value.get<std::string>();
-    check_confined_shard_name(shard, index);
-    const std::string normal = fs::path(shard).lexically_normal().generic_string();
-    auto it = file_index.find(normal);
-    if (it == file_index.end()) it = file_index.emplace(normal, add_file(shard)).first;
-    SYMPRUNE_CHECK(model->files_[it->second]->find(tensor) != nullptr,
-                   "{}: missing tensor '{}' in shard {} (listed in {})",
-                   model->files_[it->second]->path().string(), tensor, shard, index.string());
-    model->location_.emplace(tensor, it->second);
-  }
-  SYMPRUNE_CHECK(!model->files_.empty(), "{}: weight_map is empty", index.string());
+  IndexedShards<TorchCheckpointFile> shards = read_indexed_shards<TorchCheckpointFile>(dir, index);
+  model->file_names_ = std::move(shards.names);
+  model->files_ = std::move(shards.files);
+  model->location_ = std::move(shards.location);
   std::set<std::string> written;
   for (size_t i = 0; i < model->files_.size(); ++i) {
     // A shard written as model.safetensors would be read as the whole model: loaders prefer it to an index.
@@ -918,16 +897,6 @@ std::unique_ptr<TorchModel> TorchModel::open_dir(const fs::path& dir) {
     SYMPRUNE_CHECK(written.insert(safetensors_name_for(model->file_names_[i])).second,
                    "{}: two shards would both be written as {}", index.string(),
                    safetensors_name_for(model->file_names_[i]));
-    for (const auto& info : model->files_[i]->tensors()) {
-      const auto [at, unlisted] = model->location_.emplace(info.name, i);
-      SYMPRUNE_CHECK(
-          at->second == i,
-          "{}: tensor '{}' is stored in two shards, {} and {}: which copy is the model's is ambiguous",
-          index.string(), info.name, model->file_names_[at->second], model->file_names_[i]);
-      if (unlisted && log::is_root())
-        log::warn("{}: tensor '{}' is not listed in {}: read from this shard",
-                  model->files_[i]->path().string(), info.name, index.string());
-    }
   }
   return model;
 }
