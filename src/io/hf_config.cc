@@ -238,10 +238,9 @@ void parse_llama(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
   c.max_position_embeddings = f.integer("max_position_embeddings", defaults.max_position_embeddings);
   c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
   parse_rope(f, json, c);
-  // Mistral's and Qwen2's attention and MLP have fixed biases; transformers reads no bias field for them.
-  c.attention_bias = c.model_type == "llama" && f.boolean("attention_bias", false);
+  c.attention_bias = c.biases_configurable() && f.boolean("attention_bias", false);
   c.qkv_bias = c.model_type == "qwen2";
-  c.mlp_bias = c.model_type == "llama" && f.boolean("mlp_bias", false);
+  c.mlp_bias = c.biases_configurable() && f.boolean("mlp_bias", false);
   c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
   c.hidden_act = f.string("hidden_act", "silu");
   if (c.hidden_act == "swish") c.hidden_act = "silu";  // same function in transformers' ACT2FN

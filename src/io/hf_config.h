@@ -69,6 +69,9 @@ struct ModelConfig {
   }
   // What bounds max_seq_len(), for messages: "max_position_embeddings 4096" or "sliding_window 4096".
   std::string max_seq_len_limit() const;
+  // Whether config.json says which linears have biases (attention_bias/mlp_bias, OPT's enable_bias).
+  // Mistral's and Qwen2's are fixed by their architecture: transformers reads no bias field for them.
+  bool biases_configurable() const { return model_type != "mistral" && model_type != "qwen2"; }
 
   bool has_project_in_out() const {
     return family == ModelFamily::kOpt && word_embed_proj_dim != hidden_size;

@@ -188,7 +188,7 @@ void check_float_leftover(const ModelConfig& config, const TensorSource& model, 
     if (used.count(weight) > 0) {
       // Mistral's and Qwen2's biases are fixed by the architecture: no config field adds one.
       SYMPRUNE_CHECK(
-          config.model_type != "mistral" && config.model_type != "qwen2",
+          config.biases_configurable(),
           "{}: tensor '{}' is the bias of '{}', but transformers' {} architecture has no bias there "
           "(is config.json the one of this checkpoint?)",
           model.location(name), name, weight, config.model_type);
