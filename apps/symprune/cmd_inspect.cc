@@ -140,14 +140,15 @@ void run_inspect(const InspectOptions& options) {
     }
     fmt::print("rope theta: {}, rope scaling: {}, rms_norm_eps: {}, act: {}\n", c.rope_theta, scaling,
                c.rms_norm_eps, c.hidden_act);
-    fmt::print("biases: {}, attention: {}\n",
+    fmt::print("biases: {}, attention: {}{}\n",
                c.attention_bias ? (c.mlp_bias ? "attention and mlp" : "attention")
                : c.qkv_bias     ? (c.mlp_bias ? "q/k/v and mlp" : "q/k/v")
                : c.mlp_bias     ? "mlp"
                                 : "none",
                c.sliding_window
                    ? fmt::format("sliding window of {} (longer sequences are refused)", *c.sliding_window)
-                   : std::string("full causal"));
+                   : std::string("full causal"),
+               c.qk_norm ? fmt::format(", q/k RMSNorm per head of {}", c.head_dim) : std::string());
   } else {
     fmt::print("layer norm before: {}, final layer norm: {}, word_embed_proj_dim: {}, biases: {}, act: {}\n",
                c.do_layer_norm_before ? "yes" : "no",

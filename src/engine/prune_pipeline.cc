@@ -90,16 +90,12 @@ void check_block_is_finite(dist::Communicator& comm, model::DecoderModel& model,
                            const model::BlockWeights& block, const BlockStatistics* stats, int64_t b) {
   agree_on_errors(comm, [&] {
     const std::string prefix = model::block_tensor_prefix(model.config(), b);
-    const bool llama = model.config().family == io::ModelFamily::kLlama;
     const auto check_tensor = [&](const Tensor& t, const std::string& name) {
       if (t.numel() == 0) return;
       if (const auto bad = model.backend().first_non_finite(t))
         model::fail_non_finite_tensor(prefix + name, t.shape(), bad->index, bad->value);
     };
-    check_tensor(block.norm1_weight, llama ? "input_layernorm.weight" : "self_attn_layer_norm.weight");
-    check_tensor(block.norm1_bias, "self_attn_layer_norm.bias");
-    check_tensor(block.norm2_weight, llama ? "post_attention_layernorm.weight" : "final_layer_norm.weight");
-    check_tensor(block.norm2_bias, "final_layer_norm.bias");
+    for (const auto& [name, tensor] : block.norm_tensors(model.config())) check_tensor(*tensor, name);
     for (const auto& name : model.linear_names()) check_tensor(block.linears.at(name).bias, name + ".bias");
     for (const auto& name : model.linear_names()) {
       const std::string linear = model::LinearId{b, name}.to_string();

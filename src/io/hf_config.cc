@@ -11,7 +11,7 @@
 namespace symprune::io {
 namespace {
 
-constexpr const char* kSupportedTypes = "llama, mistral, qwen2, opt";
+constexpr const char* kSupportedTypes = "llama, mistral, qwen2, qwen3, opt";
 
 // Typed field access with transformers' defaults; every error names the source file and the key.
 class Fields {
@@ -171,29 +171,35 @@ void parse_rope(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
   c.rope_scaling = scaling;
 }
 
-// The defaults of transformers' LlamaConfig, MistralConfig and Qwen2Config where they differ.
+// The defaults of transformers' LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config where they differ.
 struct LlamaDefaults {
   int64_t vocab_size, intermediate_size, num_kv_heads, max_position_embeddings;
   std::optional<int64_t> bos_token_id, eos_token_id;
+  std::optional<int64_t> head_dim;  // none: hidden_size / num_attention_heads
 };
 
 LlamaDefaults llama_defaults(const std::string& model_type, int64_t num_heads) {
-  if (model_type == "mistral") return {32000, 14336, 8, 4096 * 32, 1, 2};
-  if (model_type == "qwen2") return {151936, 22016, 32, 32768, std::nullopt, std::nullopt};
-  return {32000, 11008, num_heads, 2048, 1, 2};
+  if (model_type == "mistral") return {32000, 14336, 8, 4096 * 32, 1, 2, std::nullopt};
+  if (model_type == "qwen2") return {151936, 22016, 32, 32768, std::nullopt, std::nullopt, std::nullopt};
+  if (model_type == "qwen3") return {151936, 22016, 32, 32768, std::nullopt, std::nullopt, 128};
+  return {32000, 11008, num_heads, 2048, 1, 2, std::nullopt};
+}
+
+bool is_qwen(const std::string& model_type) {
+  return model_type == "qwen2" || model_type == "qwen3";
 }
 
 // Whether any layer attends within a window, and how wide it is. Mistral: every layer, unless
 // "sliding_window" is null (v0.2 on). Qwen2: only with use_sliding_window, in the layers from
-// max_window_layers on, or as "layer_types" lists them (transformers >= 4.53 writes both). An absent
-// "sliding_window" is the configs' default, 4096; only null means none.
+// max_window_layers on, or as "layer_types" lists them (transformers >= 4.53 writes both); Qwen3 as Qwen2. An
+// absent "sliding_window" is the configs' default, 4096; only null means none.
 std::optional<int64_t> parse_sliding_window(const Fields& f, const nlohmann::json& json,
                                             const ModelConfig& c) {
   const bool null_window = json.contains("sliding_window") && json["sliding_window"].is_null();
   bool windowed = false;
   if (c.model_type == "mistral") {
     windowed = !null_window;
-  } else if (c.model_type == "qwen2") {
+  } else if (is_qwen(c.model_type)) {
     if (json.contains("layer_types") && !json["layer_types"].is_null()) {
       const auto& types = json["layer_types"];
       SYMPRUNE_CHECK(types.is_array() && static_cast<int64_t>(types.size()) == c.num_layers,
@@ -223,7 +229,7 @@ std::optional<int64_t> parse_sliding_window(const Fields& f, const nlohmann::jso
 }
 
 void parse_llama(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
-  // Defaults as in transformers' LlamaConfig (MistralConfig, Qwen2Config for those model types).
+  // Defaults as in transformers' LlamaConfig (MistralConfig, Qwen2Config, Qwen3Config for those types).
   c.family = ModelFamily::kLlama;
   c.num_heads = f.integer("num_attention_heads", 32);
   const LlamaDefaults defaults = llama_defaults(c.model_type, c.num_heads);
@@ -238,9 +244,10 @@ void parse_llama(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
   c.max_position_embeddings = f.integer("max_position_embeddings", defaults.max_position_embeddings);
   c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
   parse_rope(f, json, c);
-  c.attention_bias = c.biases_configurable() && f.boolean("attention_bias", false);
+  c.attention_bias = c.attention_bias_configurable() && f.boolean("attention_bias", false);
   c.qkv_bias = c.model_type == "qwen2";
-  c.mlp_bias = c.biases_configurable() && f.boolean("mlp_bias", false);
+  c.mlp_bias = c.mlp_bias_configurable() && f.boolean("mlp_bias", false);
+  c.qk_norm = c.model_type == "qwen3";
   c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
   c.hidden_act = f.string("hidden_act", "silu");
   if (c.hidden_act == "swish") c.hidden_act = "silu";  // same function in transformers' ACT2FN
@@ -253,8 +260,8 @@ void parse_llama(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
   check_positive(c.num_heads, "num_attention_heads", c.source);
   check_positive(c.num_kv_heads, "num_key_value_heads", c.source);
   check_positive(c.hidden_size, "hidden_size", c.source);
-  if (f.has("head_dim")) {
-    c.head_dim = f.integer("head_dim", 0);
+  if (f.has("head_dim") || defaults.head_dim) {
+    c.head_dim = f.integer("head_dim", defaults.head_dim.value_or(0));
   } else {
     SYMPRUNE_CHECK(c.hidden_size % c.num_heads == 0,
                    "{}: hidden_size ({}) must be divisible by num_attention_heads ({})", c.source,
@@ -326,7 +333,7 @@ ModelConfig parse_config(const nlohmann::json& json, const std::string& source_n
   c.model_type = f.string("model_type", "");
   // Informational only: the storage dtype of each tensor comes from the safetensors headers.
   c.torch_dtype = f.string("torch_dtype", "");
-  if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2") {
+  if (c.model_type == "llama" || c.model_type == "mistral" || is_qwen(c.model_type)) {
     parse_llama(f, json, c);
   } else if (c.model_type == "opt") {
     parse_opt(f, c);

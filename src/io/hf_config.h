@@ -1,6 +1,7 @@
 #pragma once
 // Hugging Face config.json for the supported families: LLaMA-2/3 ("llama") and the models of its
-// architecture (Mistral: "mistral"; Qwen2/2.5: "qwen2", with biases on q/k/v), and OPT ("opt").
+// architecture (Mistral: "mistral"; Qwen2/2.5: "qwen2", with biases on q/k/v; Qwen3: "qwen3", with
+// RMSNorms on each head of q and k), and OPT ("opt").
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -25,13 +26,13 @@ struct RopeScaling {
 
 struct ModelConfig {
   ModelFamily family = ModelFamily::kLlama;
-  std::string model_type;  // "llama", "mistral", "qwen2" (all ModelFamily::kLlama) or "opt"
+  std::string model_type;  // "llama", "mistral", "qwen2", "qwen3" (all ModelFamily::kLlama) or "opt"
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;  // OPT: ffn_dim
   int64_t num_layers = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;  // == num_heads for MHA and for OPT
-  int64_t head_dim = 0;      // hidden_size / num_heads unless config gives head_dim
+  int64_t head_dim = 0;      // config's head_dim, else hidden_size / num_heads (Qwen3: 128)
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
@@ -46,6 +47,9 @@ struct ModelConfig {
   bool attention_bias = false;  // q, k, v and o_proj carry a bias
   bool qkv_bias = false;        // q, k and v_proj do, o_proj not (Qwen2)
   bool mlp_bias = false;
+  // q and k are RMS-normalized per head (weights [head_dim], rms_norm_eps) between their linear and RoPE
+  // (Qwen3's q_norm and k_norm).
+  bool qk_norm = false;
   // The attention window of a sliding-window layer (Mistral; Qwen2 with use_sliding_window), if any layer
   // has one. symprune's attention is full causal, which equals the windowed attention on sequences of at
   // most this many tokens, so longer sequences are refused (max_seq_len).
@@ -69,9 +73,11 @@ struct ModelConfig {
   }
   // What bounds max_seq_len(), for messages: "max_position_embeddings 4096" or "sliding_window 4096".
   std::string max_seq_len_limit() const;
-  // Whether config.json says which linears have biases (attention_bias/mlp_bias, OPT's enable_bias).
-  // Mistral's and Qwen2's are fixed by their architecture: transformers reads no bias field for them.
-  bool biases_configurable() const { return model_type != "mistral" && model_type != "qwen2"; }
+  // Whether config.json says if the attention's linears have biases ("attention_bias", OPT's
+  // "enable_bias"), and the MLP's ("mlp_bias", "enable_bias"). Where it does not, the architecture fixes
+  // them: transformers reads no bias field for Mistral and Qwen2, nor mlp_bias for Qwen3.
+  bool attention_bias_configurable() const { return model_type != "mistral" && model_type != "qwen2"; }
+  bool mlp_bias_configurable() const { return attention_bias_configurable() && model_type != "qwen3"; }
 
   bool has_project_in_out() const {
     return family == ModelFamily::kOpt && word_embed_proj_dim != hidden_size;

@@ -34,6 +34,10 @@ void llama_block(const ModelConfig& c, int64_t i, std::vector<ExpectedTensor>& o
     const bool has_bias = c.attention_bias || (c.qkv_bias && std::string_view(name) != "o_proj");
     if (has_bias) add(out, p + "self_attn." + name + ".bias", {shape[0]});
   }
+  if (c.qk_norm) {
+    add(out, p + "self_attn.q_norm.weight", {c.head_dim});
+    add(out, p + "self_attn.k_norm.weight", {c.head_dim});
+  }
   add(out, p + "post_attention_layernorm.weight", {d});
   const std::pair<const char*, std::vector<int64_t>> mlp[] = {
       {"gate_proj", {f, d}}, {"up_proj", {f, d}}, {"down_proj", {d, f}}};
@@ -186,15 +190,17 @@ void check_float_leftover(const ModelConfig& config, const TensorSource& model, 
   if (name.ends_with(".bias")) {
     const std::string weight = name.substr(0, name.size() - 5) + ".weight";
     if (used.count(weight) > 0) {
-      // Mistral's and Qwen2's biases are fixed by the architecture: no config field adds one.
+      // Mistral's and Qwen2's biases, and Qwen3's MLP's, are fixed by the architecture: no config field
+      // adds one.
+      const bool mlp = config.family == ModelFamily::kLlama && name.find(".mlp.") != std::string::npos;
       SYMPRUNE_CHECK(
-          config.biases_configurable(),
+          mlp ? config.mlp_bias_configurable() : config.attention_bias_configurable(),
           "{}: tensor '{}' is the bias of '{}', but transformers' {} architecture has no bias there "
           "(is config.json the one of this checkpoint?)",
           model.location(name), name, weight, config.model_type);
-      const char* key = config.family == ModelFamily::kOpt        ? "enable_bias"
-                        : name.find(".mlp.") != std::string::npos ? "mlp_bias"
-                                                                  : "attention_bias";
+      const char* key = config.family == ModelFamily::kOpt ? "enable_bias"
+                        : mlp                              ? "mlp_bias"
+                                                           : "attention_bias";
       fail(
           "{}: tensor '{}' is the bias of '{}', but {} describes that linear without a bias (\"{}\" is false "
           "or absent): the model would be computed without it; set \"{}\": true if the checkpoint's "

@@ -18,13 +18,14 @@ constexpr uint64_t kMaxShardBytes = 5'000'000'000;  // Hugging Face's default ma
 
 struct Preset {
   const char* name;
-  const char* model_type;  // "llama", "mistral", "qwen2" (LLaMA architecture) or "opt"
+  const char* model_type;  // "llama", "mistral", "qwen2", "qwen3" (LLaMA architecture) or "opt"
   int64_t hidden, intermediate, layers, heads, kv_heads, vocab, max_positions;
   double rope_theta;
+  int64_t head_dim = 0;  // 0: hidden / heads
 };
 
 // Published shapes (config.json of meta-llama/Llama-2-*-hf, Meta-Llama-3-8B, mistralai/Mistral-7B-v0.1,
-// Qwen/Qwen2.5-7B, facebook/opt-1.3b).
+// Qwen/Qwen2.5-7B, Qwen/Qwen3-8B, facebook/opt-1.3b).
 constexpr Preset kPresets[] = {
     {"llama2-7b", "llama", 4096, 11008, 32, 32, 32, 32000, 4096, 10000.0},
     {"llama2-13b", "llama", 5120, 13824, 40, 40, 40, 32000, 4096, 10000.0},
@@ -32,6 +33,7 @@ constexpr Preset kPresets[] = {
     {"llama3-8b", "llama", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0},
     {"mistral-7b", "mistral", 4096, 14336, 32, 32, 8, 32000, 32768, 10000.0},
     {"qwen2.5-7b", "qwen2", 3584, 18944, 28, 28, 4, 152064, 131072, 1000000.0},
+    {"qwen3-8b", "qwen3", 4096, 12288, 36, 32, 8, 151936, 40960, 1000000.0, 128},
     {"opt-1.3b", "opt", 2048, 8192, 24, 32, 32, 50272, 2048, 0.0},
     {"llama-1024", "llama", 1024, 2816, 4, 16, 16, 32000, 2048, 10000.0},
     {"tiny-llama", "llama", 64, 172, 4, 8, 4, 512, 512, 10000.0},
@@ -40,6 +42,8 @@ constexpr Preset kPresets[] = {
     {"tiny-opt", "opt", 64, 256, 4, 4, 4, 512, 512, 0.0},
     // Qwen2's biases on q/k/v, in the tests' size.
     {"tiny-qwen2", "qwen2", 64, 172, 2, 8, 4, 512, 512, 1000000.0},
+    // Qwen3's q/k norms, with heads wider than hidden / heads (q_proj 128 x 64), as Qwen3-0.6B's are.
+    {"tiny-qwen3", "qwen3", 64, 172, 2, 4, 2, 512, 512, 1000000.0, 32},
 };
 
 const Preset& find_preset(std::string_view shape) {
@@ -132,6 +136,7 @@ nlohmann::json synthetic_config_json(const SyntheticSpec& spec) {
   if (model_type != "opt") {
     const char* architecture = model_type == "mistral" ? "MistralForCausalLM"
                                : model_type == "qwen2" ? "Qwen2ForCausalLM"
+                               : model_type == "qwen3" ? "Qwen3ForCausalLM"
                                                        : "LlamaForCausalLM";
     j = {{"architectures", {architecture}},
          {"model_type", model_type},
@@ -150,7 +155,9 @@ nlohmann::json synthetic_config_json(const SyntheticSpec& spec) {
          {"eos_token_id", 2},
          {"torch_dtype", "bfloat16"}};
     if (model_type == "mistral") j["sliding_window"] = 4096;
-    if (model_type == "qwen2") {  // no BOS, as Qwen2's tokenizer; an EOS id inside the vocabulary
+    if (p.head_dim > 0) j["head_dim"] = p.head_dim;
+    if (model_type == "qwen2" ||
+        model_type == "qwen3") {  // no BOS, as Qwen's tokenizer; an EOS id inside the vocabulary
       j.erase("bos_token_id");
       j["eos_token_id"] = p.vocab - 1;
       j["use_sliding_window"] = false;

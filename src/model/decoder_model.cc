@@ -20,6 +20,7 @@ std::string LinearId::to_string() const {
 struct DecoderModel::Workspace {
   Tensor x;  // micro-batch hidden copy (only when the batch is split)
   Tensor h, q, k, v, attn, o, gate, up, act, down;
+  Tensor head_norm;  // q or k normalized per head (Qwen3)
 };
 
 namespace {
@@ -192,12 +193,31 @@ BlockWeights assemble_block_weights(const io::ModelConfig& c, int64_t block,
       (kind == "weight" ? w.norm1_weight : w.norm1_bias) = std::move(t);
     } else if (module == "post_attention_layernorm" || module == "final_layer_norm") {
       (kind == "weight" ? w.norm2_weight : w.norm2_bias) = std::move(t);
+    } else if (module == "self_attn.q_norm" || module == "self_attn.k_norm") {
+      SYMPRUNE_ASSERT(kind == "weight", "{}: a head norm has a weight only", expected.name);
+      (module == "self_attn.q_norm" ? w.q_norm_weight : w.k_norm_weight) = std::move(t);
     } else {
       LinearWeights& lw = w.linears[module];
       (kind == "weight" ? lw.weight : lw.bias) = std::move(t);
     }
   }
   return w;
+}
+
+std::vector<std::pair<std::string, const Tensor*>> BlockWeights::norm_tensors(
+    const io::ModelConfig& c) const {
+  const bool llama = c.family == io::ModelFamily::kLlama;
+  const std::pair<std::string, const Tensor*> all[] = {
+      {llama ? "input_layernorm.weight" : "self_attn_layer_norm.weight", &norm1_weight},
+      {"self_attn_layer_norm.bias", &norm1_bias},
+      {"self_attn.q_norm.weight", &q_norm_weight},
+      {"self_attn.k_norm.weight", &k_norm_weight},
+      {llama ? "post_attention_layernorm.weight" : "final_layer_norm.weight", &norm2_weight},
+      {"final_layer_norm.bias", &norm2_bias}};
+  std::vector<std::pair<std::string, const Tensor*>> present;
+  for (const auto& entry : all)
+    if (!entry.second->empty()) present.push_back(entry);
+  return present;
 }
 
 BlockWeights DecoderModel::load_block(int64_t block) const {
@@ -279,7 +299,8 @@ void DecoderModel::set_block_weights(int64_t block, BlockWeights weights) {
     }
   }
   if (backend_->device_resident()) {
-    for (Tensor* t : {&weights.norm1_weight, &weights.norm1_bias, &weights.norm2_weight, &weights.norm2_bias})
+    for (Tensor* t : {&weights.norm1_weight, &weights.norm1_bias, &weights.norm2_weight, &weights.norm2_bias,
+                      &weights.q_norm_weight, &weights.k_norm_weight})
       if (!t->empty()) *t = backend_->to_backend(std::move(*t));
     for (auto& [name, lw] : weights.linears) {
       lw.weight = backend_->to_backend(std::move(lw.weight), storage_dtype_);
@@ -491,6 +512,10 @@ void DecoderModel::run_llama_block(int64_t block, const BlockWeights& w, BlockRo
   linear("self_attn.q_proj", ws.h, ws.q);
   linear("self_attn.k_proj", ws.h, ws.k);
   linear("self_attn.v_proj", ws.h, ws.v);
+  if (c.qk_norm) {
+    normalize_heads(ws.q, w.q_norm_weight, eps);
+    normalize_heads(ws.k, w.k_norm_weight, eps);
+  }
   be.rope(ws.q, batch, c.num_heads, inv_freq_, operands);
   be.rope(ws.k, batch, c.num_kv_heads, inv_freq_, operands);
   be.attention(ws.q, ws.k, ws.v, batch, c.num_heads, c.num_kv_heads,
@@ -503,6 +528,17 @@ void DecoderModel::run_llama_block(int64_t block, const BlockWeights& w, BlockRo
   be.silu_mul(ws.gate, ws.up, ws.act, linear_inputs);
   linear("mlp.down_proj", ws.act, ws.down);
   be.add_into_rows(x, ws.down, rows.dst, rows.dst_row);
+}
+
+void DecoderModel::normalize_heads(Tensor& x, const Tensor& weight, float eps) {
+  Workspace& ws = *workspace_;
+  const auto shape = x.shape();
+  const int64_t head_dim = config_.head_dim;
+  x.reshape({x.numel() / head_dim, head_dim});
+  backend_->rms_norm(x, weight, eps, ws.head_norm);
+  x.reshape(shape);
+  ws.head_norm.reshape(shape);
+  std::swap(x, ws.head_norm);
 }
 
 void DecoderModel::run_opt_block(int64_t block, const BlockWeights& w, BlockRows rows, int64_t n_seqs,

@@ -60,7 +60,13 @@ struct BlockWeights {
   // LLaMA: norm1 = input_layernorm, norm2 = post_attention_layernorm (weights only).
   // OPT: norm1 = self_attn_layer_norm, norm2 = final_layer_norm (weight + bias, possibly empty).
   Tensor norm1_weight, norm1_bias, norm2_weight, norm2_bias;
+  // Qwen3: self_attn.q_norm and k_norm, the RMSNorms of each head of q and k (empty elsewhere).
+  Tensor q_norm_weight, k_norm_weight;
   std::map<std::string, LinearWeights> linears;  // by module name, e.g. "self_attn.q_proj"
+
+  // The block's tensors other than the linears', with their names in the block ("input_layernorm.weight"),
+  // the empty ones left out.
+  std::vector<std::pair<std::string, const Tensor*>> norm_tensors(const io::ModelConfig& config) const;
 };
 
 // The canonical name prefix of block `block`'s tensors: "model.layers.3." (OPT "model.decoder.layers.3.").
@@ -200,6 +206,8 @@ class DecoderModel {
                        LinearObserver* observer, const WeightOverrides* overrides);
   void run_opt_block(int64_t block, const BlockWeights& w, BlockRows rows, int64_t n_seqs, int64_t seq_len,
                      LinearObserver* observer, const WeightOverrides* overrides);
+  // x [rows, heads·head_dim] = RMSNorm of each head's head_dim values (Qwen3's q_norm, k_norm).
+  void normalize_heads(Tensor& x, const Tensor& weight, float eps);
 
   std::filesystem::path dir_;
   io::ModelConfig config_;

@@ -1,4 +1,5 @@
-"""An independent implementation of symprune's layer-wise pruning pipeline for LLaMA models, in numpy.
+"""An independent implementation of symprune's layer-wise pruning pipeline for LLaMA-architecture models
+(LLaMA; the biases of Qwen2 and of Qwen3's attention; Qwen3's per-head q/k RMSNorms), in numpy.
 
 Written from the definitions (DESIGN.md §3), not from symprune's code, so the end-to-end tests can
 compare masks. Everything runs in float64: the forward pass (RMSNorm, rotate-half RoPE, grouped-query
@@ -55,7 +56,9 @@ class Llama:
         self.dim = config["hidden_size"]
         self.n_heads = config["num_attention_heads"]
         self.n_kv = config.get("num_key_value_heads", self.n_heads)
-        self.head_dim = self.dim // self.n_heads
+        # Qwen3's heads need not be dim / n_heads wide (its config's default is 128).
+        self.head_dim = config.get("head_dim") or (128 if config.get("model_type") == "qwen3"
+                                                   else self.dim // self.n_heads)
         self.eps = config["rms_norm_eps"]
         self.n_layers = config["num_hidden_layers"]
         theta = config.get("rope_theta", 10000.0)
@@ -93,12 +96,19 @@ class Llama:
             x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
             if observe is not None:
                 observe(name, x2)
-            return (x2 @ W(name).T).reshape(*x.shape[:-1], -1)
+            y = x2 @ W(name).T
+            bias = self.w.get(f"model.layers.{i}.{name}.bias")  # Qwen2's q/k/v, Qwen3's attention_bias
+            return (y if bias is None else y + bias).reshape(*x.shape[:-1], -1)
+
+        def heads(name, x, count):
+            y = lin(f"self_attn.{name}_proj", x).reshape(n, t, count, self.head_dim)
+            norm = self.w.get(f"model.layers.{i}.self_attn.{name}_norm.weight")  # Qwen3: RMSNorm per head
+            return (y if norm is None else self.rmsnorm(y, norm)).transpose(0, 2, 1, 3)
 
         x = self.rmsnorm(h, self.w[f"model.layers.{i}.input_layernorm.weight"])
-        q = lin("self_attn.q_proj", x).reshape(n, t, self.n_heads, self.head_dim).transpose(0, 2, 1, 3)
-        k = lin("self_attn.k_proj", x).reshape(n, t, self.n_kv, self.head_dim).transpose(0, 2, 1, 3)
-        v = lin("self_attn.v_proj", x).reshape(n, t, self.n_kv, self.head_dim).transpose(0, 2, 1, 3)
+        q = heads("q", x, self.n_heads)
+        k = heads("k", x, self.n_kv)
+        v = heads("v", x, self.n_kv)
         q, k = self.rope(q), self.rope(k)
         group = self.n_heads // self.n_kv
         k = np.repeat(k, group, axis=1)  # head j uses kv head j // group, as HF repeat_kv
@@ -108,7 +118,7 @@ class Llama:
         att = np.where(np.tril(np.ones((t, t), dtype=bool)), att, -np.inf)
         att = np.exp(att - att.max(axis=-1, keepdims=True))
         att /= att.sum(axis=-1, keepdims=True)
-        o = (att @ v).transpose(0, 2, 1, 3).reshape(n, t, d)
+        o = (att @ v).transpose(0, 2, 1, 3).reshape(n, t, self.n_heads * self.head_dim)
         h = h + lin("self_attn.o_proj", o)
 
         x = self.rmsnorm(h, self.w[f"model.layers.{i}.post_attention_layernorm.weight"])

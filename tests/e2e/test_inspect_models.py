@@ -223,7 +223,7 @@ def test_bad_config(tmp_path):
     config["model_type"] = "gpt_neox"
     (d / "config.json").write_text(json.dumps(config))
     expect_failure(d, str(d / "config.json"),
-                   "model_type 'gpt_neox' is not supported (supported: llama, mistral, qwen2, opt)")
+                   "model_type 'gpt_neox' is not supported (supported: llama, mistral, qwen2, qwen3, opt)")
     (d / "config.json").write_text("{\"model_type\": ")
     expect_failure(d, str(d / "config.json"), "invalid JSON")
 

@@ -167,10 +167,11 @@ TEST_P(CudaBackendModelTest, EmbeddingIn16BitsHoldsOneMicroBatchInFp32) {
   if (emulated_device()) EXPECT_LE(peak, 2 * n_seqs * unit + 2 * 4 * 2 * unit) << GetParam();
 }
 
-// tiny-qwen2: the LLaMA block with biases on q, k and v.
+// tiny-qwen2: the LLaMA block with biases on q, k and v; tiny-qwen3: with RMSNorms per head of q and k,
+// heads twice hidden / heads wide.
 INSTANTIATE_TEST_SUITE_P(SyntheticModels, CudaBackendModelTest,
                          ::testing::Values("synthetic:tiny-llama", "synthetic:tiny-opt",
-                                           "synthetic:tiny-qwen2"));
+                                           "synthetic:tiny-qwen2", "synthetic:tiny-qwen3"));
 
 // Observes nothing, but its presence makes the blocks keep the fp32 values of the linears' inputs.
 class IdleObserver final : public model::LinearObserver {
@@ -216,7 +217,7 @@ TEST_P(LlamaBlocksTest, WithoutAnObserverGiveTheSameHiddenStatesIn16Bits) {
 
 INSTANTIATE_TEST_SUITE_P(SyntheticLlamas, LlamaBlocksTest,
                          ::testing::Values("synthetic:tiny-llama", "synthetic:tiny-llama-h16",
-                                           "synthetic:tiny-qwen2"));
+                                           "synthetic:tiny-qwen2", "synthetic:tiny-qwen3"));
 
 }  // namespace
 }  // namespace symprune::kernel_test

@@ -63,7 +63,8 @@ def test_llama_outputs_are_byte_identical_for_every_rank_count(stories, tmp_path
 
 
 @pytest.mark.parametrize("shape,name", [("tiny-opt", "wanda"), ("tiny-opt", "ria-layer"),
-                                        ("tiny-opt", "wanda+dsnot"), ("tiny-qwen2", "wanda+dsnot")])
+                                        ("tiny-opt", "wanda+dsnot"), ("tiny-qwen2", "wanda+dsnot"),
+                                        ("tiny-qwen3", "wanda+dsnot")])
 def test_synthetic_outputs_are_byte_identical_for_every_rank_count(tmp_path, have_mpirun, shape, name):
     # OPT's biased linears and LayerNorms; Qwen2's biases on q/k/v.
     model_args = ["--model", f"synthetic:{shape}:5", "--calib", "synthetic", "--nsamples", "10", "--seqlen", "32",

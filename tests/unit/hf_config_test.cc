@@ -367,9 +367,70 @@ TEST(HfConfig, Qwen2HasQkvBiasesAndAWindowOnlyWhenUsed) {
   EXPECT_EQ(d.max_position_embeddings, 32768);
 }
 
+// The config.json of Qwen/Qwen3-8B.
+json qwen3_8b() {
+  return json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 12288, "max_position_embeddings": 40960,
+    "max_window_layers": 36, "model_type": "qwen3", "num_attention_heads": 32, "num_hidden_layers": 36,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+TEST(HfConfig, Qwen3HasHeadNormsItsOwnHeadDimAndAttentionBiasesOnRequest) {
+  const ModelConfig c = parse_config(qwen3_8b(), "cfg");
+  EXPECT_EQ(c.family, ModelFamily::kLlama);
+  EXPECT_EQ(c.model_type, "qwen3");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.attention_bias || c.qkv_bias || c.mlp_bias);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.num_kv_heads, 8);
+  EXPECT_FALSE(c.sliding_window.has_value());
+  EXPECT_EQ(c.max_seq_len(), 40960);
+  // Qwen3-0.6B: heads of 128 with hidden 1024 and 16 heads (q_proj 2048 x 1024).
+  json j = qwen3_8b();
+  j["hidden_size"] = 1024;
+  j["num_attention_heads"] = 16;
+  EXPECT_EQ(parse_config(j, "cfg").head_dim, 128);
+  // Qwen3Config's head_dim is 128 when config.json has none, whatever hidden / heads; Qwen2's is derived.
+  j.erase("head_dim");
+  EXPECT_EQ(parse_config(j, "cfg").head_dim, 128);
+  j["model_type"] = "qwen2";
+  EXPECT_EQ(parse_config(j, "cfg").head_dim, 64);
+  EXPECT_FALSE(parse_config(j, "cfg").qk_norm);
+  // attention_bias puts biases on q, k, v and o; Qwen3's MLP has none whatever mlp_bias says.
+  j = qwen3_8b();
+  j["attention_bias"] = true;
+  j["mlp_bias"] = true;
+  const ModelConfig biased = parse_config(j, "cfg");
+  EXPECT_TRUE(biased.attention_bias);
+  EXPECT_FALSE(biased.mlp_bias || biased.qkv_bias);
+  EXPECT_TRUE(biased.attention_bias_configurable());
+  EXPECT_FALSE(biased.mlp_bias_configurable());
+  // Windows as Qwen2's.
+  j = qwen3_8b();
+  j["use_sliding_window"] = true;
+  j["max_window_layers"] = 30;
+  j["sliding_window"] = 4096;
+  EXPECT_EQ(parse_config(j, "cfg").sliding_window, 4096);
+  j["max_window_layers"] = 36;
+  EXPECT_FALSE(parse_config(j, "cfg").sliding_window.has_value());
+  // Qwen3Config's defaults.
+  const ModelConfig d = parse_config(json{{"model_type", "qwen3"}}, "cfg");
+  EXPECT_EQ(d.head_dim, 128);
+  EXPECT_EQ(d.num_kv_heads, 32);
+  EXPECT_EQ(d.vocab_size, 151936);
+  EXPECT_FALSE(d.bos_token_id.has_value());
+  j = qwen3_8b();
+  j["head_dim"] = 127;
+  expect_error(j, {"head_dim (127) must be even for rotary embeddings"});
+}
+
 TEST(HfConfig, UnknownOrMissingModelType) {
   expect_error(json{{"model_type", "gpt2"}},
-               {"model_type 'gpt2' is not supported (supported: llama, mistral, qwen2, opt)"});
+               {"model_type 'gpt2' is not supported (supported: llama, mistral, qwen2, qwen3, opt)"});
   expect_error(json{{"hidden_size", 8}}, {"no \"model_type\""});
   expect_error(json::array(), {"expected a JSON object"});
 }

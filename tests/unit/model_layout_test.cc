@@ -101,6 +101,25 @@ TEST(ModelLayout, Qwen2BiasesOnQkvOnlyAndMistralNone) {
   EXPECT_EQ(mistral.count("model.layers.0.self_attn.q_proj.bias"), 0u);
 }
 
+TEST(ModelLayout, Qwen3HeadNormsWideHeadsAndAttentionBiases) {
+  json j{{"model_type", "qwen3"},  {"hidden_size", 16},        {"intermediate_size", 24},
+         {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+         {"head_dim", 8},          {"vocab_size", 10},         {"attention_bias", true},
+         {"mlp_bias", true}};
+  const auto m = by_name(expected_tensors(parse_config(j, "/m/config.json")));
+  EXPECT_EQ(m.at("model.layers.1.self_attn.q_proj.weight").shape, (Shape{32, 16}));  // 4 heads of 8
+  EXPECT_EQ(m.at("model.layers.1.self_attn.k_proj.weight").shape, (Shape{16, 16}));
+  EXPECT_EQ(m.at("model.layers.1.self_attn.o_proj.weight").shape, (Shape{16, 32}));
+  EXPECT_EQ(m.at("model.layers.1.self_attn.q_norm.weight").shape, (Shape{8}));
+  EXPECT_EQ(m.at("model.layers.1.self_attn.k_norm.weight").shape, (Shape{8}));
+  EXPECT_EQ(m.at("model.layers.1.self_attn.o_proj.bias").shape, (Shape{16}));
+  EXPECT_EQ(m.count("model.layers.1.mlp.up_proj.bias"), 0u);  // Qwen3's MLP has no biases
+  EXPECT_EQ(m.size(), 1u + 2 * (9 + 4 + 2) + 1 + 1);
+  // A block's tensors in file order: the head norms between the attention's linears and the MLP's.
+  const auto block = expected_block_tensors(parse_config(j, "/m/config.json"), 0);
+  EXPECT_EQ(block.size(), 15u);
+}
+
 TEST(ModelLayout, OptPreLnNoProjection) {
   const auto m = by_name(expected_tensors(tiny_opt(16, true)));
   EXPECT_EQ(m.size(), 2u + 2 * 16 + 2 + 1);

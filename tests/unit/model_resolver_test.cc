@@ -90,6 +90,10 @@ TEST_F(ModelResolverTest, KnownShortNames) {
   EXPECT_EQ(repos.at("llama3.1-8b"), "meta-llama/Llama-3.1-8B");
   EXPECT_EQ(repos.at("mistral-7b"), "mistralai/Mistral-7B-v0.1");
   EXPECT_EQ(repos.at("qwen2.5-7b"), "Qwen/Qwen2.5-7B");
+  EXPECT_EQ(repos.at("qwen3-0.6b"), "Qwen/Qwen3-0.6B");
+  EXPECT_EQ(repos.at("qwen3-8b"), "Qwen/Qwen3-8B");
+  EXPECT_EQ(repos.at("qwen3-8b-base"), "Qwen/Qwen3-8B-Base");
+  EXPECT_EQ(repos.at("qwen3-32b"), "Qwen/Qwen3-32B");
   for (const char* size : {"125m", "350m", "1.3b", "2.7b", "6.7b", "13b", "30b", "66b"}) {
     EXPECT_EQ(repos.at(std::string("opt-") + size), std::string("facebook/opt-") + size);
   }
