@@ -132,7 +132,9 @@ void run_inspect(const InspectOptions& options) {
              c.tie_word_embeddings ? "yes" : "no");
   if (llama) {
     std::string scaling = "none";
-    if (c.rope_scaling) {
+    if (c.rope_scaling && c.rope_scaling->type != "llama3") {
+      scaling = fmt::format("{} (factor {})", c.rope_scaling->type, c.rope_scaling->factor);
+    } else if (c.rope_scaling) {
       scaling =
           fmt::format("{} (factor {}, low {}, high {}, original max {})", c.rope_scaling->type,
                       c.rope_scaling->factor, c.rope_scaling->low_freq_factor,

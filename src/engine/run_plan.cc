@@ -801,10 +801,10 @@ MemoryPlan plan_device_memory(const io::ModelConfig& mc, DType storage, int64_t 
   const double tokens = static_cast<double>(tokens_per_pass);
   const double q_width = static_cast<double>(mc.num_heads * mc.head_dim);
   // q and the attention's output are q_width wide (wider than d in Qwen3-0.6B); Qwen3's per-head norms write
-  // q and k once more.
+  // q and k once more (and, in lower precision, their rounded copies).
   p.activations = f * tokens *
                   (8.0 * d + 2.0 * std::max(0.0, q_width - d) + 2.0 * kv + 4.0 * inner +
-                   (mc.qk_norm ? std::max(q_width, kv) : 0.0));
+                   (mc.qk_norm ? (low_precision ? 1.5 : 1.0) * (q_width + kv) : 0.0));
   if (low_precision && tokens > 0)
     p.activations += f * tokens * d + s * tokens * (d + widest_input + 2.0 * q_width + 2.0 * kv) +
                      // post-norm OPT reads two d-wide storages rounded (the states and the norm's output)

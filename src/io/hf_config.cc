@@ -93,24 +93,26 @@ std::optional<RopeScaling> parse_rope_object(const nlohmann::json& rs, const cha
     for (const auto& [key, value] : rs.items())
       SYMPRUNE_CHECK(key == "rope_theta" || key == "partial_rotary_factor",
                      "{}: {} has \"{}\" but no \"rope_type\" (or \"type\"): say which RoPE scaling it is "
-                     "(supported: llama3, or default for none)",
+                     "(supported: llama3, linear, dynamic, or default for none)",
                      source, name, key);
     return std::nullopt;
   }
   if (type == "default") return std::nullopt;
-  SYMPRUNE_CHECK(type == "llama3", "{}: {} type '{}' is not supported (supported: llama3, or none)", source,
+  SYMPRUNE_CHECK(type == "llama3" || type == "linear" || type == "dynamic",
+                 "{}: {} type '{}' is not supported (supported: llama3, linear, dynamic, or none)", source,
                  name, type);
-  for (const char* key :
-       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
-    SYMPRUNE_CHECK(f.has(key), "{}: {} of type llama3 needs \"{}\"", source, name, key);
-  }
   RopeScaling out;
   out.type = type;
+  SYMPRUNE_CHECK(f.has("factor"), "{}: {} of type {} needs \"factor\"", source, name, type);
   out.factor = f.number("factor", 1.0);
+  SYMPRUNE_CHECK(out.factor > 0, "{}: {} factor must be positive, got {}", source, name, out.factor);
+  if (type != "llama3") return out;  // linear and dynamic take the factor alone
+  for (const char* key : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    SYMPRUNE_CHECK(f.has(key), "{}: {} of type llama3 needs \"{}\"", source, name, key);
+  }
   out.low_freq_factor = f.number("low_freq_factor", 1.0);
   out.high_freq_factor = f.number("high_freq_factor", 4.0);
   out.original_max_position_embeddings = f.integer("original_max_position_embeddings", 8192);
-  SYMPRUNE_CHECK(out.factor > 0, "{}: {} factor must be positive, got {}", source, name, out.factor);
   SYMPRUNE_CHECK(out.low_freq_factor > 0, "{}: {} low_freq_factor must be positive, got {}", source, name,
                  out.low_freq_factor);
   // The llama3 formula divides by (high_freq_factor - low_freq_factor).
@@ -260,6 +262,9 @@ void parse_llama(const Fields& f, const nlohmann::json& json, ModelConfig& c) {
   check_positive(c.num_heads, "num_attention_heads", c.source);
   check_positive(c.num_kv_heads, "num_key_value_heads", c.source);
   check_positive(c.hidden_size, "hidden_size", c.source);
+  // transformers' Qwen3 cannot build a model whose head_dim is null (LLaMA's derives it): refused as a
+  // non-integer.
+  if (defaults.head_dim && json.contains("head_dim")) f.to_integer(json["head_dim"], "head_dim");
   if (f.has("head_dim") || defaults.head_dim) {
     c.head_dim = f.integer("head_dim", defaults.head_dim.value_or(0));
   } else {

@@ -14,7 +14,8 @@ namespace symprune::io {
 enum class ModelFamily { kLlama, kOpt };
 
 // rope_scaling {"rope_type"/"type": "llama3", factor, low_freq_factor, high_freq_factor,
-// original_max_position_embeddings}. Other types are refused with a clear error.
+// original_max_position_embeddings}, or {"rope_type": "linear" or "dynamic", factor} (the other fields then
+// unused). Other types are refused with a clear error.
 struct RopeScaling {
   std::string type;
   double factor = 1.0;

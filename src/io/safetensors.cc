@@ -22,6 +22,7 @@
 #include "io/atomic_file.h"
 #include "io/json_util.h"
 #include "io/sharded_index.h"
+#include "io/torch_checkpoint.h"
 
 namespace symprune::io {
 namespace fs = std::filesystem;
@@ -74,8 +75,7 @@ std::string conversion_hint(const fs::path& dir) {
 // bytes (0x0280 = 640 begins 80 02, like a protocol-2 pickle).
 bool looks_like_pickle(const unsigned char* head, size_t size) {
   if (size >= 4 && head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4) return true;
-  if (size >= 2 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5) return true;
-  return false;
+  return starts_like_pickle(std::as_bytes(std::span(head, size)));
 }
 
 // SIGBUS while copying from a mapping means the file shrank under it. Copies run under a per-thread

@@ -162,6 +162,8 @@ nlohmann::json synthetic_config_json(const SyntheticSpec& spec) {
       j["eos_token_id"] = p.vocab - 1;
       j["use_sliding_window"] = false;
       j["rms_norm_eps"] = 1e-6;
+      // As Qwen3's own configs: transformers 4.51-4.52 window every layer by a non-null sliding_window.
+      if (model_type == "qwen3") j["sliding_window"] = nullptr;
     }
   } else {
     j = {{"architectures", {"OPTForCausalLM"}},

@@ -602,12 +602,6 @@ class Unpickler {
   std::unordered_map<uint64_t, size_t> memo_;
 };
 
-// A file whose first bytes are a pickle (torch < 1.6 wrote a sequence of pickles and raw storages).
-bool is_legacy_torch_file(std::span<const std::byte> bytes) {
-  return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x80 &&
-         static_cast<unsigned char>(bytes[1]) >= 2 && static_cast<unsigned char>(bytes[1]) <= 5;
-}
-
 std::string reconvert_hint() {
   return "re-save it with a current PyTorch (torch.save(torch.load(FILE, weights_only=True), FILE)) or "
          "convert "
@@ -634,6 +628,11 @@ void check_tensor_name(const std::string& name, const std::string& where) {
 }
 
 }  // namespace
+
+bool starts_like_pickle(std::span<const std::byte> head) {
+  return head.size() >= 2 && static_cast<unsigned char>(head[0]) == 0x80 &&
+         static_cast<unsigned char>(head[1]) >= 2 && static_cast<unsigned char>(head[1]) <= 5;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Zip records
@@ -712,7 +711,7 @@ TorchCheckpointFile TorchCheckpointFile::open(const fs::path& path) {
   const std::span<const std::byte> archive = file.map_.bytes();
 
   SYMPRUNE_CHECK(
-      !is_legacy_torch_file(archive),
+      !starts_like_pickle(archive),
       "{}: a PyTorch checkpoint in the legacy format of torch < 1.6, which symprune does not read: {}", where,
       reconvert_hint());
   SYMPRUNE_CHECK(archive.size() >= 4 && load_le(archive.data(), 4) == kLocalHeader,

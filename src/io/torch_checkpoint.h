@@ -31,6 +31,10 @@ namespace symprune::io {
 inline constexpr const char* kTorchSingleFile = "pytorch_model.bin";
 inline constexpr const char* kTorchIndexFile = "pytorch_model.bin.index.json";
 
+// Whether a file's first bytes begin a raw pickle (protocol 2 to 5): a PyTorch checkpoint of torch < 1.6,
+// which wrote a sequence of pickles and raw storages (torch >= 1.6 writes a zip archive).
+bool starts_like_pickle(std::span<const std::byte> head);
+
 // One stored record of a zip archive: its name and where its bytes lie in the archive.
 struct ZipRecord {
   std::string name;

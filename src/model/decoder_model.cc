@@ -20,7 +20,7 @@ std::string LinearId::to_string() const {
 struct DecoderModel::Workspace {
   Tensor x;  // micro-batch hidden copy (only when the batch is split)
   Tensor h, q, k, v, attn, o, gate, up, act, down;
-  Tensor head_norm;  // q or k normalized per head (Qwen3)
+  Tensor q_normed, k_normed;  // q and k normalized per head (Qwen3)
 };
 
 namespace {
@@ -89,15 +89,20 @@ DecoderModel DecoderModel::open_source(std::unique_ptr<io::TensorSource> tensors
                    config_path, c.hidden_act);
     m.linear_names_ = kLlamaLinears;
     std::optional<Llama3RopeScaling> scaling;
-    if (c.rope_scaling) {
-      SYMPRUNE_CHECK(c.rope_scaling->type == "llama3",
-                     "{}: unsupported rope_scaling type '{}' (supported: llama3)", config_path,
-                     c.rope_scaling->type);
+    const std::string type = c.rope_scaling ? c.rope_scaling->type : "default";
+    SYMPRUNE_CHECK(type == "default" || type == "llama3" || type == "linear" || type == "dynamic",
+                   "{}: unsupported rope_scaling type '{}' (supported: llama3, linear, dynamic)", config_path,
+                   type);
+    if (type == "llama3")
       scaling = Llama3RopeScaling{c.rope_scaling->factor, c.rope_scaling->low_freq_factor,
                                   c.rope_scaling->high_freq_factor,
                                   static_cast<double>(c.rope_scaling->original_max_position_embeddings)};
-    }
     m.inv_freq_ = rope_inv_freq(c.head_dim, c.rope_theta, scaling);
+    // linear: positions divided by the factor, i.e. every frequency (transformers: inv_freq /= factor, in
+    // fp32). dynamic (NTK): transformers raises theta only for sequences longer than max_position_embeddings,
+    // which symprune refuses, so the frequencies are the plain ones.
+    if (type == "linear")
+      for (float& f : m.inv_freq_) f /= static_cast<float>(c.rope_scaling->factor);
   } else {
     SYMPRUNE_CHECK(c.activation_function == "relu",
                    "{}: unsupported OPT activation_function '{}' (supported: relu)", config_path,
@@ -513,12 +518,14 @@ void DecoderModel::run_llama_block(int64_t block, const BlockWeights& w, BlockRo
   linear("self_attn.k_proj", ws.h, ws.k);
   linear("self_attn.v_proj", ws.h, ws.v);
   if (c.qk_norm) {
-    normalize_heads(ws.q, w.q_norm_weight, eps);
-    normalize_heads(ws.k, w.k_norm_weight, eps);
+    normalize_heads(ws.q, w.q_norm_weight, eps, ws.q_normed);
+    normalize_heads(ws.k, w.k_norm_weight, eps, ws.k_normed);
   }
-  be.rope(ws.q, batch, c.num_heads, inv_freq_, operands);
-  be.rope(ws.k, batch, c.num_kv_heads, inv_freq_, operands);
-  be.attention(ws.q, ws.k, ws.v, batch, c.num_heads, c.num_kv_heads,
+  Tensor& q = c.qk_norm ? ws.q_normed : ws.q;
+  Tensor& k = c.qk_norm ? ws.k_normed : ws.k;
+  be.rope(q, batch, c.num_heads, inv_freq_, operands);
+  be.rope(k, batch, c.num_kv_heads, inv_freq_, operands);
+  be.attention(q, k, ws.v, batch, c.num_heads, c.num_kv_heads,
                static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))), ws.attn, operands,
                linear_inputs);
   linear("self_attn.o_proj", ws.attn, ws.o);
@@ -530,15 +537,16 @@ void DecoderModel::run_llama_block(int64_t block, const BlockWeights& w, BlockRo
   be.add_into_rows(x, ws.down, rows.dst, rows.dst_row);
 }
 
-void DecoderModel::normalize_heads(Tensor& x, const Tensor& weight, float eps) {
-  Workspace& ws = *workspace_;
+void DecoderModel::normalize_heads(Tensor& x, const Tensor& weight, float eps, Tensor& y) {
   const auto shape = x.shape();
-  const int64_t head_dim = config_.head_dim;
-  x.reshape({x.numel() / head_dim, head_dim});
-  backend_->rms_norm(x, weight, eps, ws.head_norm);
+  const std::vector<int64_t> heads{x.numel() / config_.head_dim, config_.head_dim};
+  x.reshape(heads);  // viewed per head for the op, then as it was
+  // y keeps its buffer from one micro-batch to the next (a backend reallocates an output of another shape,
+  // and a device one would lose the rounded copy its RoPE keeps).
+  if (y.numel() == x.numel()) y.reshape(heads);
+  backend_->rms_norm(x, weight, eps, y);
   x.reshape(shape);
-  ws.head_norm.reshape(shape);
-  std::swap(x, ws.head_norm);
+  y.reshape(shape);
 }
 
 void DecoderModel::run_opt_block(int64_t block, const BlockWeights& w, BlockRows rows, int64_t n_seqs,

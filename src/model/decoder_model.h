@@ -206,8 +206,8 @@ class DecoderModel {
                        LinearObserver* observer, const WeightOverrides* overrides);
   void run_opt_block(int64_t block, const BlockWeights& w, BlockRows rows, int64_t n_seqs, int64_t seq_len,
                      LinearObserver* observer, const WeightOverrides* overrides);
-  // x [rows, heads·head_dim] = RMSNorm of each head's head_dim values (Qwen3's q_norm, k_norm).
-  void normalize_heads(Tensor& x, const Tensor& weight, float eps);
+  // y [rows, heads·head_dim] = the RMSNorm of each head's head_dim values of x (Qwen3's q_norm, k_norm).
+  void normalize_heads(Tensor& x, const Tensor& weight, float eps, Tensor& y);
 
   std::filesystem::path dir_;
   io::ModelConfig config_;

@@ -1,5 +1,5 @@
-"""Forward parity: `symprune logits` on tiny random transformers models (LLaMA MHA/GQA, plain RoPE
-and llama3-scaled RoPE; Mistral with its sliding window; Qwen2 with its q/k/v biases; OPT pre-/post-LN,
+"""Forward parity: `symprune logits` on tiny random transformers models (LLaMA MHA/GQA, plain RoPE,
+llama3-, linear- and dynamic-scaled RoPE; Mistral with its sliding window; Qwen2 with its q/k/v biases; OPT pre-/post-LN,
 with and without project_in/out), saved in fp32, bf16 and fp16, against transformers' own fp32 logits
 on the same (rounded) weights: max |diff| / max |ref| <= 1e-4."""
 import os
@@ -19,6 +19,9 @@ VOCAB = 96
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 64}
+# A factor that is not a power of two, so that the division rounds.
+LINEAR_SCALING = {"type": "linear", "factor": 2.5}
+DYNAMIC_SCALING = {"rope_type": "dynamic", "factor": 4.0}
 
 
 def llama(heads, kv_heads, theta, scaling, tied=False):
@@ -57,6 +60,8 @@ CONFIGS = {
     "llama-gqa-theta1e4-tied": (LlamaForCausalLM, lambda: llama(8, 2, 10000.0, None, tied=True)),
     "llama-mha-theta5e5-llama3": (LlamaForCausalLM, lambda: llama(4, 4, 500000.0, LLAMA3_SCALING)),
     "llama-gqa-theta5e5-llama3": (LlamaForCausalLM, lambda: llama(8, 2, 500000.0, LLAMA3_SCALING)),
+    "llama-gqa-linear": (LlamaForCausalLM, lambda: llama(8, 2, 10000.0, LINEAR_SCALING)),
+    "llama-mha-dynamic": (LlamaForCausalLM, lambda: llama(4, 4, 10000.0, DYNAMIC_SCALING)),
     "mistral-gqa-window": (MistralForCausalLM, lambda: mistral(SEQ_LEN)),
     "mistral-gqa-no-window": (MistralForCausalLM, lambda: mistral(None)),
     "qwen2-gqa-bias": (Qwen2ForCausalLM, lambda: qwen2(False)),
@@ -124,6 +129,25 @@ def test_llama3_scaling_changes_logits(tmp_path):
         a = base(torch.tensor([ids])).logits[0].numpy()
         b = scaled(torch.tensor([ids])).logits[0].numpy()
     assert np.abs(a - b).max() / np.abs(a).max() > 1e-3
+    got = symprune_logits(tmp_path / "scaled", ids, tmp_path / "l.f32")
+    assert np.abs(got - b).max() / np.abs(b).max() <= TOL
+
+
+@pytest.mark.parametrize("scaling,changes", [(LINEAR_SCALING, True), (DYNAMIC_SCALING, False)],
+                         ids=["linear", "dynamic"])
+def test_linear_scaling_changes_logits_and_dynamic_not_within_max_positions(tmp_path, scaling, changes):
+    """Guards the parity cases above: linear scaling moves the logits; dynamic (NTK) scaling leaves them as
+    they are on every sequence up to max_position_embeddings, the longest symprune accepts."""
+    torch.manual_seed(6)
+    base = LlamaForCausalLM(llama(4, 4, 10000.0, None)).eval()
+    scaled = LlamaForCausalLM(llama(4, 4, 10000.0, scaling)).eval()
+    scaled.load_state_dict(base.state_dict())
+    scaled.save_pretrained(tmp_path / "scaled", safe_serialization=True)
+    ids = list(range(1, 91))
+    with torch.no_grad():
+        a = base(torch.tensor([ids])).logits[0].numpy()
+        b = scaled(torch.tensor([ids])).logits[0].numpy()
+    assert (np.abs(a - b).max() / np.abs(a).max() > 1e-3) == changes
     got = symprune_logits(tmp_path / "scaled", ids, tmp_path / "l.f32")
     assert np.abs(got - b).max() / np.abs(b).max() <= TOL
 

@@ -10,7 +10,7 @@ transformers gained Qwen3 in 4.51, which needs torch 2; the test environment has
 So the reference logits are a committed file (data/qwen3_reference_logits.npz), written by this file run
 as a script in an environment with transformers >= 4.51:
 
-    python test_qwen3_parity.py --write-reference
+    python test_qwen3.py --write-reference
 
 It records, per case, a digest of the weights' values, which the test checks before comparing; where the
 installed transformers has Qwen3, the test also computes the reference itself and checks the file against it.

@@ -159,7 +159,8 @@ TEST(HfConfig, RopeParametersOfTransformers5) {
   expect_error(both, {"\"rope_scaling\" and \"rope_parameters\" describe different RoPE scalings"});
 
   j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 2.0}};
-  expect_error(j, {"rope_parameters type 'yarn' is not supported (supported: llama3, or none)"});
+  expect_error(
+      j, {"rope_parameters type 'yarn' is not supported (supported: llama3, linear, dynamic, or none)"});
   j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
   expect_error(j, {"rope_parameters per attention type (\"full_attention\": {...}) are not supported"});
 }
@@ -424,6 +425,11 @@ TEST(HfConfig, Qwen3HasHeadNormsItsOwnHeadDimAndAttentionBiasesOnRequest) {
   EXPECT_EQ(d.vocab_size, 151936);
   EXPECT_FALSE(d.bos_token_id.has_value());
   j = qwen3_8b();
+  j["head_dim"] = nullptr;  // transformers' Qwen3 cannot build it; LLaMA's derives it
+  expect_error(j, {"\"head_dim\" must be an integer, got null"});
+  j["model_type"] = "llama";
+  EXPECT_EQ(parse_config(j, "cfg").head_dim, 128);
+  j = qwen3_8b();
   j["head_dim"] = 127;
   expect_error(j, {"head_dim (127) must be even for rotary embeddings"});
 }
@@ -435,12 +441,30 @@ TEST(HfConfig, UnknownOrMissingModelType) {
   expect_error(json::array(), {"expected a JSON object"});
 }
 
+TEST(HfConfig, LinearAndDynamicRopeScalingTakeTheFactor) {
+  json j = llama31_8b();
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
+  const ModelConfig linear = parse_config(j, "cfg");
+  ASSERT_TRUE(linear.rope_scaling.has_value());
+  EXPECT_EQ(linear.rope_scaling->type, "linear");
+  EXPECT_EQ(linear.rope_scaling->factor, 4.0);
+  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+  EXPECT_EQ(parse_config(j, "cfg").rope_scaling->type, "dynamic");
+  // transformers 5's spelling.
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 500000.0}};
+  EXPECT_EQ(parse_config(j, "cfg").rope_scaling->factor, 2.0);
+}
+
 TEST(HfConfig, UnsupportedRopeScalingAndActivation) {
   json j = llama31_8b();
-  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
-  expect_error(j, {"rope_scaling type 'linear' is not supported (supported: llama3"});
   j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
-  expect_error(j, {"rope_scaling type 'yarn' is not supported"});
+  expect_error(j,
+               {"rope_scaling type 'yarn' is not supported (supported: llama3, linear, dynamic, or none)"});
+  j["rope_scaling"] = {{"type", "linear"}};
+  expect_error(j, {"rope_scaling of type linear needs \"factor\""});
+  j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 0.0}};
+  expect_error(j, {"rope_scaling factor must be positive, got 0"});
   j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
   expect_error(j, {"rope_scaling of type llama3 needs \"low_freq_factor\""});
   j = llama31_8b();
