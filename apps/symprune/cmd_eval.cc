@@ -110,7 +110,7 @@ void run_eval(const EvalOptions& o) {
                  o.seqlen, model.max_seq_len_limit(), model.config_file(), model.max_seq_len());
   SYMPRUNE_CHECK(o.seqlen <= model.max_seq_len(), "--seqlen {} exceeds {} of {}", o.seqlen,
                  model.max_seq_len_limit(), model.config_file());
-  const std::string text = io::read_text_file(o.text, "text file (--text)");
+  const std::string text = io::read_evaluation_text(o.text, "text file (--text)");
   if (!tokenizer->bos_id())
     log::warn("tokenizer ({}) has no BOS token; the text is evaluated without one", tokenizer->kind());
   const std::vector<int32_t> tokens = tokenizer->encode(text, /*add_bos=*/true);

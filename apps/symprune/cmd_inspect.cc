@@ -66,6 +66,13 @@ bool print_completion_marker(const std::string& file) {
 }
 
 void run_inspect_checkpoint(const std::string& file) {
+  // `inspect MODEL_DIR` (or a short name) is the natural slip: say how a model is inspected.
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(file, ec);
+  if (!std::filesystem::exists(status) || std::filesystem::is_directory(status))
+    fail("inspect {}: {}; to inspect a model, give --model {}", file,
+         std::filesystem::exists(status) ? "a directory, not a checkpoint file" : "no such checkpoint file",
+         file);
   if (print_completion_marker(file)) return;
   const io::CheckpointReader reader(file);
   const io::CheckpointHeader& h = reader.header();

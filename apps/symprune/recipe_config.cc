@@ -16,20 +16,15 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/text_file.h"
 
 namespace symprune::app {
 namespace {
 
 std::string read_text(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    fail("recipe {}: is a directory, expected a TOML or YAML file", path.string());
-  std::ifstream in(path, std::ios::binary);
-  SYMPRUNE_CHECK(in.good(), "recipe {}: cannot open file", path.string());
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  SYMPRUNE_CHECK(!in.bad(), "recipe {}: read error", path.string());
-  std::string text = buffer.str();
+  // As every input file: missing, a directory, a device, unreadable, each named. The parsers name what is not
+  // a recipe's text themselves, by line.
+  std::string text = io::read_input_file(path, "recipe (--recipe)");
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // UTF-8 byte order mark
   return text;
 }

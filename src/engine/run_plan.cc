@@ -494,7 +494,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
   if (comm.rank() == 0)
     check_fresh_checkpoint(c, inputs);  // where rank 0 writes it (other nodes may not see it)
   const std::string eval_text =
-      c.eval.empty() ? std::string() : io::read_text_file(c.eval, "evaluation text (--eval)");
+      c.eval.empty() ? std::string() : io::read_evaluation_text(c.eval, "evaluation text (--eval)");
   if (!r.needs_stats && !c.calib.empty())
     log::info("method {} reads no activations: --calib {} is not used", score_method_name(method), c.calib);
 

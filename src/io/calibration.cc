@@ -66,18 +66,26 @@ class MaybeGzipReader {
     if (n < 0) {
       int code = 0;
       const char* message = gzerror(file_, &code);
-      fail("{}: read error: {}", path_.string(),
-           code == Z_ERRNO ? std::strerror(errno) : (message ? message : "unknown zlib error"));
+      SYMPRUNE_CHECK(code != Z_ERRNO, "{}: read error: {}", path_.string(), std::strerror(errno));
+      fail_corrupt(message);
     }
     out.resize(old + static_cast<size_t>(n));
     if (n == 0) {
       // A truncated gzip stream reads as a short file; zlib reports it only through gzerror.
       int code = 0;
       const char* message = gzerror(file_, &code);
-      SYMPRUNE_CHECK(code == Z_OK || code == Z_STREAM_END, "{}: read error: {}", path_.string(),
-                     message ? message : "unknown zlib error");
+      if (code != Z_OK && code != Z_STREAM_END) fail_corrupt(message);
     }
     return static_cast<size_t>(n);
+  }
+
+  // The gzip data is cut short (an interrupted download) or damaged. zlib's message may start with the path.
+  [[noreturn]] void fail_corrupt(const char* zlib_message) const {
+    std::string_view reason = zlib_message ? zlib_message : "unknown zlib error";
+    const std::string prefix = path_.string() + ": ";
+    if (reason.starts_with(prefix)) reason.remove_prefix(prefix.size());
+    fail("{}: the gzip data is truncated or corrupt ({}): copy or download the file again", path_.string(),
+         reason);
   }
 
   std::string read_all() {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "core/error.h"
@@ -243,6 +244,24 @@ bool looks_like_text(std::string_view bytes) {
     i += step;
   }
   return printable * 20 >= bytes.size() * 19;  // at least 95 %
+}
+
+std::string read_evaluation_text(const fs::path& path, std::string_view what) {
+  std::string text = read_text_file(path, what);
+  const size_t start = text.find_first_not_of(" \t\r\n\xEF\xBB\xBF");  // a byte order mark too
+  if (start != std::string::npos && text[start] == '{') {
+    const size_t end = text.find('\n', start);
+    const auto first = nlohmann::json::parse(text.substr(start, end == std::string::npos ? end : end - start),
+                                             nullptr, /*allow_exceptions=*/false);
+    SYMPRUNE_CHECK(
+        !(first.is_object() && first.contains("text") && first["text"].is_string()),
+        "{}: {} is JSON lines (documents with a \"text\" field, as C4's), which would be scored as "
+        "raw JSON, keys and URLs included; give plain text instead: Wanda's C4 evaluation scores the "
+        "documents' texts joined by spaces, e.g. python3 -c \"import json, sys; print(' '.join("
+        "json.loads(l)['text'] for l in sys.stdin))\" < {} > c4_text.txt",
+        path.string(), what, path.string());
+  }
+  return text;
 }
 
 }  // namespace symprune::io

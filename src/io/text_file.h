@@ -21,6 +21,10 @@ std::string read_input_file(const std::filesystem::path& path, std::string_view 
 // read_input_file, then check_text over the whole file.
 std::string read_text_file(const std::filesystem::path& path, std::string_view what);
 
+// read_text_file for a text to evaluate (perplexity): also refused when it is JSON lines with a "text"
+// field (C4's documents), which would be scored as its raw JSON, keys and URLs included.
+std::string read_evaluation_text(const std::filesystem::path& path, std::string_view what);
+
 // Throws unless `text` is valid UTF-8 (no overlong forms, surrogates or code points past U+10FFFF) without
 // NUL bytes. The message names `path` and `what`, gives the offset of the first bad byte (plus
 // `base_offset`, for text that starts inside the file) and says what the bytes look like instead.

@@ -398,6 +398,16 @@ def _(env, tmp):
     return Case("prune", "--model", "synthetic:no-such-shape", "--method", "magnitude", "--sparsity", "0.5")
 
 
+@trigger("E-MODEL-SYNTHETIC-SPEC")
+def _(env, tmp):
+    return Case("prune", "--model", "synthetic:tiny-llama:abc", "--method", "magnitude", "--sparsity", "0.5")
+
+
+@trigger("E-MODEL-SYNTHETIC-LAYERS")
+def _(env, tmp):
+    return Case("prune", "--model", "synthetic:tiny-llama:layers=0", "--method", "magnitude", "--sparsity", "0.5")
+
+
 @trigger("E-CFG-UNDECLARED-BIAS")
 def _(env, tmp):
     def add_bias(tensors):
@@ -806,6 +816,15 @@ def _(env, tmp):
 def _(env, tmp):
     (tmp / "short.jsonl").write_text("".join(json.dumps({"text": f"A cat number {i}."}) + "\n" for i in range(5)))
     return calib_prune(env, tmp, tmp / "short.jsonl")
+
+
+@trigger("E-CAL-GZIP-CORRUPT")
+def _(env, tmp):
+    import gzip
+    docs = "".join(json.dumps({"text": env.first.read_text()[i:i + 2000]}) + "\n" for i in range(0, 40000, 2000))
+    data = gzip.compress(docs.encode())
+    (tmp / "c4.jsonl.gz").write_bytes(data[:len(data) // 2])  # an interrupted download
+    return calib_prune(env, tmp, tmp / "c4.jsonl.gz")
 
 
 @trigger("E-CAL-JSONL-INVALID")
@@ -1264,6 +1283,11 @@ def _(env, tmp):
                 cleanup=lambda: subprocess.run(["umount", point], check=True))
 
 
+@trigger("E-OUT-ROOT")
+def _(env, tmp):
+    return Case("prune", "--model", env.model, "--method", "magnitude", "--sparsity", "0.5", "--out", "/")
+
+
 @trigger("E-OUT-IS-CWD")
 def _(env, tmp):
     (tmp / "here").mkdir()
@@ -1668,6 +1692,20 @@ def _(env, tmp):
     return Case("eval", "--model", env.model, "--text", env.first)  # stories260K: max_position_embeddings 512
 
 
+@trigger("E-EVAL-BATCH")
+def _(env, tmp):
+    return Case("eval", "--model", env.model, "--text", env.first, "--seqlen", "64", "--batch", "-1")
+
+
+@trigger("E-EVAL-JSONL")
+def _(env, tmp):
+    text = env.second.read_text()
+    (tmp / "c4-validation.jsonl").write_text("".join(
+        json.dumps({"text": text[i:i + 3000], "timestamp": "2019-04-25T12:57:54Z", "url": "https://example.com"})
+        + "\n" for i in range(0, 30000, 3000)))
+    return prune(env, tmp, "--eval", tmp / "c4-validation.jsonl", "--eval-seqlen", "64")
+
+
 @trigger("E-EVAL-MAX-CHUNKS")
 def _(env, tmp):
     return Case("eval", "--model", env.model, "--text", env.first, "--seqlen", "64", "--max-chunks", "-1")
@@ -1708,6 +1746,11 @@ def _(env, tmp):
 @trigger("E-LOGITS-TOKEN-RANGE")
 def _(env, tmp):
     return Case("logits", "--model", env.model, "--ids", "1,9999", "--out", tmp / "logits.f32")
+
+
+@trigger("E-INSPECT-PATH")
+def _(env, tmp):
+    return Case("inspect", env.model)  # a model directory without --model
 
 
 @trigger("E-INSPECT-NOTHING")

@@ -213,9 +213,10 @@ TEST_F(RecipeTest, RecipeCannotNameRecipeOrHelp) {
 
 TEST_F(RecipeTest, MissingFileAndDirectory) {
   std::string missing = (dir_ / "missing.toml").string();
-  EXPECT_EQ(parse_error({"--recipe", missing}), "recipe " + missing + ": cannot open file");
+  EXPECT_EQ(parse_error({"--recipe", missing}), missing + ": recipe (--recipe) not found");
   EXPECT_EQ(parse_error({"--recipe", dir_.string()}),
-            "recipe " + dir_.string() + ": is a directory, expected a TOML or YAML file");
+            dir_.string() + ": recipe (--recipe) is a directory, not a file");
+  EXPECT_EQ(parse_error({"--recipe", "/dev/zero"}), "/dev/zero: recipe (--recipe) is a character device");
 }
 
 TEST_F(RecipeTest, MalformedTomlErrorsNameFileAndLine) {
