@@ -117,30 +117,17 @@ def test_logits_match_transformers(name, dtype_name, tmp_path):
     assert rel <= TOL, f"{name} {dtype_name}: relative max error {rel:.3e}"
 
 
-def test_llama3_scaling_changes_logits(tmp_path):
-    """Guards the test above: scaled and unscaled RoPE really differ at this length."""
+@pytest.mark.parametrize("theta,scaling,changes", [(500000.0, LLAMA3_SCALING, True),
+                                                    (10000.0, LINEAR_SCALING, True),
+                                                    (10000.0, DYNAMIC_SCALING, False)],
+                         ids=["llama3", "linear", "dynamic"])
+def test_rope_scaling_changes_logits_where_it_should(tmp_path, theta, scaling, changes):
+    """Guards the parity cases above: llama3 and linear scaling move the logits at this length; dynamic (NTK)
+    scaling leaves them as they are on every sequence up to max_position_embeddings, the longest symprune
+    accepts."""
     torch.manual_seed(3)
-    base = LlamaForCausalLM(llama(4, 4, 500000.0, None)).eval()
-    scaled = LlamaForCausalLM(llama(4, 4, 500000.0, LLAMA3_SCALING)).eval()
-    scaled.load_state_dict(base.state_dict())
-    scaled.save_pretrained(tmp_path / "scaled", safe_serialization=True)
-    ids = list(range(1, 91))
-    with torch.no_grad():
-        a = base(torch.tensor([ids])).logits[0].numpy()
-        b = scaled(torch.tensor([ids])).logits[0].numpy()
-    assert np.abs(a - b).max() / np.abs(a).max() > 1e-3
-    got = symprune_logits(tmp_path / "scaled", ids, tmp_path / "l.f32")
-    assert np.abs(got - b).max() / np.abs(b).max() <= TOL
-
-
-@pytest.mark.parametrize("scaling,changes", [(LINEAR_SCALING, True), (DYNAMIC_SCALING, False)],
-                         ids=["linear", "dynamic"])
-def test_linear_scaling_changes_logits_and_dynamic_not_within_max_positions(tmp_path, scaling, changes):
-    """Guards the parity cases above: linear scaling moves the logits; dynamic (NTK) scaling leaves them as
-    they are on every sequence up to max_position_embeddings, the longest symprune accepts."""
-    torch.manual_seed(6)
-    base = LlamaForCausalLM(llama(4, 4, 10000.0, None)).eval()
-    scaled = LlamaForCausalLM(llama(4, 4, 10000.0, scaling)).eval()
+    base = LlamaForCausalLM(llama(4, 4, theta, None)).eval()
+    scaled = LlamaForCausalLM(llama(4, 4, theta, scaling)).eval()
     scaled.load_state_dict(base.state_dict())
     scaled.save_pretrained(tmp_path / "scaled", safe_serialization=True)
     ids = list(range(1, 91))
