@@ -89,10 +89,10 @@ DecoderModel DecoderModel::open_source(std::unique_ptr<io::TensorSource> tensors
                    config_path, c.hidden_act);
     m.linear_names_ = kLlamaLinears;
     std::optional<Llama3RopeScaling> scaling;
+    // io::parse_config refused every other type, naming the supported ones.
     const std::string type = c.rope_scaling ? c.rope_scaling->type : "default";
-    SYMPRUNE_CHECK(type == "default" || type == "llama3" || type == "linear" || type == "dynamic",
-                   "{}: unsupported rope_scaling type '{}' (supported: llama3, linear, dynamic)", config_path,
-                   type);
+    SYMPRUNE_ASSERT(type == "default" || type == "llama3" || type == "linear" || type == "dynamic",
+                    "rope_scaling type '{}' passed io::parse_config", type);
     if (type == "llama3")
       scaling = Llama3RopeScaling{c.rope_scaling->factor, c.rope_scaling->low_freq_factor,
                                   c.rope_scaling->high_freq_factor,
