@@ -161,7 +161,7 @@ def run_case(args, name, model, layers, floor, blocks, tmp, result):
     ours_report = json.loads(report.read_text())
     timings, typical = ours_report["timings"], typical_block(ours_report["block_timings"])
     case = {"case": name, "seconds": extrapolate(timings["total"], typical["seconds"], missing),
-            "floor_seconds": floor, "extrapolated_from_block": typical["block"],
+            "floor_seconds": floor, "extrapolated_from_block": typical["block"] if missing else None,
             "symprune_device": ours_report["config"]["device"], "symprune_dtype": ours_report["config"]["dtype"],
             "stages": {k: extrapolate(v, typical.get(k, 0.0), missing) for k, v in timings.items() if k != "total"},
             "block_timings": ours_report["block_timings"],

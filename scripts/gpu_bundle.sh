@@ -7,7 +7,7 @@
 # tool's 64 MiB carry, so it is also packed as BUNDLE_DIR.tar.xz (about 16 MiB), which is what to carry.
 #
 #   scripts/gpu_bundle.sh [BUILD_DIR] [BUNDLE_DIR]     defaults: build/ (a CUDA configuration), gpu-bundle/
-# Then, with the device tool (kind nvidia-h100-x1: compute-sanitizer refuses gVisor H200s): carry
+# Then, with the device tool (gpu_checks.sh probes whether compute-sanitizer runs on the GPU lent): carry
 # gpu-bundle.tar.xz, command `bash scripts/gpu_checks.sh gpu-bundle.tar.xz`, timeout_s 600: its default
 # plan is the whole check in one call (a session has 15 minutes of device time, the start included).
 set -euo pipefail

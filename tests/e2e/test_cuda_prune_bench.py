@@ -44,6 +44,21 @@ def test_the_json_has_the_issues_form_with_every_case_scaled(tmp_path):
     assert "| wanda-2:4 |" in table
 
 
+def test_a_whole_model_run_is_reported_as_measured(tmp_path):
+    out = tmp_path / "result"
+    at = TOY.index("--blocks") + 1
+    whole = [*TOY[:at], "4", *TOY[at + 1:]]  # every block of the 4-block model
+    proc = subprocess.run([sys.executable, BENCH, "--symprune", BIN, *whole, "--cases", "wanda-50", "--no-torch",
+                           "--out", out], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["model"] == "synthetic:llama-1024" and result["scaled"] is None
+    (case,) = result["cases"]
+    assert case["extrapolated_from_block"] is None and len(case["block_timings"]) == 4
+    assert case["stages"]["blocks"] == pytest.approx(sum(block["blocks"] for block in case["block_timings"]))
+    assert "counted at" not in out.with_suffix(".md").read_text()
+
+
 def test_a_failing_case_is_recorded_and_the_others_still_run(tmp_path):
     failing = tmp_path / "symprune"
     failing.write_text(f'#!/usr/bin/env bash\n[[ " $* " == *" ria "* ]] && {{ echo "no ria today" >&2; exit 9; }}\n'
