@@ -41,6 +41,9 @@ CASES = {
                        ["--method", "ria", "--sparsity", "0.5"]),
 }
 FLOOR_FLOPS_PER_SECOND = 800e12
+# The issue's stages, as symprune's report names them ("blocks", their sum, is not a column of its own).
+STAGE_COLUMNS = [("weights", "weights"), ("dense_pass", "dense pass"), ("statistics", "statistics"),
+                 ("scores_masks", "scores and masks"), ("refine", "refinement"), ("pruned_pass", "pruned pass")]
 
 
 def forward_flops(preset, nsamples, seqlen, blocks):
@@ -112,7 +115,8 @@ def main():
         parser.error(f"--blocks must be between 2 and {layers} (the model's blocks): one block is the first, whose "
                      "weights are read on the calling thread, and cannot stand for the others")
     model = f"synthetic:{args.model}" + (f":layers={blocks}" if blocks != layers else "")
-    floor = 2 * forward_flops(args.model, args.nsamples, args.seqlen, layers) / FLOOR_FLOPS_PER_SECOND
+    pass_flops = forward_flops(args.model, args.nsamples, args.seqlen, layers)
+    floor = 2 * pass_flops / FLOOR_FLOPS_PER_SECOND
     result = {"device": None, "model": f"synthetic:{args.model}", "nsamples": args.nsamples,
               "seqlen": args.seqlen, "blocks_timed": blocks, "blocks": layers,
               "scaled": (f"{blocks} blocks timed, the other {layers - blocks} counted at a typical timed block's "
@@ -123,7 +127,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.cases.split(","):
             try:
-                case = run_case(args, name, model, layers, floor, blocks, Path(tmp), result)
+                case = run_case(args, name, model, layers, (floor, pass_flops), blocks, Path(tmp), result)
             except RunFailed as e:
                 failed.append(name)
                 case = {"case": name, "error": str(e)[-2000:]}
@@ -149,8 +153,10 @@ def typical_block(block_timings):
     return sorted(middle, key=lambda b: b["seconds"])[(len(middle) - 1) // 2]
 
 
-def run_case(args, name, model, layers, floor, blocks, tmp, result):
-    """One case: symprune (and the PyTorch loop unless --no-torch), times extrapolated to the whole model."""
+def run_case(args, name, model, layers, floor_and_pass_flops, blocks, tmp, result):
+    """One case: symprune (and the PyTorch loop unless --no-torch), times extrapolated to the whole model, and
+    the rate each forward pass achieved (one pass's FLOPs over its stage's seconds)."""
+    floor, pass_flops = floor_and_pass_flops
     missing = layers - blocks
     ours, theirs = CASES[name]
     report = tmp / f"{name}.json"
@@ -166,6 +172,8 @@ def run_case(args, name, model, layers, floor, blocks, tmp, result):
             "stages": {k: extrapolate(v, typical.get(k, 0.0), missing) for k, v in timings.items() if k != "total"},
             "block_timings": ours_report["block_timings"],
             "device_memory": ours_report.get("device_memory")}
+    case["pass_tflops"] = {stage: pass_flops / case["stages"][stage] / 1e12 if case["stages"].get(stage) else None
+                           for stage in ("dense_pass", "pruned_pass")}
     if args.profile:
         case["op_profile"] = op_profile(stderr)
     if not args.no_torch:
@@ -178,6 +186,8 @@ def run_case(args, name, model, layers, floor, blocks, tmp, result):
         case["pytorch_seconds"] = extrapolate(torch_result["seconds_without_weights"],
                                               sum(v for k, v in last.items() if k != "weights"), missing)
         case["pytorch_stages"] = {k: extrapolate(v, last[k], missing) for k, v in torch_result["stages"].items()}
+        case["pytorch_pass_tflops"] = {stage: pass_flops / case["pytorch_stages"][stage] / 1e12
+                                       for stage in ("dense_pass", "pruned_pass") if case["pytorch_stages"].get(stage)}
         result["device"] = result["device"] or torch_result["device"]
         result["torch"] = torch_result["torch"]
     return case
@@ -204,6 +214,18 @@ def write_outputs(result, out, args, floor):
         lines.append(f"| {c['case']} | {c['seconds']:.2f} | {c['seconds'] / floor:.1f} | "
                      + (f"{torch_s:.2f} | {torch_s / c['seconds']:.1f} |" if torch_s else "– | – |")
                      + f" {gib(memory.get('planned'))} / {gib(memory.get('peak_used'))} |")
+    lines += ["", "symprune's stages (s) and the rate of its forward passes; \"other\" is the rest of the run (start, "
+              "calibration, embeddings, the first block's wait for its weights outside the stages).", "",
+              "| case | " + " | ".join(title for _, title in STAGE_COLUMNS) + " | other | dense pass TFLOP/s | "
+              "pruned pass TFLOP/s |", "|---|" + "---:|" * (len(STAGE_COLUMNS) + 3)]
+    for c in result["cases"]:
+        if "error" in c:
+            continue
+        stages, rates = c["stages"], c.get("pass_tflops") or {}
+        other = c["seconds"] - sum(stages.get(key, 0.0) for key, _ in STAGE_COLUMNS)
+        lines.append(f"| {c['case']} | " + " | ".join(f"{stages.get(key, 0.0):.2f}" for key, _ in STAGE_COLUMNS)
+                     + f" | {other:.2f} | " + " | ".join(f"{rates[k]:.3g}" if rates.get(k) else "–"
+                                                         for k in ("dense_pass", "pruned_pass")) + " |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

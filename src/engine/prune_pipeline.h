@@ -145,6 +145,9 @@ struct PerplexityPair {
 struct PruneTimings {
   double calibration = 0, weights = 0, blocks = 0, statistics = 0, scores_masks = 0, refine = 0, write = 0,
          eval_dense = 0, eval_pruned = 0, total = 0;
+  // The calibration passes one by one (the dense pass with its statistics' accumulation, then the pruned
+  // pass that makes the next block's inputs), each up to the end of its device work; `blocks` is their sum.
+  double dense_pass = 0, pruned_pass = 0;
   // Checkpoints: the main thread's share (snapshots, creating files, waiting for the writer) and the
   // background writer's time, which overlaps the blocks.
   double checkpoint = 0, checkpoint_background = 0;
@@ -157,7 +160,8 @@ struct PruneTimings {
 struct BlockTimings {
   int64_t block = 0;
   double seconds = 0;
-  PruneTimings stages;  // weights, blocks, statistics, scores_masks, refine, eval_dense, eval_pruned
+  PruneTimings
+      stages;  // weights, blocks (dense_pass + pruned_pass), statistics, scores_masks, refine, eval_*
 };
 
 // Bytes this process sent and received per kind (the scaling figures of bench/); zero with one rank.

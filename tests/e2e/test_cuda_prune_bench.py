@@ -41,7 +41,17 @@ def test_the_json_has_the_issues_form_with_every_case_scaled(tmp_path):
         assert case["stages"]["weights"] == pytest.approx(first["weights"] + 3 * second["weights"])
         assert case["seconds"] > first["seconds"] + 3 * second["seconds"]
         assert case["symprune_device"] == "cpu" and case["device_memory"] is None  # a GPU run's report has it
+        # The issue's stages, the passes among them, each pass's rate from the model's FLOPs (4 blocks of
+        # 2 x 32 tokens through 1024-wide linears: 4 * 64 * (2 * 12.6 M + 2 * 32 * 1024) FLOPs).
+        stages = case["stages"]
+        assert stages["dense_pass"] > 0 and stages["pruned_pass"] > 0
+        assert stages["blocks"] == pytest.approx(stages["dense_pass"] + stages["pruned_pass"])
+        pass_flops = 4 * 64 * (2 * (4 * 1024 * 1024 + 3 * 1024 * 2816) + 2 * 32 * 1024)
+        assert case["pass_tflops"]["dense_pass"] == pytest.approx(pass_flops / stages["dense_pass"] / 1e12)
+        assert case["pytorch_pass_tflops"]["pruned_pass"] == pytest.approx(
+            pass_flops / case["pytorch_stages"]["pruned_pass"] / 1e12)
     assert "| wanda-2:4 |" in table
+    assert "| case | weights | dense pass | statistics | scores and masks | refinement | pruned pass | other |" in table
 
 
 def test_a_whole_model_run_is_reported_as_measured(tmp_path):

@@ -133,8 +133,13 @@ def test_method(stories, eval_ids, tmp_path, case, method, options, pattern, pat
     assert len(report["fingerprints"]["eval"]) == 16  # the --eval tokens', as the checkpoint records them
     assert all(("recon_error" in layer and layer["recon_error"] is not None) == uses_calibration
                for layer in report["layers"])
-    assert set(report["timings"]) >= {"calibration", "blocks", "scores_masks", "write", "eval_dense", "eval_pruned",
-                                      "total"}
+    timings = report["timings"]
+    assert set(timings) >= {"calibration", "blocks", "dense_pass", "pruned_pass", "scores_masks", "write",
+                            "eval_dense", "eval_pruned", "total"}
+    # The two calibration passes, in the run and in each block; none without activations.
+    for t in [timings, *report["block_timings"]]:
+        assert t["blocks"] == pytest.approx(t["dense_pass"] + t["pruned_pass"], rel=1e-9, abs=1e-12)
+        assert (t["dense_pass"] > 0 and t["pruned_pass"] > 0) == uses_calibration
     assert report["symprune"]["tool"] == "symprune" and report["symprune"]["commit"]
     assert report["sparsity"]["target"] == 0.5
     total = sum(stories.dense[n].size for n in zeros)
