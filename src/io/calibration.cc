@@ -1,6 +1,8 @@
 #include "io/calibration.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "core/error.h"
 #include "core/hashing.h"
 #include "io/json_util.h"
+#include "io/mapped_file.h"
 #include "io/python_random.h"
 #include "io/text_file.h"
 
@@ -44,8 +47,13 @@ constexpr std::string_view kWhat = "calibration file";
 class MaybeGzipReader {
  public:
   explicit MaybeGzipReader(const std::filesystem::path& path) : path_(path) {
+    const int fd = open_for_reading(path);  // a FIFO's open does not wait for a writer
+    SYMPRUNE_CHECK(fd >= 0, "{}: cannot open: {}", path.string(), std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode)) pipe_fd_ = fd;
     errno = 0;
-    file_ = gzopen(path.c_str(), "rb");
+    file_ = gzdopen(fd, "rb");  // owns fd from here
+    if (file_ == nullptr) ::close(fd);
     SYMPRUNE_CHECK(file_ != nullptr, "{}: cannot open: {}", path.string(),
                    errno ? std::strerror(errno) : "out of memory");
     gzbuffer(file_, 1 << 20);
@@ -61,6 +69,10 @@ class MaybeGzipReader {
   // Appends up to `max` bytes to `out`; returns the number appended (0 at the end of the data).
   size_t read_some(std::string& out, size_t max) {
     const size_t old = out.size();
+    // Before zlib's blocking read of a pipe: a writer that has not started or has stalled is waited for
+    // where a signal can stop the run (zlib may still hold buffered data; the wait then ends at the
+    // writer's next bytes or its close).
+    if (pipe_fd_ >= 0) wait_for_pipe_data(pipe_fd_);
     out.resize(old + max);
     const int n = gzread(file_, out.data() + old, static_cast<unsigned>(max));
     if (n < 0) {
@@ -98,6 +110,7 @@ class MaybeGzipReader {
  private:
   std::filesystem::path path_;
   gzFile file_ = nullptr;
+  int pipe_fd_ = -1;  // the descriptor zlib reads, when it is a pipe
 };
 
 // The "text" field of every non-blank line; lines are counted from 1 in errors.

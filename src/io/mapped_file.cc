@@ -13,9 +13,22 @@
 
 namespace symprune::io {
 
+int open_for_reading(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return fd;
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
 MappedFile MappedFile::open(const std::filesystem::path& path) {
   MappedFile file;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open_for_reading(path);
   SYMPRUNE_CHECK(fd >= 0, "{}: cannot open: {}", path.string(), std::strerror(errno));
   file.fd_ = fd;  // owned from here: every throw below releases it
   struct stat st {};

@@ -9,10 +9,16 @@
 
 namespace symprune::io {
 
+// open(2) for reading that does not wait: a FIFO with no writer opens at once (and reads as empty) instead of
+// blocking in open, where no signal could stop the run. The descriptor is blocking again when returned, so
+// that a pipe with a writer (process substitution) reads as it comes. Returns -1 with errno set on failure.
+int open_for_reading(const std::filesystem::path& path);
+
 class MappedFile {
  public:
   MappedFile() = default;
-  // Throws, naming `path`, when it cannot be opened or is not a regular file. An empty file maps to no bytes.
+  // Throws, naming `path`, when it cannot be opened or is not a regular file (a FIFO is refused without
+  // waiting for a writer). An empty file maps to no bytes.
   static MappedFile open(const std::filesystem::path& path);
   MappedFile(MappedFile&& other) noexcept;
   MappedFile& operator=(MappedFile&& other) noexcept;

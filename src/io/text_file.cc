@@ -2,16 +2,20 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "core/error.h"
+#include "core/interrupt.h"
+#include "io/mapped_file.h"
 
 namespace symprune::io {
 namespace fs = std::filesystem;
@@ -121,6 +125,16 @@ std::string encoding_hint(std::string_view text, const fs::path& path, bool nul)
 
 }  // namespace
 
+void wait_for_pipe_data(int fd) {
+  pollfd waiting{fd, POLLIN, 0};
+  while (true) {
+    const int ready = ::poll(&waiting, 1, 100);
+    if (ready > 0) return;                    // data, or the writer closed (POLLHUP): read() tells which
+    if (ready < 0 && errno != EINTR) return;  // read() will name the error
+    interrupt::check();
+  }
+}
+
 void check_input_file(const fs::path& path, std::string_view what) {
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
@@ -134,14 +148,18 @@ void check_input_file(const fs::path& path, std::string_view what) {
 
 std::string read_input_file(const fs::path& path, std::string_view what) {
   check_input_file(path, what);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open_for_reading(path);  // a FIFO's open does not wait for a writer
   SYMPRUNE_CHECK(fd >= 0, "{}: cannot read {}: {}", path.string(), what, std::strerror(errno));
+  const std::unique_ptr<const int, void (*)(const int*)> closer(&fd, [](const int* f) { ::close(*f); });
   std::string bytes;
   struct stat st {};
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes.reserve(static_cast<size_t>(st.st_size));
+  const bool fstat_ok = ::fstat(fd, &st) == 0;
+  if (fstat_ok && st.st_size > 0) bytes.reserve(static_cast<size_t>(st.st_size));
+  const bool pipe = fstat_ok && S_ISFIFO(st.st_mode);
   // To EOF, not st_size: /proc and sysfs files report 0 bytes, pipes report nothing at all.
   constexpr size_t kChunk = size_t{1} << 20;
   while (true) {
+    if (pipe) wait_for_pipe_data(fd);
     const size_t old = bytes.size();
     bytes.resize(old + kChunk);
     const ssize_t n = ::read(fd, bytes.data() + old, kChunk);
@@ -149,11 +167,8 @@ std::string read_input_file(const fs::path& path, std::string_view what) {
     if (n > 0) continue;
     if (n == 0) break;
     if (errno == EINTR) continue;
-    const int err = errno;
-    ::close(fd);
-    fail("{}: cannot read {}: {}", path.string(), what, std::strerror(err));
+    fail("{}: cannot read {}: {}", path.string(), what, std::strerror(errno));
   }
-  ::close(fd);
   return bytes;
 }
 

@@ -15,7 +15,13 @@ namespace symprune::io {
 // message ("calibration file", "evaluation text (--eval)"): "<path>: <what> not found", "... is a directory".
 void check_input_file(const std::filesystem::path& path, std::string_view what);
 
-// check_input_file, then every byte up to EOF.
+// Waits until the pipe `fd` has data or its writer has gone, checking for a signal (interrupt::check) every
+// 100 ms: a pipe nobody writes to (a FIFO whose writer has not started, or has stalled) is then stopped by
+// SIGTERM like any other work, instead of holding the run in a blocking read. Before a writer connects,
+// Linux reports no event, so this also waits for the writer (a read then would return end of file).
+void wait_for_pipe_data(int fd);
+
+// check_input_file, then every byte up to EOF; a pipe is read as it comes, through wait_for_pipe_data.
 std::string read_input_file(const std::filesystem::path& path, std::string_view what);
 
 // read_input_file, then check_text over the whole file.

@@ -17,7 +17,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from prune_support import Stories, shard_layout, symprune, tree_digest
+from prune_support import BIN, Stories, shard_layout, symprune, tree_digest
 
 CALIB = ["--nsamples", "4", "--seqlen", "64"]
 WANDA = ["--method", "wanda", "--sparsity", "0.5"]
@@ -404,3 +404,15 @@ def test_an_empty_evaluation_file_is_called_empty(stories, tmp_path):
                  f"{empty}: 1 tokens, fewer than one chunk of 64 (the file is empty: the one token is the BOS)")
     expect_error(prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", "--eval", empty,
                        "--eval-seqlen", "64"), "(the file is empty: the one token is the BOS)")
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_a_fifo_in_place_of_the_weights_is_refused_at_once(stories, tmp_path, weights):
+    """Opening a FIFO waits for a writer: the weight reader opened it so, and hung where no signal reached."""
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    (model / "model.safetensors").unlink()
+    os.mkfifo(model / weights)
+    proc = subprocess.run([BIN, "prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                           tmp_path / "pruned"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and f"{model / weights}: not a regular file" in proc.stderr, proc.stderr
+    assert not (tmp_path / "pruned").exists()

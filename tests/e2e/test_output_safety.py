@@ -683,3 +683,37 @@ def test_every_model_option_names_the_synthetic_shapes(command):
     """E-MODEL-SYNTHETIC-UNKNOWN's fix points at --help: prune's and inspect's --model did not mention them."""
     text = " ".join(symprune(command, "--help").stdout.split())
     assert "synthetic:<shape>[:seed][:layers=<n>]" in text and "llama2-70b" in text and "tiny-opt" in text, text
+
+
+@pytest.mark.parametrize("option", ["--calib", "--eval"])
+def test_sigterm_stops_a_run_waiting_for_a_fifo_nobody_writes_to(stories, tmp_path, option):
+    """A FIFO without a writer held the run in open(2), where SIGTERM (Slurm's scancel) could not stop it."""
+    fifo = tmp_path / "text.fifo"
+    os.mkfifo(fifo)
+    args = prune_args(stories, tmp_path / "out", "--eval-seqlen", "64")
+    if option == "--calib":
+        args[args.index("--calib") + 1] = fifo
+    else:
+        args += ["--eval", fifo]
+    run = Run(args)
+    deadline = time.time() + 60
+    while not any(os.path.realpath(fd) == str(fifo) for fd in Path(f"/proc/{run.proc.pid}/fd").glob("*")):
+        assert time.time() < deadline and run.proc.poll() is None, "".join(run.lines)
+        time.sleep(0.05)
+    time.sleep(0.3)  # into the wait for the writer
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish(timeout=30) == 143, run.stderr
+    assert "interrupted by SIGTERM" in run.stderr and listing(tmp_path) == ["text.fifo"]
+
+
+def test_a_fifo_whose_writer_comes_later_is_read(stories, tmp_path):
+    fifo = tmp_path / "calib.fifo"
+    os.mkfifo(fifo)
+    args = prune_args(stories, tmp_path / "out")
+    args[args.index("--calib") + 1] = fifo
+    run = Run(args)
+    time.sleep(1.0)  # the run waits for the writer: opening the FIFO no longer does
+    with open(fifo, "wb") as writer:
+        writer.write(Path(stories.first).read_bytes())
+    assert run.finish(timeout=300) == 0, run.stderr
+    assert (tmp_path / "out" / "model.safetensors").exists()
