@@ -212,7 +212,7 @@ void run_inspect(const InspectOptions& options) {
   fmt::print("total: {} tensors, {} parameters, {} bytes ({})\n", names.size(), parameters, bytes,
              dtypes.empty() ? "none" : dtypes);
 
-  io::validate_model_tensors(c, weights);
+  io::validate_model_tensors(c, weights, io::AmbiguousTiedHead::kWarn);
   const auto expected = io::expected_tensors(c);
   std::set<std::string> used;
   size_t present = 0;

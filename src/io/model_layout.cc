@@ -226,11 +226,13 @@ uint64_t stored_bytes_digest(const TensorSource& model, const std::string& name)
   return hash.digest();
 }
 
-// A stored head that tie_word_embeddings makes unused: a copy of the embedding (the usual case) stays quiet;
-// a different one is named, since the model computed here is then not the one other loaders (which may take
-// either tensor) compute.
-void check_unused_tied_head(const ModelConfig& config, const TensorSource& model, const std::string& head) {
-  if (!log::is_root()) return;
+// A stored head that tie_word_embeddings makes unused: a copy of the embedding (the usual case) stays quiet.
+// A different one makes the model ambiguous: the model computed here (the embedding as the head) is not the
+// one other loaders compute (transformers 4.44 ties the two and keeps lm_head.weight's values for both), so
+// a run refuses it, every rank alike, and inspect names it.
+void check_unused_tied_head(const ModelConfig& config, const TensorSource& model, const std::string& head,
+                            AmbiguousTiedHead policy) {
+  if (policy == AmbiguousTiedHead::kWarn && !log::is_root()) return;
   const auto embedding =
       stored_tensor_name(model, config.family == ModelFamily::kOpt ? "model.decoder.embed_tokens.weight"
                                                                    : "model.embed_tokens.weight");
@@ -246,16 +248,26 @@ void check_unused_tied_head(const ModelConfig& config, const TensorSource& model
   } else if (stored_bytes_digest(model, head) != stored_bytes_digest(model, *embedding)) {
     difference = fmt::format("differs from the embedding '{}'", *embedding);
   }
-  if (!difference.empty())
-    log::warn(
-        "{}: tensor '{}' {}, but {} sets tie_word_embeddings: the head is the embedding here and '{}' is not "
-        "used (set tie_word_embeddings to false if it is the model's head)",
-        model.location(head), head, difference, config_name(config), head);
+  if (difference.empty()) return;
+  const std::string what =
+      fmt::format("{}: tensor '{}' {}, but {} sets tie_word_embeddings, which makes the embedding the head",
+                  model.location(head), head, difference, config_name(config));
+  SYMPRUNE_CHECK(
+      policy == AmbiguousTiedHead::kWarn,
+      "{}: the model is ambiguous, since loaders keep either tensor's values for both (transformers "
+      "keeps those of '{}'); set tie_word_embeddings to false if '{}' is the model's head, or remove "
+      "it if the embedding is",
+      what, head, head);
+  log::warn(
+      "{}; a run refuses such a model (set tie_word_embeddings to false if '{}' is the model's head, or "
+      "remove it if the embedding is)",
+      what, head);
 }
 
 }  // namespace
 
-void validate_model_tensors(const ModelConfig& config, const TensorSource& model) {
+void validate_model_tensors(const ModelConfig& config, const TensorSource& model,
+                            AmbiguousTiedHead tied_head) {
   // The last block first: a config.json claiming more layers than the files hold (num_hidden_layers 10^18)
   // fails here, before a list of every layer's tensors is built.
   if (config.num_layers > 0)
@@ -278,7 +290,7 @@ void validate_model_tensors(const ModelConfig& config, const TensorSource& model
                    model.location(*stored), info.name, dtype_name(info.dtype));
     used.insert(*stored);
     if (config.tie_word_embeddings && expected.name == "lm_head.weight")
-      check_unused_tied_head(config, model, *stored);
+      check_unused_tied_head(config, model, *stored, tied_head);
   }
   const std::vector<std::string> names = model.names();
   check_no_extra_layers(config, model, names);

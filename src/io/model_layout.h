@@ -44,6 +44,11 @@ Tensor load_model_tensor(const TensorSource& model, const ModelConfig& config, s
 // a weight dtype (F32/F16/BF16), and for tensors of layers past num_hidden_layers (they would stay
 // unpruned). Other tensors the config does not mention are ignored (rotary_emb.inv_freq, position_ids);
 // those in a non-weight dtype (I64, F64, ...) get a warning.
-void validate_model_tensors(const ModelConfig& config, const TensorSource& model);
+// A stored head that differs from the embedding which tie_word_embeddings makes the head is ambiguous
+// (loaders keep either tensor's values): refused with kRefuse (what runs the model), named with kWarn
+// (inspect).
+enum class AmbiguousTiedHead { kRefuse, kWarn };
+void validate_model_tensors(const ModelConfig& config, const TensorSource& model,
+                            AmbiguousTiedHead tied_head = AmbiguousTiedHead::kRefuse);
 
 }  // namespace symprune::io

@@ -601,6 +601,15 @@ def _(env, tmp):
     return config_prune(env, tmp, model_type="gpt_neox")
 
 
+@trigger("E-MODEL-TIED-HEAD-AMBIGUOUS")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    tensors = load_file(str(model / "model.safetensors"))
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] * 0.5
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    return prune(env, tmp, model=model)
+
+
 @trigger("E-CFG-NOT-INTEGER")
 def _(env, tmp):
     return config_prune(env, tmp, num_hidden_layers="five")

@@ -255,23 +255,27 @@ def test_other_unused_float_tensors_are_named_and_copied(stories, tmp_path):
     assert pruned["model.extra_scale"].tobytes() == extra["model.extra_scale"].tobytes()
 
 
-def test_a_stored_head_that_a_tied_config_ignores_is_named(stories, tmp_path):
-    """tie_word_embeddings makes the embedding the head; a stored lm_head.weight that differs from it is not
-    used, and the run says so (a copy of the embedding is the usual case and stays quiet)."""
+def test_a_stored_head_that_a_tied_config_ignores_is_refused_and_named_by_inspect(stories, tmp_path):
+    """tie_word_embeddings makes the embedding the head; a stored lm_head.weight that differs from it makes the
+    model ambiguous (transformers 4.44 keeps lm_head's values for both, symprune would compute with the
+    embedding's), so a run refuses it and inspect names it; a copy of the embedding (the usual case) is quiet."""
     model = shutil.copytree(stories.model, tmp_path / "model")
     assert json.loads((model / "config.json").read_text())["tie_word_embeddings"] is True
     tensors = load_file(str(model / "model.safetensors"))
     tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
     save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
-    warning = "tensor 'lm_head.weight' differs from the embedding 'model.embed_tokens.weight', but"
+    named = "tensor 'lm_head.weight' differs from the embedding 'model.embed_tokens.weight', but"
     proc = prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model)
-    assert proc.returncode == 0 and warning not in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and named not in proc.stderr, proc.stderr
     tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] * 0.5
     save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
     shutil.rmtree(tmp_path / "pruned")
     proc = prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model)
-    assert proc.returncode == 0 and warning in proc.stderr, proc.stderr
-    assert warning in symprune("inspect", "--model", model, "--no-table").stderr
+    assert proc.returncode == 1 and named in proc.stderr and "the model is ambiguous" in proc.stderr, proc.stderr
+    assert "set tie_word_embeddings to false if 'lm_head.weight' is the model's head" in proc.stderr
+    assert not (tmp_path / "pruned").exists()
+    inspected = symprune("inspect", "--model", model, "--no-table")
+    assert named in inspected.stderr and "a run refuses such a model" in inspected.stderr
 
 
 def test_an_index_beside_model_safetensors_is_not_copied(stories, tmp_path):
