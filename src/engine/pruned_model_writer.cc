@@ -170,6 +170,16 @@ std::vector<std::string> copy_other_files(const fs::path& input_dir, const fs::p
                 entry.path().string());
       continue;
     }
+    if (name == "adapter_config.json" || name.starts_with("adapter_model.")) {
+      // A PEFT adapter beside the base weights: transformers applies it on load when the configuration is
+      // there, and fails without its weights. The base is pruned without the adapter, so neither is copied.
+      log::warn(
+          "{}: part of a PEFT adapter, which was not merged into the weights pruned here: not copied to "
+          "the pruned model (to prune the adapted model, merge the adapter first, e.g. with peft's "
+          "merge_and_unload, and prune the merged model)",
+          entry.path().string());
+      continue;
+    }
     if (name.ends_with(".safetensors")) {
       // Not the model's weights (e.g. consolidated.safetensors beside the shards): copied, it could be
       // taken for an unpruned model.

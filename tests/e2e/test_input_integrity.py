@@ -324,6 +324,21 @@ def test_shards_in_a_subdirectory_are_written_there(stories, tmp_path):
     assert json.loads((pruned / "model.safetensors.index.json").read_text())["weight_map"] == weight_map
 
 
+def test_a_peft_adapter_beside_the_weights_is_left_out_whole(stories, tmp_path):
+    """adapter_config.json alone in the output made transformers look for the adapter's weights and fail."""
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    (model / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4}))
+    save_file({"base_model.model.lm_head.lora_A.weight": np.zeros((4, 64), np.float32)},
+              str(model / "adapter_model.safetensors"))
+    (model / "adapter_model.bin").write_bytes(b"PK")
+    proc = prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"):
+        assert f"{model / name}: part of a PEFT adapter, which was not merged" in proc.stderr, proc.stderr
+        assert not (tmp_path / "pruned" / name).exists()
+    assert (tmp_path / "pruned" / "config.json").exists()
+
+
 def test_files_of_the_model_directory_that_cannot_be_copied_are_named(stories, tmp_path):
     """A dangling link or a pipe among the model's other files used to be left out without a word."""
     model = shutil.copytree(stories.model, tmp_path / "model")
