@@ -137,8 +137,10 @@ void write_shard(const io::TensorSource& source, const io::TensorSource::Shard& 
   progress.shard_written(shard.file);
 }
 
-// Every other top-level file of the input directory, byte-identical (the index too, when it was read: same
-// shards, same weight_map); symprune's own provenance file of an input that is a symprune output is replaced.
+// Every other top-level file of the input directory, byte-identical; symprune's own provenance file of an
+// input that is a symprune output is replaced. A safetensors index is never copied: the output's is written
+// from the shards as written (an input index may lack its "metadata", which transformers requires, or miss a
+// tensor that its shard holds).
 std::vector<std::string> copy_other_files(const fs::path& input_dir, const fs::path& tmp,
                                           const io::TensorSource& source,
                                           const std::vector<io::TensorSource::Shard>& shards) {
@@ -164,7 +166,8 @@ std::vector<std::string> copy_other_files(const fs::path& input_dir, const fs::p
       continue;
     }
     if (name == io::kProvenanceFile || weight_files.count(name) > 0) continue;
-    if (name == io::kSafetensorsIndexFile && !source.indexed()) {
+    if (name == io::kSafetensorsIndexFile && source.indexed()) continue;  // written anew
+    if (name == io::kSafetensorsIndexFile) {
       // model.safetensors was read (as transformers does when both exist): this index names other files.
       log::warn("{}: not read (the weights come from model.safetensors), not copied to the pruned model",
                 entry.path().string());
@@ -206,7 +209,7 @@ std::vector<std::string> copy_other_files(const fs::path& input_dir, const fs::p
   return written;
 }
 
-// The index of a sharded copy that has no input index to copy (synthetic models, PyTorch checkpoints).
+// The index of a sharded output: every tensor of every shard as written, and their bytes.
 std::string index_json(const io::TensorSource& source, const std::vector<io::TensorSource::Shard>& shards) {
   nlohmann::json weight_map = nlohmann::json::object();
   uint64_t total = 0;
@@ -353,9 +356,7 @@ WrittenModel write_pruned_model(dist::Communicator& comm, const io::TensorSource
       if (!input_dir.empty())
         for (auto& name : copy_other_files(input_dir, tmp, source, shards))
           written.files.push_back(std::move(name));
-      const bool index_copied = std::find(written.files.begin(), written.files.end(),
-                                          io::kSafetensorsIndexFile) != written.files.end();
-      if (source.indexed() && !index_copied) {
+      if (source.indexed()) {
         io::write_file_atomically(tmp / io::kSafetensorsIndexFile, index_json(source, shards));
         written.files.push_back(io::kSafetensorsIndexFile);
       }

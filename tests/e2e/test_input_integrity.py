@@ -278,6 +278,28 @@ def test_a_stored_head_that_a_tied_config_ignores_is_refused_and_named_by_inspec
     assert named in inspected.stderr and "a run refuses such a model" in inspected.stderr
 
 
+def test_the_output_index_is_written_from_the_shards_not_copied(stories, tmp_path):
+    """The input index used to be copied as it was: one without "metadata" (which transformers requires), or
+    missing a tensor its shard holds, made an output index with the same defect."""
+    model, tensors, shards = shard_layout(stories, tmp_path)
+    weight_map = {}
+    for shard, members in shards.items():
+        save_file({n: tensors[n] for n in members}, str(model / shard), metadata={"format": "pt"})
+        weight_map.update({n: shard for n in members})
+    left_out = "model.norm.weight"
+    partial = {name: shard for name, shard in weight_map.items() if name != left_out}
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": partial}))
+    proc = prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model)
+    assert proc.returncode == 0, proc.stderr
+    index = json.loads((tmp_path / "pruned" / "model.safetensors.index.json").read_text())
+    written = {}
+    for shard in shards:
+        with safe_open(str(tmp_path / "pruned" / shard), "np") as f:
+            written.update({name: shard for name in f.keys()})
+    assert index["weight_map"] == written and left_out in written
+    assert index["metadata"]["total_size"] == sum(t.nbytes for t in tensors.values())
+
+
 def test_an_index_beside_model_safetensors_is_not_copied(stories, tmp_path):
     """model.safetensors is read when an index and its shards sit beside it (transformers' order too): the
     output holds model.safetensors only, without the index, which would name shards it does not have."""
@@ -411,7 +433,10 @@ def test_a_shard_keeps_tensors_its_index_does_not_list(stories, tmp_path):
     with safe_open(str(pruned / shard.name), "np") as f:
         assert sorted(f.keys()) == sorted([*shards[shard.name], inv_freq])
         assert f.get_tensor(inv_freq).tobytes() == np.ones(4, np.float32).tobytes()
-    assert (pruned / "model.safetensors.index.json").read_text() == index
+    # The output's index is written from its shards: it lists the tensor and counts every byte.
+    written = json.loads((pruned / "model.safetensors.index.json").read_text())
+    assert written["weight_map"] == {**weight_map, inv_freq: shard.name}
+    assert written["metadata"]["total_size"] == sum(tensors[n].nbytes for n in written["weight_map"])
     assert not (pruned / "consolidated.safetensors").exists()
 
 
