@@ -250,8 +250,11 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
   std::sort(file.tensors_.begin(), file.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.data_begin != b.data_begin ? a.data_begin < b.data_begin : a.name < b.name;
   });
-  // Overlap check in offset order; empty tensors occupy no bytes and cannot overlap.
+  // In offset order the tensors must tile the data section, as the safetensors library requires: no overlap,
+  // no gap, no bytes after the last (empty tensors occupy no bytes). A file that breaks this is corrupt or
+  // was changed after it was written; read anyway, it would become a valid-looking pruned copy.
   const TensorInfo* previous = nullptr;
+  uint64_t covered = 0;
   for (const auto& info : file.tensors_) {
     if (info.data_begin == info.data_end) continue;
     if (previous) {
@@ -260,8 +263,20 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
                      previous->name, previous->data_begin, previous->data_end, info.name, info.data_begin,
                      info.data_end);
     }
+    SYMPRUNE_CHECK(
+        info.data_begin == covered,
+        "{}: {} unused bytes in the data section before tensor '{}' (data_offsets [{}, {}]): the "
+        "tensors must follow one another, so the file is corrupt (the safetensors library refuses it "
+        "too)",
+        where, info.data_begin - covered, info.name, info.data_begin, info.data_end);
+    covered = info.data_end;
     previous = &info;
   }
+  SYMPRUNE_CHECK(
+      covered == data_size,
+      "{}: {} bytes after the end of the last tensor: the file is longer than its header describes, so "
+      "it is corrupt or something was appended to it (the safetensors library refuses it too)",
+      where, data_size - covered);
   return file;
 }
 

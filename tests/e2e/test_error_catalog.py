@@ -450,6 +450,23 @@ def _(env, tmp):
     return prune(env, tmp, model=model)
 
 
+@trigger("E-ST-GAP")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    write_raw_safetensors(model / "model.safetensors",
+                          {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                           "b": {"dtype": "F32", "shape": [1], "data_offsets": [12, 16]}}, b"\0" * 16)
+    return prune(env, tmp, model=model)
+
+
+@trigger("E-ST-TRAILING-BYTES")
+def _(env, tmp):
+    model = copy_model(env, tmp)
+    with open(model / "model.safetensors", "ab") as f:
+        f.write(b"\0" * 64)
+    return prune(env, tmp, model=model)
+
+
 @trigger("E-ST-OVERLAP")
 def _(env, tmp):
     model = copy_model(env, tmp)
