@@ -33,6 +33,20 @@ bool has_config(const fs::path& dir) {
   return fs::is_regular_file(dir / "config.json", ec);
 }
 
+// Why a config.json that is there is not read: "" when there is none at all.
+std::string unreadable_config(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path config = dir / "config.json";
+  const fs::file_status own = fs::symlink_status(config, ec);
+  if (ec || !fs::exists(own)) return "";
+  if (fs::is_symlink(own) && !fs::exists(config, ec))
+    return fmt::format(": config.json is a link to {}, which does not exist (an incomplete download?)",
+                       fs::read_symlink(config, ec).string());
+  const fs::file_status target = fs::status(config, ec);
+  if (fs::is_directory(target)) return ": config.json there is a directory, not a file";
+  return ": config.json there is not a regular file (a pipe, socket or device)";
+}
+
 // A relative name usable below a search root: no absolute paths, no "..", no empty components.
 bool is_safe_relative(const std::string& name) {
   if (name.empty()) return false;
@@ -203,7 +217,8 @@ ResolvedModel resolve_model(const std::string& name_or_path) {
   // 1. A directory path.
   if (is_dir(name_or_path)) {
     const fs::path dir(name_or_path);
-    SYMPRUNE_CHECK(has_config(dir), "{}: model directory has no config.json", dir.string());
+    SYMPRUNE_CHECK(has_config(dir), "{}: model directory has no config.json{}", dir.string(),
+                   unreadable_config(dir));
     return {dir, "path", {}};
   }
   search.looked.push_back(name_or_path + " (not a directory)");

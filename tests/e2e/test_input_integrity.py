@@ -460,3 +460,23 @@ def test_a_fifo_in_place_of_the_weights_is_refused_at_once(stories, tmp_path, we
                            tmp_path / "pruned"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and f"{model / weights}: not a regular file" in proc.stderr, proc.stderr
     assert not (tmp_path / "pruned").exists()
+
+
+@pytest.mark.parametrize("kind", ["dangling link", "directory", "fifo"])
+def test_a_config_json_that_is_not_a_file_is_named_as_what_it_is(stories, tmp_path, kind):
+    """Each used to read "model directory has no config.json", which sent users looking for a missing file."""
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    config = model / "config.json"
+    config.unlink()
+    if kind == "dangling link":
+        config.symlink_to("../blobs/gone")
+        said = "config.json is a link to ../blobs/gone, which does not exist (an incomplete download?)"
+    elif kind == "directory":
+        config.mkdir()
+        said = "config.json there is a directory, not a file"
+    else:
+        os.mkfifo(config)
+        said = "config.json there is not a regular file (a pipe, socket or device)"
+    proc = subprocess.run([BIN, "prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out",
+                           tmp_path / "pruned"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and f"{model}: model directory has no config.json: {said}" in proc.stderr, proc.stderr
