@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/log.h"
+#include "io/output_dir.h"
 #include "io/text_file.h"
 #include "process_setup.h"
 
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   using namespace symprune;
   app::use_passive_openmp_waits(argv);
   app::install_signal_handling();
+  io::record_command_line(argc, argv);
   CLI::App app{"symprune: post-training pruning of large language models (LLaMA, OPT)", "symprune"};
   app.require_subcommand(1);
   app.set_version_flag("--version", fmt::format("symprune {} (commit {}, {} build)", build_info::kVersion,

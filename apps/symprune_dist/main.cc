@@ -27,6 +27,7 @@
 #include "dist/nccl_communicator.h"
 #include "engine/collective_errors.h"
 #include "engine/prune_pipeline.h"
+#include "io/output_dir.h"
 #include "io/text_file.h"
 #include "symprune/cli_checks.h"
 #include "symprune/process_setup.h"
@@ -83,6 +84,7 @@ std::unique_ptr<dist::Communicator> make_communicator(const std::string& kind, d
 int main(int argc, char** argv) {
   app::use_passive_openmp_waits(argv);
   app::install_signal_handling();
+  io::record_command_line(argc, argv);  // before MPI may take its own arguments out
   std::unique_ptr<dist::MpiCommunicator> world;
   try {
     world = dist::make_mpi_communicator(&argc, &argv);

@@ -457,8 +457,25 @@ std::unique_ptr<PathLock> lock_output_file(const fs::path& file, std::string_vie
   return lock;
 }
 
+namespace {
+std::vector<std::string>& recorded_command_line() {
+  static std::vector<std::string> words;
+  return words;
+}
+}  // namespace
+
+void record_command_line(int argc, const char* const* argv) {
+  recorded_command_line().assign(argv, argv + argc);
+}
+
 void write_provenance(const fs::path& dir, const nlohmann::json& provenance) {
-  write_file_atomically(dir / kProvenanceFile, provenance.dump(2) + "\n");
+  nlohmann::json written = provenance;
+  // The paths of the configuration are as given: relative ones need the directory they were given in.
+  std::error_code ec;
+  const fs::path cwd = fs::current_path(ec);
+  written["working_directory"] = ec ? nlohmann::json(nullptr) : nlohmann::json(cwd.string());
+  if (!recorded_command_line().empty()) written["command_line"] = recorded_command_line();
+  write_file_atomically(dir / kProvenanceFile, written.dump(2) + "\n");
 }
 
 nlohmann::json build_provenance() {

@@ -170,7 +170,10 @@ void check_output_directory_not_input(const std::filesystem::path& out, const In
 // The lock file that PathLock(target) holds beside `target`.
 std::filesystem::path lock_file_of(const std::filesystem::path& target);
 
-// Writes kProvenanceFile into `dir` (atomically).
+// The process's command line, as main() received it, for the provenance files (none recorded: no entry).
+void record_command_line(int argc, const char* const* argv);
+
+// Writes kProvenanceFile into `dir` (atomically), with the working directory and the recorded command line.
 void write_provenance(const std::filesystem::path& dir, const nlohmann::json& provenance);
 
 // version, commit and build of this binary, for reports and provenance files.

@@ -670,6 +670,12 @@ def test_version_log_level_anywhere_and_progress_with_eta(stories, tmp_path):
     assert provenance["commit"] == report["symprune"]["commit"]
     assert provenance["config"] == report["config"]
     assert provenance["fingerprints"] == report["fingerprints"]
+    # The command as given, and where: the configuration's relative paths are relative to it.
+    assert provenance["command_line"][1:] == [str(a) for a in prune_args(stories, tmp_path / "out", "--eval",
+                                                                           stories.second, "--eval-seqlen", "64",
+                                                                           "--eval-max-chunks", "40", "--report",
+                                                                           tmp_path / "r.json")]
+    assert provenance["working_directory"] == os.getcwd()
 
 
 def test_help_shows_both_switch_spellings_without_a_misleading_default(stories):
