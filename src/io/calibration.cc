@@ -94,8 +94,11 @@ class MaybeGzipReader {
   // The gzip data is cut short (an interrupted download) or damaged. zlib's message may start with the path.
   [[noreturn]] void fail_corrupt(const char* zlib_message) const {
     std::string_view reason = zlib_message ? zlib_message : "unknown zlib error";
-    const std::string prefix = path_.string() + ": ";
-    if (reason.starts_with(prefix)) reason.remove_prefix(prefix.size());
+    // zlib names the file it opened: "<fd:N>" for the descriptor it was given.
+    if (reason.starts_with("<fd:")) {
+      const size_t end = reason.find(">: ");
+      if (end != std::string_view::npos) reason.remove_prefix(end + 3);
+    }
     fail("{}: the gzip data is truncated or corrupt ({}): copy or download the file again", path_.string(),
          reason);
   }

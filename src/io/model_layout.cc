@@ -75,8 +75,20 @@ std::string config_name(const ModelConfig& config) {
 
 std::string describe_missing(const TensorSource& model, const ModelConfig& config,
                              std::string_view canonical) {
-  return fmt::format("missing tensor '{}' in {} (required by {})", canonical, model.description(),
-                     config_name(config));
+  std::string quantized;  // GPTQ, AWQ, bitsandbytes, FP8 ...: their tensors are qweight, scales, ...
+  if (config.raw.is_object() && config.raw.contains("quantization_config")) {
+    const nlohmann::json& q = config.raw["quantization_config"];
+    const std::string method = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
+                                   ? q["quant_method"].get<std::string>()
+                                   : std::string("unnamed method");
+    quantized = fmt::format(
+        "; config.json has a quantization_config ({}): a quantized checkpoint stores other tensors, and "
+        "symprune "
+        "prunes F32, F16 or BF16 weights, so prune the unquantized model (and quantize the pruned one)",
+        method);
+  }
+  return fmt::format("missing tensor '{}' in {} (required by {}){}", canonical, model.description(),
+                     config_name(config), quantized);
 }
 
 // The decoder layer a stored tensor belongs to ("model.layers.7.mlp.up_proj.weight" -> 7), if any.

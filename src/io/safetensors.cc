@@ -253,8 +253,8 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
   // In offset order the tensors must tile the data section, as the safetensors library requires: no overlap,
   // no gap, no bytes after the last (empty tensors occupy no bytes). A file that breaks this is corrupt or
   // was changed after it was written; read anyway, it would become a valid-looking pruned copy.
+  // Overlaps first: a shifted tensor both leaves a gap and overlaps its neighbour, and the overlap says more.
   const TensorInfo* previous = nullptr;
-  uint64_t covered = 0;
   for (const auto& info : file.tensors_) {
     if (info.data_begin == info.data_end) continue;
     if (previous) {
@@ -263,6 +263,11 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
                      previous->name, previous->data_begin, previous->data_end, info.name, info.data_begin,
                      info.data_end);
     }
+    previous = &info;
+  }
+  uint64_t covered = 0;
+  for (const auto& info : file.tensors_) {
+    if (info.data_begin == info.data_end) continue;
     SYMPRUNE_CHECK(
         info.data_begin == covered,
         "{}: {} unused bytes in the data section before tensor '{}' (data_offsets [{}, {}]): the "
@@ -270,7 +275,6 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
         "too)",
         where, info.data_begin - covered, info.name, info.data_begin, info.data_end);
     covered = info.data_end;
-    previous = &info;
   }
   SYMPRUNE_CHECK(
       covered == data_size,

@@ -480,3 +480,18 @@ def test_a_config_json_that_is_not_a_file_is_named_as_what_it_is(stories, tmp_pa
     proc = subprocess.run([BIN, "prune", "--model", model, "--method", "magnitude", "--sparsity", "0.5", "--out",
                            tmp_path / "pruned"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and f"{model}: model directory has no config.json: {said}" in proc.stderr, proc.stderr
+
+
+def test_a_quantized_checkpoint_is_named_as_one(stories, tmp_path):
+    """A GPTQ checkpoint failed with "missing tensor ... q_proj.weight" alone, never naming its quantization."""
+    model = shutil.copytree(stories.model, tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    (model / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(model / "model.safetensors"))
+    name = "model.layers.0.self_attn.q_proj"
+    tensors[f"{name}.qweight"] = tensors.pop(f"{name}.weight").view(np.int32)
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    proc = prune(stories, tmp_path, "--method", "magnitude", "--sparsity", "0.5", model=model)
+    assert proc.returncode == 1 and f"missing tensor '{name}.weight'" in proc.stderr, proc.stderr
+    assert "config.json has a quantization_config (gptq): a quantized checkpoint stores other tensors" in proc.stderr
