@@ -182,7 +182,7 @@ void run_eval(const EvalOptions& o) {
         {"wall_seconds", wall},
         {"symprune", io::build_provenance()},
     };
-    io::write_file_atomically(o.report, report.dump(2) + "\n");
+    io::write_file_atomically(o.report, io::with_utf8_strings(report).dump(2) + "\n");
     log::info("wrote {}", o.report);
   }
 }

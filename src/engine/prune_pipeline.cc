@@ -30,6 +30,7 @@
 #include "io/calibration.h"
 #include "io/model_layout.h"
 #include "io/synthetic_model.h"
+#include "io/text_file.h"
 #include "model/perplexity.h"
 
 namespace symprune::engine {
@@ -1028,7 +1029,7 @@ PruneResult prune_model(const PruneConfig& config, dist::Communicator& comm, con
     if (comm.rank() != 0 || c.report.empty()) return;
     try {
       fault::at("report");
-      io::write_file_atomically(c.report, result.report().dump(2) + "\n");
+      io::write_file_atomically(c.report, io::with_utf8_strings(result.report()).dump(2) + "\n");
     } catch (const Error& e) {
       // A run that asked for a report and did not get one has failed: its model goes, and the message says
       // so.

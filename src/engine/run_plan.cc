@@ -683,9 +683,9 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
                           ? static_cast<double>(mask.spec.n) / static_cast<double>(mask.spec.m)
                           : mask.spec.sparsity;
 
-  // The resolved configuration, recorded in the report.
+  // The resolved configuration, recorded in the report (paths as valid UTF-8: see with_utf8_strings).
   const double alpha = resolved_alpha(method, base);
-  r.config = {
+  r.config = io::with_utf8_strings({
       {"model", c.model},
       {"model_dir", r.resolved.display()},
       {"model_source", r.resolved.source},
@@ -725,7 +725,7 @@ void plan(const PruneConfig& c, dist::Communicator& comm, RunPlan& r) {
       {"resume", c.resume.empty() ? nlohmann::json() : nlohmann::json(c.resume)},
       {"recon_error", recon_error_description(c, r)},
       {"recon_tokens", c.recon_tokens},
-  };
+  });
   if (r.evaluate) r.eval_fingerprint = io::tokens_fingerprint(r.eval_tokens);
   r.identity_without_calibration = run_identity(
       r.config,

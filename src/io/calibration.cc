@@ -69,9 +69,9 @@ class MaybeGzipReader {
   // Appends up to `max` bytes to `out`; returns the number appended (0 at the end of the data).
   size_t read_some(std::string& out, size_t max) {
     const size_t old = out.size();
-    // Before zlib's blocking read of a pipe: a writer that has not started or has stalled is waited for
-    // where a signal can stop the run (zlib may still hold buffered data; the wait then ends at the
-    // writer's next bytes or its close).
+    // Before zlib's blocking read of a pipe: a writer that has not started is waited for where a signal can
+    // stop the run. One that stalls part-way is not: zlib reads until its buffer is full (its reads restart
+    // after a signal), so such a stop waits for the writer's next bytes, its close, or a second signal.
     if (pipe_fd_ >= 0) wait_for_pipe_data(pipe_fd_);
     out.resize(old + max);
     const int n = gzread(file_, out.data() + old, static_cast<unsigned>(max));

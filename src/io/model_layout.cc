@@ -76,7 +76,8 @@ std::string config_name(const ModelConfig& config) {
 std::string describe_missing(const TensorSource& model, const ModelConfig& config,
                              std::string_view canonical) {
   std::string quantized;  // GPTQ, AWQ, bitsandbytes, FP8 ...: their tensors are qweight, scales, ...
-  if (config.raw.is_object() && config.raw.contains("quantization_config")) {
+  if (config.raw.is_object() && config.raw.contains("quantization_config") &&
+      config.raw["quantization_config"].is_object()) {
     const nlohmann::json& q = config.raw["quantization_config"];
     const std::string method = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
                                    ? q["quant_method"].get<std::string>()
@@ -253,14 +254,18 @@ void check_unused_tied_head(const ModelConfig& config, const TensorSource& model
   const TensorInfo& embedded = model.info(*embedding);
   // Both shapes were checked against the config before this (the embedding comes first in
   // expected_tensors), so they are equal here.
-  std::string difference;
   if (stored.dtype != embedded.dtype) {
-    difference = fmt::format("is stored as {}, the embedding '{}' as {}", dtype_name(stored.dtype),
-                             *embedding, dtype_name(embedded.dtype));
-  } else if (stored_bytes_digest(model, head) != stored_bytes_digest(model, *embedding)) {
-    difference = fmt::format("differs from the embedding '{}'", *embedding);
+    // Possibly the same values in another precision (bytes do not tell): named, not refused.
+    if (log::is_root())
+      log::warn(
+          "{}: tensor '{}' is stored as {}, the embedding '{}' as {}, but {} sets tie_word_embeddings: the "
+          "head is the embedding here (set tie_word_embeddings to false if '{}' is the model's head)",
+          model.location(head), head, dtype_name(stored.dtype), *embedding, dtype_name(embedded.dtype),
+          config_name(config), head);
+    return;
   }
-  if (difference.empty()) return;
+  if (stored_bytes_digest(model, head) == stored_bytes_digest(model, *embedding)) return;
+  const std::string difference = fmt::format("differs from the embedding '{}'", *embedding);
   const std::string what =
       fmt::format("{}: tensor '{}' {}, but {} sets tie_word_embeddings, which makes the embedding the head",
                   model.location(head), head, difference, config_name(config));

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/safetensors.h"
+#include "io/text_file.h"
 #include "io/torch_checkpoint.h"
 
 namespace symprune::io {
@@ -475,7 +476,7 @@ void write_provenance(const fs::path& dir, const nlohmann::json& provenance) {
   const fs::path cwd = fs::current_path(ec);
   written["working_directory"] = ec ? nlohmann::json(nullptr) : nlohmann::json(cwd.string());
   if (!recorded_command_line().empty()) written["command_line"] = recorded_command_line();
-  write_file_atomically(dir / kProvenanceFile, written.dump(2) + "\n");
+  write_file_atomically(dir / kProvenanceFile, with_utf8_strings(written).dump(2) + "\n");
 }
 
 nlohmann::json build_provenance() {

@@ -131,7 +131,9 @@ void wait_for_pipe_data(int fd) {
     const int ready = ::poll(&waiting, 1, 100);
     if (ready > 0) return;                    // data, or the writer closed (POLLHUP): read() tells which
     if (ready < 0 && errno != EINTR) return;  // read() will name the error
-    interrupt::check();
+    // received(), not check(): with several ranks local checks are off, and a rank whose FIFO has no writer
+    // on its node would wait on. Every caller runs under agree_on_errors, which stops every rank alike.
+    if (const int signal = interrupt::received()) throw interrupt::Interrupted(signal);
   }
 }
 
@@ -225,6 +227,24 @@ std::string printable_message(std::string_view text) {
     }
   }
   return out;
+}
+
+nlohmann::json with_utf8_strings(const nlohmann::json& value) {
+  const auto valid = [](const std::string& text) {
+    return is_valid_utf8(text) ? text : printable_message(text);
+  };
+  if (value.is_string()) return valid(value.get_ref<const std::string&>());
+  if (value.is_array()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& item : value) out.push_back(with_utf8_strings(item));
+    return out;
+  }
+  if (value.is_object()) {
+    nlohmann::json out = nlohmann::json::object();
+    for (const auto& [key, item] : value.items()) out[valid(key)] = with_utf8_strings(item);
+    return out;
+  }
+  return value;
 }
 
 std::optional<size_t> first_invalid_utf8(std::string_view text) {

@@ -5,6 +5,7 @@
 // a hint at what the bytes are instead (UTF-16, gzip, Latin-1, binary).
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,10 +16,11 @@ namespace symprune::io {
 // message ("calibration file", "evaluation text (--eval)"): "<path>: <what> not found", "... is a directory".
 void check_input_file(const std::filesystem::path& path, std::string_view what);
 
-// Waits until the pipe `fd` has data or its writer has gone, checking for a signal (interrupt::check) every
-// 100 ms: a pipe nobody writes to (a FIFO whose writer has not started, or has stalled) is then stopped by
-// SIGTERM like any other work, instead of holding the run in a blocking read. Before a writer connects,
-// Linux reports no event, so this also waits for the writer (a read then would return end of file).
+// Waits until the pipe `fd` has data or its writer has gone, checking for a signal (interrupt::received:
+// Interrupted even where local checks are off) every 100 ms: a pipe nobody writes to (a FIFO whose writer has
+// not started, or has stalled) is then stopped by SIGTERM like any other work, instead of holding the run in
+// a blocking read. Before a writer connects, Linux reports no event, so this also waits for the writer (a
+// read then would return end of file).
 void wait_for_pipe_data(int fd);
 
 // check_input_file, then every byte up to EOF; a pipe is read as it comes, through wait_for_pipe_data.
@@ -45,6 +47,11 @@ std::optional<size_t> first_invalid_utf8(std::string_view text);
 // `text` safe to print on a terminal: valid UTF-8, newlines and tabs as they are; other control characters
 // and bytes that are not UTF-8 (a binary file's bytes quoted in a parse error) as \xNN.
 std::string printable_message(std::string_view text);
+
+// `value` with every string and object key that is not well-formed UTF-8 made printable_message's (bytes as
+// \xNN): JSON text holds UTF-8 only, and nlohmann::json::dump throws on anything else, so a path with a
+// Latin-1 byte in a run's configuration failed the run when its report or provenance was written.
+nlohmann::json with_utf8_strings(const nlohmann::json& value);
 
 // Whether `bytes` read as text: valid UTF-8 without NUL and almost entirely printable characters or
 // whitespace. Token-id files fail it (their ids' high bytes are small, so NUL and control bytes abound).

@@ -723,3 +723,17 @@ def test_a_fifo_whose_writer_comes_later_is_read(stories, tmp_path):
         writer.write(Path(stories.first).read_bytes())
     assert run.finish(timeout=300) == 0, run.stderr
     assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_paths_that_are_not_utf8_are_recorded_escaped(stories, tmp_path):
+    """JSON holds UTF-8 only: an --out with a Latin-1 byte made writing the provenance throw after the work."""
+    out = os.fsencode(tmp_path) + b"/pruned\xe9"
+    report = os.fsencode(tmp_path) + b"/r\xe9.json"
+    args = [os.fsencode(str(a)) for a in prune_args(stories, tmp_path / "unused")]
+    args[args.index(b"--out") + 1] = out
+    proc = subprocess.run([os.fsencode(BIN), *args, b"--report", report], capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+    provenance = json.loads(Path(os.fsdecode(out), PROVENANCE).read_text())
+    assert provenance["config"]["out"] == f"{tmp_path}/pruned\\xE9"
+    assert provenance["command_line"][-1] == f"{tmp_path}/r\\xE9.json"
+    assert json.loads(Path(os.fsdecode(report)).read_text())["config"]["out"] == f"{tmp_path}/pruned\\xE9"
