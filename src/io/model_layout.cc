@@ -79,13 +79,13 @@ std::string describe_missing(const TensorSource& model, const ModelConfig& confi
   if (config.raw.is_object() && config.raw.contains("quantization_config") &&
       config.raw["quantization_config"].is_object()) {
     const nlohmann::json& q = config.raw["quantization_config"];
-    const std::string method = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
+    const std::string method = q.contains("quant_method") && q["quant_method"].is_string()
                                    ? q["quant_method"].get<std::string>()
                                    : std::string("unnamed method");
     quantized = fmt::format(
         "; config.json has a quantization_config ({}): a quantized checkpoint stores other tensors, and "
-        "symprune "
-        "prunes F32, F16 or BF16 weights, so prune the unquantized model (and quantize the pruned one)",
+        "symprune prunes F32, F16 or BF16 weights, so prune the unquantized model (and quantize the pruned "
+        "one)",
         method);
   }
   return fmt::format("missing tensor '{}' in {} (required by {}){}", canonical, model.description(),
@@ -265,10 +265,10 @@ void check_unused_tied_head(const ModelConfig& config, const TensorSource& model
     return;
   }
   if (stored_bytes_digest(model, head) == stored_bytes_digest(model, *embedding)) return;
-  const std::string difference = fmt::format("differs from the embedding '{}'", *embedding);
-  const std::string what =
-      fmt::format("{}: tensor '{}' {}, but {} sets tie_word_embeddings, which makes the embedding the head",
-                  model.location(head), head, difference, config_name(config));
+  const std::string what = fmt::format(
+      "{}: tensor '{}' differs from the embedding '{}', but {} sets tie_word_embeddings, which makes the "
+      "embedding the head",
+      model.location(head), head, *embedding, config_name(config));
   SYMPRUNE_CHECK(
       policy == AmbiguousTiedHead::kWarn,
       "{}: the model is ambiguous, since loaders keep either tensor's values for both (transformers "
